@@ -1,0 +1,37 @@
+# raydp_llm — run `make help` for the targets.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+ARGS    ?=
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@echo "  pass Hydra overrides with ARGS='model.n_layer=6 train.max_steps=500'"
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade -q pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install the project with its pinned dependencies
+
+train: $(STAMP) ## the main job on an embedded Ray + Spark with the sample corpus
+	$(BIN)/python -m raydp_llm.train $(ARGS)
+
+smoke: $(STAMP) ## a tiny end-to-end run (~2 minutes)
+	$(BIN)/python -m raydp_llm.train +experiment=smoke $(ARGS)
+
+prepare: $(STAMP) ## the Spark ETL alone: Parquet windows + manifest.json
+	$(BIN)/python -m raydp_llm.prepare $(ARGS)
+
+test: $(STAMP) ## the test suite (unit + integration on the real engines)
+	$(BIN)/python -m pytest $(ARGS)
+
+clean: ## remove outputs and caches (keeps .venv)
+	rm -rf outputs multirun .pytest_cache
+
+.PHONY: help install train smoke prepare test clean

@@ -1,0 +1,142 @@
+"""Cluster lifecycle: start (or join) Ray, start and stop Spark on it with RayDP.
+
+``ray_session`` and ``spark_session`` are context managers, so Spark and Ray are stopped on
+success, on error and on Ctrl-C alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import ray
+from omegaconf import DictConfig
+from ray.job_config import JobConfig
+
+from raydp_llm.java import JVM_FLAGS, ensure_java
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "raydp_llm"
+LOG4J_FILE = Path(__file__).with_name("log4j2.properties")
+
+
+@contextlib.contextmanager
+def ray_session(cfg: DictConfig) -> Iterator[None]:
+    """Start an embedded Ray (``address: local``) or connect to ``address``; shut down on exit.
+
+    If Ray is already initialised in this process (tests, sweeps) it is reused and left running.
+    """
+    if ray.is_initialized():
+        yield
+        return
+    ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    kwargs = dict(
+        namespace=NAMESPACE,
+        job_config=JobConfig(jvm_options=list(JVM_FLAGS)),
+        log_to_driver=bool(cfg.verbose),
+        logging_level=logging.INFO if cfg.verbose else logging.ERROR,
+    )
+    if cfg.address == "local":
+        kwargs.update(
+            num_cpus=cfg.num_cpus,
+            object_store_memory=cfg.object_store_mb * 1024 * 1024 if cfg.object_store_mb else None,
+            include_dashboard=cfg.dashboard,
+            dashboard_host="127.0.0.1",
+        )
+    else:
+        kwargs["address"] = cfg.address
+    if not cfg.verbose:
+        quiet_python_logs()
+    ray.init(**kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
+    """A RayDP Spark session with ``cfg.executors`` executors; always stopped on exit.
+
+    Unless ``cfg.verbose``, the Spark driver JVM writes its stderr to ``log_dir/spark-driver.log``.
+    """
+    import raydp
+
+    level = "info" if cfg.verbose else "warn"
+    java_opts = " ".join(JVM_FLAGS)
+    configs = {
+        # The Spark driver's log4j2 file (RayDP passes it as -Dlog4j2.configurationFile).
+        "spark.log4j.config.file.name": str(LOG4J_FILE),
+        "spark.driver.extraJavaOptions": f"{java_opts} -Draydp_llm.log.level={level}",
+        "spark.executor.extraJavaOptions": java_opts,
+        "spark.ray.raydp_app_master.extraJavaOptions": java_opts,
+        # Ray CPUs each executor actor reserves; below executor_cores leaves room for the Ray
+        # tasks that run beside Spark (from_spark's fetch and Ray Data's metadata tasks).
+        "spark.ray.raydp_spark_executor.actor.resource.cpu": str(cfg.executor_ray_cpus),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": cfg.driver_memory,
+        # Executors hold Spark's share of CPUs; Ray Train gets them back after the ETL.
+        "spark.sql.shuffle.partitions": str(cfg.executors * cfg.executor_cores * 2),
+        "spark.default.parallelism": str(cfg.executors * cfg.executor_cores * 2),
+    }
+    configs.update({str(k): str(v) for k, v in (cfg.spark_conf or {}).items()})
+    ensure_java()
+    os.environ.setdefault("SPARK_LOCAL_IP", ray.util.get_node_ip_address())
+    if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
+    cpus_before = ray.available_resources().get("CPU", 0.0)
+    with contextlib.nullcontext() if cfg.verbose else _stderr_to(log_dir / "spark-driver.log"):
+        spark = raydp.init_spark(  # the driver JVM starts here and keeps the stderr it inherits
+            app_name=app_name,
+            num_executors=cfg.executors,
+            executor_cores=cfg.executor_cores,
+            executor_memory=cfg.executor_memory,
+            fault_tolerant_mode=True,  # ray.data.from_spark needs it
+            configs=configs,
+        )
+    spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
+    try:
+        yield spark
+    finally:
+        raydp.stop_spark()
+        _wait_for_cpus(cpus_before)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` for the duration (child processes started meanwhile keep it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def quiet_python_logs() -> None:
+    """Silence Ray Data's and PySpark's deprecation chatter that RayDP triggers (nothing to act on)."""
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="DataFrame.sql_ctx is an internal property")
+
+
+def _wait_for_cpus(cpus: float, timeout_s: float = 60.0) -> None:
+    """Wait until Ray has ``cpus`` CPUs free again: executor actors release theirs asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.2)

@@ -1,0 +1,82 @@
+"""Run metrics: ``metrics.csv`` written live on the driver's node by a Ray Train callback, and ``summary.json``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import threading
+from pathlib import Path
+
+from ray.train import UserCallback
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["step", "tokens", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s"]
+
+
+class MetricsCsv(UserCallback):
+    """Appends rank 0's report to ``path`` after each ``ray.train.report``.
+
+    Runs in the Ray Train controller, which Ray places on the driver's node.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def after_report(self, run_context, metrics, checkpoint):
+        row = {k: metrics[0][k] for k in COLUMNS}
+        new = not self.path.exists()
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+class MetricsFollower(threading.Thread):
+    """Logs each new row of ``metrics.csv`` on the driver while training runs (a ``tail -f``)."""
+
+    def __init__(self, path: Path, max_steps: int, interval_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.path, self.max_steps, self.interval_s = Path(path), max_steps, interval_s
+        self._done, self._seen = threading.Event(), 0
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            self.poll()
+
+    def poll(self) -> None:
+        rows = read_metrics(self.path) if self.path.exists() else []
+        for row in rows[self._seen:]:
+            log.info("step %d/%d | train loss %.4f | val loss %.4f | %s tok/s | %.0fs", row["step"], self.max_steps,
+                     row["train_loss"], row["val_loss"], f"{row['tokens_per_s']:,.0f}", row["elapsed_s"])
+        self._seen = len(rows)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self.poll()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    with Path(path).open() as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def write_summary(path: Path, rows: list[dict], **totals) -> dict:
+    """``summary.json`` from the metrics rows plus the run's totals (params, phase times, ETL manifest)."""
+    val = [r["val_loss"] for r in rows if not math.isnan(r["val_loss"])]
+    summary = {
+        "final_val_loss": val[-1] if val else None,
+        "best_val_loss": min(val) if val else None,
+        "first_val_loss": val[0] if val else None,
+        "final_train_loss": rows[-1]["train_loss"] if rows else None,
+        "steps": int(rows[-1]["step"]) if rows else 0,
+        "tokens": int(rows[-1]["tokens"]) if rows else 0,
+        "tokens_per_s": (rows[-1]["tokens"] / rows[-1]["elapsed_s"]) if rows and rows[-1]["elapsed_s"] else None,
+        **totals,
+    }
+    Path(path).write_text(json.dumps(summary, indent=2))
+    return summary

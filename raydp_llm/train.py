@@ -1,0 +1,76 @@
+"""``python -m raydp_llm.train [overrides]``: Spark ETL on Ray → Ray Dataset → DDP training → model and text."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from raydp_llm.checkpoint import load_model_dir, sample_text
+from raydp_llm.cluster import ray_session
+from raydp_llm.etl import EtlOutput, to_ray_datasets
+from raydp_llm.metrics import read_metrics, write_summary
+from raydp_llm.pipeline import etl_session, write_manifest
+from raydp_llm.trainer import TrainSpec, fit
+
+log = logging.getLogger(__name__)
+
+
+def train_spec(cfg: DictConfig, etl: EtlOutput) -> TrainSpec:
+    t, o = cfg.train, cfg.optim
+    if t.batch_size % t.num_workers:
+        raise ValueError(f"train.batch_size={t.batch_size} must be divisible by train.num_workers={t.num_workers}")
+    return TrainSpec(
+        model={**cfg.model, "vocab_size": etl.tokenizer.vocab_size},
+        tokenizer_chars=etl.tokenizer.chars, token_dtype=etl.manifest["token_dtype"],
+        batch_size=t.batch_size // t.num_workers, max_steps=t.max_steps, eval_interval=t.eval_interval,
+        eval_batches=t.eval_batches, lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps,
+        weight_decay=o.weight_decay, beta1=o.beta1, beta2=o.beta2, grad_clip=o.grad_clip, seed=cfg.seed,
+        cpus_per_worker=t.cpus_per_worker, shuffle_buffer=t.shuffle_buffer,
+    )
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """The whole job into ``out_dir``; returns the summary."""
+    start = time.perf_counter()
+    timings: dict[str, float] = {}
+    with ray_session(cfg.cluster):
+        timings["ray_start_s"] = time.perf_counter() - start
+        with etl_session(cfg, timings, out_dir) as etl:
+            datasets = to_ray_datasets(etl)
+        write_manifest(etl, out_dir)
+        spec = train_spec(cfg, etl)
+        t = time.perf_counter()
+        checkpoint = fit(spec, datasets, num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
+                         out_dir=out_dir, run_name=cfg.name)
+        checkpoint.to_directory(str(out_dir / "model"))
+        timings["train_s"] = time.perf_counter() - t
+
+    model, tokenizer = load_model_dir(out_dir / "model")
+    s = cfg.sample
+    text = sample_text(model, tokenizer, s.prompt, s.max_new_tokens, s.temperature, s.top_k, cfg.seed)
+    (out_dir / "samples.txt").write_text(text + "\n")
+    timings["total_s"] = time.perf_counter() - start
+    summary = write_summary(out_dir / "summary.json", read_metrics(out_dir / "metrics.csv"),
+                            num_params=model.num_params(), **{k: round(v, 2) for k, v in timings.items()},
+                            etl=etl.manifest | {"phase_s": etl.phase_s})
+    log.info("done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): val loss %.4f → %.4f; outputs in %s",
+             timings["total_s"], timings["ray_start_s"], timings["spark_start_s"], timings["etl_s"],
+             timings["train_s"], summary["first_val_loss"], summary["final_val_loss"], out_dir)
+    log.info("sample:\n%s", text)
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return summary["final_val_loss"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Window arithmetic over one token stream: pure functions, used inside the Spark executors.
+
+The stream (all documents, concatenated in order) has ``n`` tokens; positions ``[0, boundary)`` are
+training data and ``[boundary, n)`` validation. A window is ``block_size + 1`` consecutive tokens
+(inputs and shifted targets), and windows of one split start every ``stride`` tokens from the
+split's first position. A window never crosses the boundary.
+
+To cut windows in parallel, the stream is divided into chunks of ``chunk`` positions; chunk ``k``
+owns the windows that *start* in ``[k*chunk, (k+1)*chunk)`` and so needs the tokens up to
+``block_size`` positions past its end (the halo).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def split_boundary(n_tokens: int, val_fraction: float) -> int:
+    """First validation position: the last ``val_fraction`` of the stream is validation."""
+    return n_tokens - int(round(n_tokens * val_fraction))
+
+
+def window_starts(seg_start: int, seg_end: int, lo: int, hi: int, block_size: int, stride: int) -> np.ndarray:
+    """Starts of the windows that lie inside segment ``[seg_start, seg_end)`` and start in ``[lo, hi)``."""
+    last = seg_end - (block_size + 1)  # last allowed start
+    if last < seg_start:
+        return np.empty(0, dtype=np.int64)
+    first_j = max(0, -(-(lo - seg_start) // stride))  # ceil division
+    last_j = min((last - seg_start) // stride, (hi - 1 - seg_start) // stride)
+    if last_j < first_j:
+        return np.empty(0, dtype=np.int64)
+    return seg_start + stride * np.arange(first_j, last_j + 1, dtype=np.int64)
+
+
+def count_windows(seg_start: int, seg_end: int, block_size: int, stride: int) -> int:
+    return len(window_starts(seg_start, seg_end, seg_start, seg_end, block_size, stride))
+
+
+def chunks_of_span(offset: int, length: int, chunk: int, halo: int) -> range:
+    """Chunks whose extended range ``[k*chunk, (k+1)*chunk + halo)`` overlaps ``[offset, offset+length)``."""
+    if length <= 0:
+        return range(0)
+    first = max(0, (offset - halo) // chunk)
+    # chunk k overlaps iff k*chunk < offset+length and (k+1)*chunk + halo > offset
+    while (first + 1) * chunk + halo <= offset:
+        first += 1
+    last = (offset + length - 1) // chunk
+    return range(first, last + 1)
+
+
+def cut_windows(tokens: np.ndarray, tokens_start: int, starts: np.ndarray, block_size: int) -> np.ndarray:
+    """Windows ``[s, s + block_size + 1)`` of a stream slice that begins at position ``tokens_start``."""
+    idx = (starts - tokens_start)[:, None] + np.arange(block_size + 1)[None, :]
+    return tokens[idx]
