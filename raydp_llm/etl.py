@@ -18,7 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from raydp_llm import windows
-from raydp_llm.corpus import Corpus, CorpusError
+from raydp_llm.corpus import Corpus
+from raydp_llm.errors import InputError
 from raydp_llm.tokenizer import CharTokenizer
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, block_size: int, stride: int | 
     chars = build_char_vocab(docs)
     phase_s["read_and_vocab"] = time.perf_counter() - t
     if not chars.strip():
-        raise CorpusError(f"corpus {corpus.name}: no text found in {len(corpus.files)} file(s); give a non-empty corpus")
+        raise InputError(f"corpus {corpus.name}: no text found in {len(corpus.files)} file(s); give a non-empty corpus")
     tokenizer = CharTokenizer(chars)
 
     t = time.perf_counter()
@@ -148,10 +149,10 @@ def run_etl(spark: SparkSession, corpus: Corpus, block_size: int, stride: int | 
     n_train = windows.count_windows(0, boundary, block_size, stride)
     n_val = windows.count_windows(boundary, n_tokens, block_size, stride)
     if n_train == 0 or n_val == 0:
-        raise CorpusError(
+        needed = math.ceil((block_size + 1) / min(val_fraction, 1 - val_fraction))
+        raise InputError(
             f"corpus {corpus.name}: {n_tokens} tokens give {n_train} training and {n_val} validation windows of "
-            f"{block_size + 1} tokens; need at least {math.ceil((block_size + 1) / min(val_fraction, 1 - val_fraction))} "
-            f"tokens: use a larger corpus or a smaller block_size")
+            f"{block_size + 1} tokens; need at least {needed} tokens: use a larger corpus or a smaller block_size")
 
     t = time.perf_counter()
     chunk = max(block_size + 1, math.ceil(n_tokens / (parallelism * 4)))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -13,9 +12,10 @@ from omegaconf import DictConfig
 
 from raydp_llm.checkpoint import load_model_dir, sample_text
 from raydp_llm.cluster import ray_session
+from raydp_llm.errors import exit_on_input_error
 from raydp_llm.etl import EtlOutput, to_ray_datasets
 from raydp_llm.metrics import read_metrics, write_summary
-from raydp_llm.pipeline import etl_session, write_manifest
+from raydp_llm.pipeline import check_inputs, etl_session, write_manifest
 from raydp_llm.trainer import TrainSpec, fit
 
 log = logging.getLogger(__name__)
@@ -23,8 +23,6 @@ log = logging.getLogger(__name__)
 
 def train_spec(cfg: DictConfig, etl: EtlOutput) -> TrainSpec:
     t, o = cfg.train, cfg.optim
-    if t.batch_size % t.num_workers:
-        raise ValueError(f"train.batch_size={t.batch_size} must be divisible by train.num_workers={t.num_workers}")
     return TrainSpec(
         model={**cfg.model, "vocab_size": etl.tokenizer.vocab_size},
         tokenizer_chars=etl.tokenizer.chars, token_dtype=etl.manifest["token_dtype"],
@@ -39,9 +37,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     """The whole job into ``out_dir``; returns the summary."""
     start = time.perf_counter()
     timings: dict[str, float] = {}
+    corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
     with ray_session(cfg.cluster):
         timings["ray_start_s"] = time.perf_counter() - start
-        with etl_session(cfg, timings, out_dir) as etl:
+        with etl_session(cfg, corpus, timings, out_dir) as etl:
             datasets = to_ray_datasets(etl)
         write_manifest(etl, out_dir)
         spec = train_spec(cfg, etl)
@@ -67,6 +66,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@exit_on_input_error
 def main(cfg: DictConfig) -> float:
     summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
     return summary["final_val_loss"]

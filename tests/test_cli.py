@@ -1,0 +1,47 @@
+"""The entry points as a user runs them: bad input is one clear line and exit status 1, before Ray starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+RAY_LATEST = "/tmp/ray/session_latest"
+
+
+def run_cli(module: str, *args: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def ray_session_dir() -> str | None:
+    return os.readlink(RAY_LATEST) if os.path.islink(RAY_LATEST) else None
+
+
+@pytest.mark.parametrize("module", ["raydp_llm.train", "raydp_llm.prepare"])
+@pytest.mark.parametrize("override,message", [
+    ("data.path=/no/such/corpus.txt", "data.path=/no/such/corpus.txt: no such file or directory"),
+    ("model.n_head=3", "model.n_embd=128 is not divisible by model.n_head=3"),
+    ("train.batch_size=13", "train.batch_size=13 is not divisible by train.num_workers=2"),
+    ("data.val_fraction=1.5", "data.val_fraction=1.5 must lie strictly between 0 and 1"),
+])
+def test_bad_input_is_one_line_before_any_engine_starts(module, override, message, tmp_path):
+    before = ray_session_dir()
+    out = run_cli(module, override, tmp_path=tmp_path)
+    assert out.returncode == 1
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert ray_session_dir() == before, "a Ray session was started for bad input"
+
+
+def test_generate_without_a_model_dir_prints_usage(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "raydp_llm.generate", f"model_dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "no model.safetensors" in out.stderr
+    for args in (["prompt=x"], [f"model_dir={tmp_path}", "temperature=hot"], [f"model_dir={tmp_path}", "colour=red"]):
+        out = subprocess.run([sys.executable, "-m", "raydp_llm.generate", *args], capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.startswith("usage:"), out.stderr

@@ -1,0 +1,38 @@
+from pathlib import Path
+
+import pytest
+
+from raydp_llm.corpus import resolve_corpus
+from raydp_llm.errors import InputError
+from raydp_llm.java import JVM_FLAGS, _major_version, ensure_java
+
+
+def test_sample_corpus_is_the_shakespeare_plays():
+    corpus = resolve_corpus(None)
+    assert len(corpus.files) == 38 and corpus.markdown
+    assert any(f.endswith("hamlet.md") for f in corpus.files)
+
+
+def test_file_directory_and_glob(tmp_path):
+    (tmp_path / "b.txt").write_text("bee")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("ay")
+    (tmp_path / ".hidden").write_text("x")
+    assert resolve_corpus(str(tmp_path / "b.txt")).files == [str(tmp_path / "b.txt")]
+    assert resolve_corpus(str(tmp_path)).files == sorted([str(tmp_path / "b.txt"), str(tmp_path / "sub" / "a.txt")])
+    assert resolve_corpus(str(tmp_path / "**" / "*.txt")).files == sorted(
+        [str(tmp_path / "b.txt"), str(tmp_path / "sub" / "a.txt")])
+
+
+@pytest.mark.parametrize("name,message", [("missing.txt", "no such file"), ("*.nothing", "matches no files")])
+def test_bad_paths_say_what_and_where(tmp_path, name, message):
+    with pytest.raises(InputError, match=message) as err:
+        resolve_corpus(str(tmp_path / name))
+    assert str(tmp_path) in str(err.value)
+
+
+def test_java_17_and_the_module_flags():
+    home = ensure_java()
+    assert _major_version(Path(home) / "bin" / "java") == 17
+    assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in JVM_FLAGS
+    assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in JVM_FLAGS
