@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -98,6 +100,7 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     cpus_before = ray.available_resources().get("CPU", 0.0)
+    sigint_handler = signal.getsignal(signal.SIGINT)  # PySpark replaces it with one that needs a live context
     with contextlib.nullcontext() if cfg.verbose else _stderr_to(log_dir / "spark-driver.log"):
         spark = raydp.init_spark(  # the driver JVM starts here and keeps the stderr it inherits
             app_name=app_name,
@@ -112,6 +115,8 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
         yield spark
     finally:
         raydp.stop_spark()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, sigint_handler)
         _stop_driver_jvm()
         _wait_for_cpus(cpus_before)
 

@@ -1,4 +1,4 @@
-"""Errors caused by the user's input, reported as one line (what, where, what to do) and exit code 1."""
+"""How entry points end on bad input (one line: what, where, what to do; exit 1) and on Ctrl-C (exit 130)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ class InputError(ValueError):
     """Bad input: a path, a corpus or a setting. The message is the whole report."""
 
 
-def exit_on_input_error(main):
-    """Wrap an entry point: an ``InputError`` becomes one logged line and exit status 1."""
+def cli_errors(main):
+    """Wrap an entry point: an ``InputError`` becomes one logged line and exit status 1; Ctrl-C exit 130.
+
+    Spark and Ray are already stopped by then: their context managers end on any exception.
+    """
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -23,5 +26,8 @@ def exit_on_input_error(main):
         except InputError as err:
             log.error("error: %s", err)
             sys.exit(1)
+        except KeyboardInterrupt:
+            log.error("interrupted: Spark and Ray are stopped")
+            sys.exit(130)
 
     return wrapper

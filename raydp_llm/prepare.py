@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from raydp_llm.cluster import ray_session
-from raydp_llm.errors import exit_on_input_error
+from raydp_llm.errors import cli_errors
 from raydp_llm.etl import write_parquet
 from raydp_llm.pipeline import check_inputs, etl_session, write_manifest
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-@exit_on_input_error
+@cli_errors
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     start, timings = time.perf_counter(), {}

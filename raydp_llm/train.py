@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from raydp_llm.checkpoint import load_model_dir, sample_text
 from raydp_llm.cluster import ray_session
-from raydp_llm.errors import exit_on_input_error
+from raydp_llm.errors import cli_errors
 from raydp_llm.etl import EtlOutput, to_ray_datasets
 from raydp_llm.metrics import read_metrics, write_summary
 from raydp_llm.pipeline import check_inputs, etl_session, write_manifest
@@ -66,7 +66,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-@exit_on_input_error
+@cli_errors
 def main(cfg: DictConfig) -> float:
     summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
     return summary["final_val_loss"]

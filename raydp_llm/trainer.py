@@ -7,7 +7,9 @@ Workers read their shard of the window datasets, train with AdamW (warmup + cosi
 from __future__ import annotations
 
 import math
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,10 +177,15 @@ def fit(spec: TrainSpec, datasets: dict, num_workers: int, use_gpu: bool, out_di
     )
     follower = MetricsFollower(out_dir / "metrics.csv", spec.max_steps)
     follower.start()
+    sigint_handler = signal.getsignal(signal.SIGINT)
     try:
         result = trainer.fit()
+    except SystemExit as err:  # Ray Train's SIGINT handler aborts the run, then exits with status 0
+        raise KeyboardInterrupt from err
     finally:
         follower.stop()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, sigint_handler)
     if result.checkpoint is None:
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
     return result.checkpoint

@@ -45,3 +45,37 @@ def test_generate_without_a_model_dir_prints_usage(tmp_path):
     for args in (["prompt=x"], [f"model_dir={tmp_path}", "temperature=hot"], [f"model_dir={tmp_path}", "colour=red"]):
         out = subprocess.run([sys.executable, "-m", "raydp_llm.generate", *args], capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.startswith("usage:"), out.stderr
+
+
+ENGINE_PROCESSES = ("raylet", "gcs_server", "java", "ray::")
+
+
+def engine_processes_started_after(t0: float) -> list[str]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline", "create_time", "name"]):
+        cmd = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
+        if p.info["create_time"] >= t0 and any(name in cmd for name in ENGINE_PROCESSES):
+            found.append(f"{p.pid}: {cmd[:120]}")
+    return found
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_spark_and_ray(tmp_path):
+    import signal
+    import time
+
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"hydra.run.dir={tmp_path}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "spark-driver.log").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    time.sleep(3)  # Spark is starting or running the ETL
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "interrupted: Spark and Ray are stopped" in output
+    time.sleep(2)
+    assert engine_processes_started_after(t0) == []

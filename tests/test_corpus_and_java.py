@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
+from raydp_llm import java
 from raydp_llm.corpus import resolve_corpus
 from raydp_llm.errors import InputError
-from raydp_llm import java
 from raydp_llm.java import JVM_FLAGS, _major_version, ensure_java
 
 
