@@ -31,7 +31,10 @@ prepare: $(STAMP) ## the Spark ETL alone: Parquet windows + manifest.json
 test: $(STAMP) ## the test suite (unit + integration on the real engines)
 	$(BIN)/python -m pytest $(ARGS)
 
+lint: $(STAMP) ## ruff: style and import checks
+	$(BIN)/ruff check raydp_llm tests
+
 clean: ## remove outputs and caches (keeps .venv)
 	rm -rf outputs multirun .pytest_cache
 
-.PHONY: help install train smoke prepare test clean
+.PHONY: help install train smoke prepare test lint clean
