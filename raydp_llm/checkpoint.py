@@ -9,13 +9,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from raydp_llm.model import GPT, GPTConfig
-from raydp_llm.tokenizer import CharTokenizer, load_tokenizer
+from raydp_llm.tokenizer import Tokenizer, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def save_model_dir(directory: Path, model: GPT, tokenizer: CharTokenizer) -> Path:
+def save_model_dir(directory: Path, model: GPT, tokenizer: Tokenizer) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -25,7 +25,7 @@ def save_model_dir(directory: Path, model: GPT, tokenizer: CharTokenizer) -> Pat
     return directory
 
 
-def load_model_dir(directory: Path, device: str = "cpu") -> tuple[GPT, CharTokenizer]:
+def load_model_dir(directory: Path, device: str = "cpu") -> tuple[GPT, Tokenizer]:
     directory = Path(directory)
     if not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE}; give the model/ directory of a finished run")
@@ -38,7 +38,7 @@ def load_model_dir(directory: Path, device: str = "cpu") -> tuple[GPT, CharToken
     return model.to(device).eval(), load_tokenizer(directory)
 
 
-def sample_text(model: GPT, tokenizer: CharTokenizer, prompt: str, max_new_tokens: int, temperature: float,
+def sample_text(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float,
                 top_k: int | None, seed: int) -> str:
     """``prompt`` continued by the model; the same seed gives the same text."""
     idx = torch.as_tensor(tokenizer.encode(prompt).astype("int64"))[None, :]

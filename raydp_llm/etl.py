@@ -1,7 +1,16 @@
-"""The Spark ETL: documents → character vocabulary → token ids (in the executors) → windows → splits.
+"""The Spark ETL: lines → scan → tokenizer → token ids (in the executors) → windows → train/val splits.
 
-Everything heavy runs in Spark executors; the driver only collects the vocabulary and one length per
-document. The stream is cut into chunks that Spark groups and windows in parallel (see windows.py).
+Everything that touches the corpus runs in Spark executors; the driver collects only per-file statistics,
+the tokenizer's training sample and one length per piece of the stream.
+
+1. *read*: one row per line with its file and the start of its input split (``src``, ``block``), so
+   huge files are split and read in parallel; markdown is stripped in the JVM.
+2. *scan*: per-file lines, characters, NUL bytes (binary files), replaced invalid UTF-8, character set.
+3. *tokenizer*: the character set (``char``) or a BPE trained on a sample Spark draws (``bpe``).
+4. *encode*: ``mapInArrow`` batches through the tokenizer; documents are joined by the end-of-document
+   token; each input split becomes pieces of at most ``PIECE_TOKENS`` ids.
+5. *window*: from the pieces' lengths the driver knows every piece's offset in the stream; pieces go to
+   the chunks that need them and Spark cuts each chunk's windows in parallel (see windows.py).
 """
 
 from __future__ import annotations
@@ -10,29 +19,31 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from omegaconf import DictConfig
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from raydp_llm import windows
+from raydp_llm import raydp_fixes, windows
 from raydp_llm.corpus import Corpus
 from raydp_llm.errors import InputError
-from raydp_llm.tokenizer import CharTokenizer
+from raydp_llm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json, train_bpe
 
 log = logging.getLogger(__name__)
 
 WINDOW_SCHEMA = "split string, start long, tokens binary"
+PIECE_TOKENS = 1 << 22  # at most ~4M ids per encoded row, whatever the input split's size
+REPLACEMENT = "\ufffd"  # what invalid UTF-8 sequences are decoded to
 
-# Markdown → plain text, in the JVM: headings, **SPEAKER** lines, emphasis, escapes, hard breaks.
+# Markdown → plain text, line by line in the JVM: **SPEAKER** lines, headings, emphasis, escapes, hard breaks.
 _MARKDOWN_RULES = [
-    (r"(?m)^\*\*(.+?)\*\* *$", "$1:"),
-    (r"(?m)^#+ *", ""),
+    (r"^\*\*(.+?)\*\* *$", "$1:"),
+    (r"^#+ *", ""),
     (r"[*_]", ""),
     (r"\\(.)", "$1"),
-    (r"(?m) +$", ""),
+    (r" +$", ""),
 ]
 
 
@@ -40,64 +51,164 @@ _MARKDOWN_RULES = [
 class EtlOutput:
     train: DataFrame  # WINDOW_SCHEMA rows, tokens = (block_size + 1) ids as raw `token_dtype` bytes
     val: DataFrame
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer
     manifest: dict
     phase_s: dict = field(default_factory=dict)
 
 
-def read_documents(spark: SparkSession, corpus: Corpus) -> DataFrame:
-    """One row per file: ``doc`` (its index in the corpus order) and ``text`` (joined by a blank line)."""
-    df = spark.read.text(corpus.files, wholetext=True).withColumn("path", F.input_file_name())
+def read_lines(spark: SparkSession, corpus: Corpus) -> DataFrame:
+    """``src, block, raw``: one row per line (its bytes), tagged with its file and the start of its input split.
+
+    Lines stay bytes until the executors decode them (``decode``): Spark does not check UTF-8.
+    """
+    df = spark.read.text(corpus.files)
     text = F.col("value")
     if corpus.markdown:
         for pattern, replacement in _MARKDOWN_RULES:
             text = F.regexp_replace(text, pattern, replacement)
-    text = F.concat(F.regexp_replace(text, r"\s+$", ""), F.lit("\n\n"))
-    order = spark.createDataFrame(
-        [(i, Path(f).as_uri()) for i, f in enumerate(corpus.files)], "doc long, path string")
-    return df.select("path", text.alias("text")).join(F.broadcast(order), "path").select("doc", "text")
+    return df.select(F.input_file_name().alias("src"), F.input_file_block_start().alias("block"),
+                     text.cast("binary").alias("raw"))
 
 
-def build_char_vocab(docs: DataFrame) -> str:
-    """The sorted distinct characters of all documents; each partition reduces to a set in its executor."""
-    sets = docs.select("text").rdd.mapPartitions(lambda rows: ["".join(set("".join(r.text for r in rows)))])
-    return "".join(sorted(set("".join(sets.collect()))))
+def decode(raw: bytes) -> tuple[str, int]:
+    """A line's text and how many invalid UTF-8 sequences were replaced by U+FFFD."""
+    try:
+        return raw.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+        return text, text.count(REPLACEMENT) - raw.count(REPLACEMENT.encode())
 
 
-def encode_documents(docs: DataFrame, tokenizer: CharTokenizer) -> DataFrame:
-    """``doc, n, tokens``: each document's ids as raw bytes, encoded in the executors in Arrow batches."""
+def scan_files(lines: DataFrame, want_charset: bool) -> dict[str, dict]:
+    """Per-file statistics, computed in the executors: lines, characters (newlines included), non-blank
+    characters, lines with NUL bytes, replaced invalid UTF-8 sequences and (for ``char``) the character set."""
+
+    def scan(batches):
+        stats: dict[str, dict] = {}
+        for batch in batches:
+            for src, raw in zip(batch.column("src").to_pylist(), batch.column("raw").to_pylist()):
+                text, replaced = decode(raw)
+                s = stats.setdefault(src, {"lines": 0, "chars": 0, "nonblank": 0, "nul_lines": 0, "replaced": 0,
+                                           "charset": set()})
+                s["lines"] += 1
+                s["chars"] += len(text) + 1
+                s["nonblank"] += len(text.strip())
+                s["nul_lines"] += "\x00" in text
+                s["replaced"] += replaced
+                if want_charset:
+                    s["charset"].update(text)
+        rows = {k: [] for k in ("src", "lines", "chars", "nonblank", "nul_lines", "replaced", "charset")}
+        for src, s in stats.items():
+            rows["src"].append(src)
+            for k in ("lines", "chars", "nonblank", "nul_lines", "replaced"):
+                rows[k].append(s[k])
+            rows["charset"].append("".join(s["charset"]))
+        yield pa.RecordBatch.from_pydict(rows, schema=pa.schema(
+            [("src", pa.string())] + [(k, pa.int64()) for k in ("lines", "chars", "nonblank", "nul_lines",
+                                                                   "replaced")] + [("charset", pa.string())]))
+
+    schema = "src string, lines long, chars long, nonblank long, nul_lines long, replaced long, charset string"
+    files: dict[str, dict] = {}
+    for row in lines.mapInArrow(scan, schema).collect():
+        f = files.setdefault(row.src, {"lines": 0, "chars": 0, "nonblank": 0, "nul_lines": 0, "replaced": 0,
+                                       "charset": set()})
+        for k in ("lines", "chars", "nonblank", "nul_lines", "replaced"):
+            f[k] += getattr(row, k)
+        f["charset"].update(row.charset)
+    return files
+
+
+def build_tokenizer(lines: DataFrame, files: dict[str, dict], tok_cfg: DictConfig, seed: int) -> Tokenizer:
+    """``char``: the corpus' character set (newline included). ``bpe``: loaded from ``tokenizer.path``, or
+    trained on a sample of at most ``tokenizer.sample_mb`` MB that Spark draws from the corpus."""
+    if tok_cfg.kind == "char":
+        return CharTokenizer("\n" + "".join(set().union(*(f["charset"] for f in files.values()))))
+    if tok_cfg.path:
+        return load_tokenizer(tok_cfg.path)
+    total = sum(f["chars"] for f in files.values())
+    fraction = min(1.0, tok_cfg.sample_mb * 1e6 / max(total, 1))
+    sample = lines.select("raw").sample(fraction=fraction, seed=seed) if fraction < 1 else lines.select("raw")
+    texts = [decode(r.raw)[0] + "\n" for r in sample.collect()]
+    return train_bpe((texts[i:i + 10_000] for i in range(0, len(texts), 10_000)), tok_cfg.vocab_size)
+
+
+def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) -> DataFrame:
+    """``src, block, part, docs, n, tokens``: the stream's pieces, encoded in the executors.
+
+    Documents are joined by the end-of-document token: ``file`` puts one before each file, ``blank_line``
+    one at each run of blank lines (and before each file), ``line`` one before each non-empty line.
+    """
+    tok_json = tokenizer.to_json()
+    dtype = tokenizer.token_dtype
+    schema = pa.schema([("src", pa.string()), ("block", pa.int64()), ("part", pa.int64()), ("docs", pa.int64()),
+                        ("n", pa.int64()), ("tokens", pa.binary())])
 
     def encode(batches):
+        tok = tokenizer_from_json(tok_json)  # once per task
+        eod = np.array([tok.eod_id], dtype=dtype)
+        key, part, pieces, size, docs, prev_blank = None, 0, [], 0, 0, True
+
+        def flush():
+            ids = np.concatenate(pieces) if pieces else np.empty(0, dtype)
+            return pa.RecordBatch.from_pydict({"src": [key[0]], "block": [key[1]], "part": [part], "docs": [docs],
+                                               "n": [len(ids)], "tokens": [ids.tobytes()]}, schema=schema)
+
         for batch in batches:
-            ids = [tokenizer.encode(t) for t in batch.column("text").to_pylist()]
-            yield pa.RecordBatch.from_pydict({
-                "doc": batch.column("doc"),
-                "n": pa.array([len(a) for a in ids], pa.int64()),
-                "tokens": pa.array([a.tobytes() for a in ids], pa.binary()),
-            })
+            srcs, blocks = batch.column("src").to_pylist(), batch.column("block").to_pylist()
+            texts = [decode(raw)[0] for raw in batch.column("raw").to_pylist()]
+            blank = [not t.strip() for t in texts]
+            keep = [document_split == "file" or not b for b in blank]  # lines that become tokens
+            newline = "" if document_split == "line" else "\n"
+            encoded = iter(tok.encode_batch([t + newline for t, k in zip(texts, keep) if k]))
+            for src, block, is_blank, is_kept in zip(srcs, blocks, blank, keep):
+                if (src, block) != key:
+                    if key is not None:
+                        yield flush()
+                    key, part, pieces, size, docs, prev_blank = (src, block), 0, [], 0, 0, True
+                    if block == 0 and document_split != "line":  # a file starts: a document starts
+                        pieces.append(eod)
+                        docs += 1
+                if document_split == "blank_line" and is_blank and not prev_blank:
+                    pieces.append(eod)
+                    docs += 1
+                elif document_split == "line" and is_kept:
+                    pieces.append(eod)
+                    docs += 1
+                prev_blank = is_blank
+                if is_kept:
+                    ids = next(encoded)
+                    pieces.append(ids)
+                    size += len(ids)
+                if size >= PIECE_TOKENS:
+                    yield flush()
+                    part, pieces, size, docs = part + 1, [], 0, 0
+        if key is not None:
+            yield flush()
 
-    return docs.mapInArrow(encode, "doc long, n long, tokens binary")
+    return lines.mapInArrow(encode, "src string, block long, part long, docs long, n long, tokens binary")
 
 
-def cut_all_windows(encoded: DataFrame, offsets: dict[int, int], n_tokens: int, boundary: int,
-                    block_size: int, stride: int, chunk: int, dtype: np.dtype) -> DataFrame:
+def cut_all_windows(encoded: DataFrame, offsets: dict[tuple, int], n_tokens: int, data: DictConfig, block_size: int,
+                    stride: int, chunk: int, dtype: np.dtype, seed: int) -> DataFrame:
     """Every window of both splits, as WINDOW_SCHEMA rows; chunks of the stream are windowed in parallel."""
     halo = block_size
-    segments = [("train", 0, boundary), ("val", boundary, n_tokens)]
+    seg = dict(n=n_tokens, split=data.split, val_fraction=data.val_fraction, seed=seed,
+               segment_tokens=data.segment_tokens)
 
-    def to_pieces(batches):  # each document's tokens → the chunks that need them
+    def to_pieces(batches):  # each piece's tokens → the chunks that need them
+        schema = pa.schema([("chunk", pa.int64()), ("offset", pa.int64()), ("tokens", pa.binary())])
         for batch in batches:
             rows = {"chunk": [], "offset": [], "tokens": []}
-            for doc, raw in zip(batch.column("doc").to_pylist(), batch.column("tokens").to_pylist()):
+            for src, block, part, raw in zip(*(batch.column(c).to_pylist() for c in ("src", "block", "part",
+                                                                                       "tokens"))):
                 ids = np.frombuffer(raw, dtype=dtype)
-                start = offsets[doc]
+                start = offsets[(src, block, part)]
                 for k in windows.chunks_of_span(start, len(ids), chunk, halo):
                     lo, hi = max(start, k * chunk), min(start + len(ids), (k + 1) * chunk + halo)
                     rows["chunk"].append(k)
                     rows["offset"].append(lo)
                     rows["tokens"].append(ids[lo - start:hi - start].tobytes())
-            yield pa.RecordBatch.from_pydict(rows, schema=pa.schema(
-                [("chunk", pa.int64()), ("offset", pa.int64()), ("tokens", pa.binary())]))
+            yield pa.RecordBatch.from_pydict(rows, schema=schema)
 
     def to_windows(pdf):  # one chunk's pieces → the windows that start in it
         import pandas as pd
@@ -107,7 +218,7 @@ def cut_all_windows(encoded: DataFrame, offsets: dict[int, int], n_tokens: int, 
         stream = np.frombuffer(b"".join(pdf["tokens"]), dtype=dtype)
         first = int(pdf["offset"].iloc[0])
         out = []
-        for name, seg_start, seg_end in segments:
+        for name, seg_start, seg_end in windows.segments(k * chunk, (k + 1) * chunk, **seg):
             starts = windows.window_starts(seg_start, seg_end, k * chunk, (k + 1) * chunk, block_size, stride)
             if len(starts):
                 cut = windows.cut_windows(stream, first, starts, block_size)
@@ -118,46 +229,75 @@ def cut_all_windows(encoded: DataFrame, offsets: dict[int, int], n_tokens: int, 
     return pieces.groupBy("chunk").applyInPandas(to_windows, WINDOW_SCHEMA)
 
 
-def run_etl(spark: SparkSession, corpus: Corpus, block_size: int, stride: int | None, val_fraction: float,
-            seed: int, parallelism: int) -> EtlOutput:
-    """Run the whole ETL on ``spark``; returns the cached window DataFrames and the manifest.
+def count_windows(n_tokens: int, data: DictConfig, block_size: int, stride: int, seed: int) -> dict[str, int]:
+    counts = {"train": 0, "val": 0}
+    for name, lo, hi in windows.segments(0, n_tokens, n_tokens, data.split, data.val_fraction, seed,
+                                         data.segment_tokens):
+        counts[name] += windows.count_windows(lo, hi, block_size, stride)
+    return counts
 
-    ``stride`` (default ``block_size``) is the distance between window starts; ``parallelism`` the
-    number of Spark tasks to aim for.
-    """
-    stride = stride or block_size
+
+def check_files(files: dict[str, dict], data: DictConfig) -> list[str]:
+    """Binary files and invalid UTF-8: errors, or the binary files to skip (``data.skip_binary``)."""
+    binary = sorted(src for src, f in files.items() if f["nul_lines"])
+    if binary and not data.skip_binary:
+        raise InputError(f"{binary[0]} looks binary (NUL bytes in {files[binary[0]]['nul_lines']} lines"
+                         f"{f'; {len(binary) - 1} more such files' if len(binary) > 1 else ''}): remove it from "
+                         "data.path or set data.skip_binary=true")
+    for src in binary:
+        log.warning("skipping binary file %s (NUL bytes)", src)
+    bad = sorted(src for src, f in files.items() if f["replaced"] and src not in binary)
+    if bad and data.strict_utf8:
+        raise InputError(f"{bad[0]} has {files[bad[0]]['replaced']} invalid UTF-8 sequences: fix its encoding "
+                         "or set data.strict_utf8=false to replace them")
+    return binary
+
+
+def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: DictConfig, block_size: int,
+            seed: int) -> EtlOutput:
+    """Run the whole ETL on ``spark``; returns the cached window DataFrames and the manifest."""
+    stride = data.stride or block_size
     phase_s: dict[str, float] = {}
-    t = time.perf_counter()
-
-    docs = read_documents(spark, corpus).repartition(max(1, min(parallelism, len(corpus.files))), "doc").cache()
-    chars = build_char_vocab(docs)
-    phase_s["read_and_vocab"] = time.perf_counter() - t
-    if not chars.strip():
-        raise InputError(f"corpus {corpus.name}: no text found in {len(corpus.files)} file(s); give a non-empty corpus")
-    tokenizer = CharTokenizer(chars)
 
     t = time.perf_counter()
-    encoded = encode_documents(docs, tokenizer).cache()
-    lengths = sorted((r.doc, r.n) for r in encoded.select("doc", "n").collect())
-    docs.unpersist()
+    lines = read_lines(spark, corpus).cache()
+    files = scan_files(lines, want_charset=tok_cfg.kind == "char")
+    skipped = check_files(files, data)
+    if skipped:
+        lines = lines.where(~F.col("src").isin(skipped))
+        files = {k: v for k, v in files.items() if k not in skipped}
+    if sum(f["nonblank"] for f in files.values()) == 0:
+        raise InputError(f"data.path: the corpus {corpus.name} ({len(corpus.files)} files) holds no text, only "
+                         "whitespace or nothing; point data.path at text files")
+    phase_s["read"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    tokenizer = build_tokenizer(lines, files, tok_cfg, seed)
+    phase_s["tokenizer"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    encoded = encode_lines(lines, tokenizer, data.document_split).cache()
+    pieces = sorted((r.src, r.block, r.part, r.n, r.docs) for r in encoded.select("src", "block", "part", "n", "docs")
+                    .collect())
+    lines.unpersist()
     phase_s["encode"] = time.perf_counter() - t
 
     offsets, n_tokens = {}, 0
-    for doc, n in lengths:
-        offsets[doc], n_tokens = n_tokens, n_tokens + n
-    boundary = windows.split_boundary(n_tokens, val_fraction)
-    n_train = windows.count_windows(0, boundary, block_size, stride)
-    n_val = windows.count_windows(boundary, n_tokens, block_size, stride)
-    if n_train == 0 or n_val == 0:
-        needed = math.ceil((block_size + 1) / min(val_fraction, 1 - val_fraction))
+    for src, block, part, n, _ in pieces:
+        offsets[(src, block, part)], n_tokens = n_tokens, n_tokens + n
+    expected = count_windows(n_tokens, data, block_size, stride, seed)
+    if expected["train"] == 0 or expected["val"] == 0:
+        needed = math.ceil((block_size + 1) / min(data.val_fraction, 1 - data.val_fraction))
         raise InputError(
-            f"corpus {corpus.name}: {n_tokens} tokens give {n_train} training and {n_val} validation windows of "
-            f"{block_size + 1} tokens; need at least {needed} tokens: use a larger corpus or a smaller block_size")
+            f"data.path: the corpus {corpus.name} has {n_tokens} tokens, giving {expected['train']} training and "
+            f"{expected['val']} validation windows of {block_size + 1} tokens; at least {needed} tokens are needed:"
+            " use a larger corpus or a smaller model.block_size")
 
     t = time.perf_counter()
-    chunk = max(block_size + 1, math.ceil(n_tokens / (parallelism * 4)))
-    all_windows = cut_all_windows(encoded, offsets, n_tokens, boundary, block_size, stride, chunk,
-                                  tokenizer.token_dtype)
+    chunk = data.segment_tokens * max(1, math.ceil(n_tokens / (4 * spark.sparkContext.defaultParallelism)
+                                                   / data.segment_tokens))
+    all_windows = cut_all_windows(encoded, offsets, n_tokens, data, block_size, stride, chunk,
+                                  tokenizer.token_dtype, seed)
     # A seeded global shuffle of the training windows (Spark sorts by a hash), so that training reads them
     # in random order; validation keeps stream order.
     train = all_windows.where("split = 'train'").orderBy(F.hash("start", F.lit(seed))).cache()
@@ -165,25 +305,37 @@ def run_etl(spark: SparkSession, corpus: Corpus, block_size: int, stride: int | 
     counted = {"train": train.count(), "val": val.count()}
     encoded.unpersist()
     phase_s["window"] = time.perf_counter() - t
-    if counted != {"train": n_train, "val": n_val}:
-        raise RuntimeError(f"window count mismatch: Spark cut {counted}, expected train={n_train} val={n_val}")
+    if counted != expected:
+        raise RuntimeError(f"window count mismatch: Spark cut {counted}, the arithmetic says {expected}")
 
+    tokens_val = sum(hi - lo for name, lo, hi in windows.segments(
+        0, n_tokens, n_tokens, data.split, data.val_fraction, seed, data.segment_tokens) if name == "val")
+    characters = sum(f["chars"] for f in files.values())
     manifest = {
         "corpus": corpus.name,
-        "documents": len(corpus.files),
-        "characters": n_tokens,  # char tokenizer: one token per character
+        "files": len(files),
+        "skipped_binary_files": skipped,
+        "documents": sum(p[4] for p in pieces),
+        "bytes": sum(corpus.sizes.get(src, 0) for src in files) if corpus.sizes else None,
+        "characters": characters,
+        "invalid_utf8_replaced": sum(f["replaced"] for f in files.values()),
         "tokens": n_tokens,
-        "tokens_train": boundary,
-        "tokens_val": n_tokens - boundary,
-        "windows_train": n_train,
-        "windows_val": n_val,
+        "tokens_train": n_tokens - tokens_val,
+        "tokens_val": tokens_val,
+        "chars_per_token": characters / n_tokens,
+        "windows_train": counted["train"],
+        "windows_val": counted["val"],
         "vocab_size": tokenizer.vocab_size,
         "tokenizer": tokenizer.kind,
+        "tokenizer_hash": tokenizer.fingerprint,
         "token_dtype": tokenizer.token_dtype.name,
         "block_size": block_size,
         "stride": stride,
-        "val_fraction": val_fraction,
+        "split": data.split,
+        "val_fraction": data.val_fraction,
+        "document_split": data.document_split,
         "seed": seed,
+        "inputs": corpus.fingerprints,
     }
     return EtlOutput(train=train, val=val, tokenizer=tokenizer, manifest=manifest, phase_s=phase_s)
 
@@ -196,16 +348,10 @@ def to_ray_datasets(out: EtlOutput) -> dict:
     import ray.data
     from raydp.spark import release_spark_recoverable
 
+    raydp_fixes.install()
     datasets = {}
     for name, df in (("train", out.train), ("val", out.val)):
         datasets[name] = ray.data.from_spark(df).materialize()
         release_spark_recoverable(df)
         df.unpersist()
     return datasets
-
-
-def write_parquet(out: EtlOutput, directory: Path) -> None:
-    """Write the windows (``train/``, ``val/`` Parquet) and the tokenizer from the executors."""
-    for name, df in (("train", out.train), ("val", out.val)):
-        df.select("start", "tokens").write.mode("overwrite").parquet(str(directory / name))
-    out.tokenizer.save(directory)

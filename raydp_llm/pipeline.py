@@ -1,67 +1,101 @@
-"""The steps every entry point shares: resolve the corpus, start Ray and Spark, run the ETL."""
+"""The steps every entry point shares: check the inputs, then windows from the ETL cache or a Spark ETL."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
+from raydp_llm import cache
 from raydp_llm.cluster import spark_session
 from raydp_llm.corpus import Corpus, resolve_corpus
 from raydp_llm.errors import InputError
-from raydp_llm.etl import EtlOutput, run_etl
+from raydp_llm.etl import run_etl, to_ray_datasets
+from raydp_llm.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class PreparedData:
+    tokenizer: Tokenizer
+    manifest: dict
+    entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
+    cache_hit: bool
+    datasets: dict | None = None  # Ray datasets {"train", "val"} when asked for
+    phase_s: dict = field(default_factory=dict)
+
+
 def check_inputs(cfg: DictConfig) -> Corpus:
     """Check the settings that would fail late and resolve the corpus, before any engine starts."""
-    m, t = cfg.model, cfg.train
+    m, t, d = cfg.model, cfg.train, cfg.data
     if m.n_embd % m.n_head:
         raise InputError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}; pick a divisor")
     if t.batch_size % t.num_workers:
         raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers}; "
                          "it is the global batch, split evenly over the workers")
-    if not 0 < cfg.data.val_fraction < 1:
-        raise InputError(f"data.val_fraction={cfg.data.val_fraction} must lie strictly between 0 and 1")
-    return corpus_from_config(cfg.data)
-
-
-def corpus_from_config(data: DictConfig) -> Corpus:
-    corpus = resolve_corpus(to_absolute_path(data.path) if data.path else None, markdown=data.markdown)
-    if data.max_documents:
-        corpus = Corpus(files=corpus.files[: data.max_documents], markdown=corpus.markdown, name=corpus.name)
+    if not 0 < d.val_fraction < 1:
+        raise InputError(f"data.val_fraction={d.val_fraction} must lie strictly between 0 and 1")
+    if cfg.tokenizer.get("path") and not Path(to_absolute_path(cfg.tokenizer.path)).is_file():
+        raise InputError(f"tokenizer.path={cfg.tokenizer.path}: no such file; give a tokenizer.json")
+    path = d.path if d.path is None or isinstance(d.path, str) else [to_absolute_path(p) for p in d.path]
+    corpus = resolve_corpus(to_absolute_path(path) if isinstance(path, str) and "://" not in path else path,
+                            markdown=d.markdown)
+    if d.max_files:
+        corpus = Corpus(files=corpus.files[: d.max_files], markdown=corpus.markdown, name=corpus.name,
+                        fingerprints=corpus.fingerprints[: d.max_files])
     return corpus
 
 
-@contextlib.contextmanager
-def etl_session(cfg: DictConfig, corpus: Corpus, timings: dict, out_dir: Path) -> Iterator[EtlOutput]:
-    """Ray up, Spark up, ETL done: yields the ETL output while Spark still runs, then stops Spark.
+def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, to_ray: bool,
+                 store: Path | None) -> PreparedData:
+    """Windows from the ETL cache (``data.cache``) or from a Spark ETL run on the running Ray.
 
-    Ray stays up until the enclosing ``ray_session`` ends; ``timings`` gets the phase times in seconds;
-    Spark's driver log goes to ``out_dir``.
+    A Spark run writes its dataset to ``store/<key>`` when ``store`` is given and hands the windows to Ray
+    with ``from_spark`` when ``to_ray``. ``timings`` gets the phase times (s); Spark's driver log goes to
+    ``out_dir``.
     """
+    tok_cfg = cfg.tokenizer
+    if tok_cfg.get("path"):
+        tok_cfg = tok_cfg.copy()
+        tok_cfg.path = to_absolute_path(tok_cfg.path)
+    key = cache.cache_key(corpus, cfg.data, tok_cfg, cfg.model.block_size, cfg.seed)
+    entry = cache.lookup(Path(to_absolute_path(cfg.data.cache_dir)), key) if cfg.data.cache else None
+    if entry is not None:
+        t = time.perf_counter()
+        log.info("ETL cache hit: %s (Spark not started)", entry)
+        datasets, tokenizer, manifest = cache.read_entry(entry, to_ray)
+        timings["etl_s"] = time.perf_counter() - t
+        return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets)
+
     t = time.perf_counter()
     with spark_session(cfg.cluster, app_name=cfg.name, log_dir=out_dir) as spark:
         timings["spark_start_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        out = run_etl(spark, corpus, block_size=cfg.model.block_size, stride=cfg.data.stride,
-                      val_fraction=cfg.data.val_fraction, seed=cfg.seed,
-                      parallelism=cfg.cluster.executors * cfg.cluster.executor_cores)
-        log.info("ETL: %d documents, %d tokens, vocab %d, windows train %d / val %d",
-                 out.manifest["documents"], out.manifest["tokens"], out.manifest["vocab_size"],
-                 out.manifest["windows_train"], out.manifest["windows_val"])
-        yield out
-        timings["etl_s"] = time.perf_counter() - t
+        out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed)
+        m = out.manifest
+        log.info("ETL: %d files, %d documents, %d tokens (%.2f chars/token), vocab %d, windows train %d / val %d",
+                 m["files"], m["documents"], m["tokens"], m["chars_per_token"], m["vocab_size"], m["windows_train"],
+                 m["windows_val"])
+        if store is not None:
+            t_write = time.perf_counter()
+            entry = cache.write_entry(out, store, key)
+            out.phase_s["write"] = time.perf_counter() - t_write
+        datasets = None
+        if to_ray:
+            t_convert = time.perf_counter()
+            datasets = to_ray_datasets(out)
+            out.phase_s["convert"] = time.perf_counter() - t_convert
+    timings["etl_s"] = time.perf_counter() - t
+    return PreparedData(out.tokenizer, m, entry, cache_hit=False, datasets=datasets, phase_s=out.phase_s)
 
 
-def write_manifest(out: EtlOutput, directory: Path) -> Path:
+def write_manifest(manifest: dict, directory: Path) -> Path:
     path = directory / "manifest.json"
-    path.write_text(json.dumps(out.manifest, indent=2))
+    path.write_text(json.dumps(manifest, indent=2))
     return path

@@ -1,4 +1,8 @@
-"""``python -m raydp_llm.prepare [overrides]``: the Spark ETL alone; writes Parquet windows and ``manifest.json``."""
+"""``python -m raydp_llm.prepare [overrides]``: the Spark ETL alone.
+
+Writes the windows (Parquet), tokenizer and manifest to the ETL cache (or, with ``data.cache=false``, to
+``dataset/`` in the run directory), and ``manifest.json`` into the run directory.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,12 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from raydp_llm.cluster import ray_session
 from raydp_llm.errors import cli_errors
-from raydp_llm.etl import write_parquet
-from raydp_llm.pipeline import check_inputs, etl_session, write_manifest
+from raydp_llm.pipeline import check_inputs, prepare_data, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +28,19 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     start, timings = time.perf_counter(), {}
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
-    with ray_session(cfg.cluster), etl_session(cfg, corpus, timings, out_dir) as etl:
-        write_parquet(etl, out_dir / "dataset")
-        etl.manifest["phase_s"] = etl.phase_s
-        manifest = write_manifest(etl, out_dir)
-    log.info("wrote %s and %s in %.0fs", out_dir / "dataset", manifest, time.perf_counter() - start)
+    store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else out_dir / "dataset"
+    with ray_session(cfg.cluster):
+        data = prepare_data(cfg, corpus, out_dir, timings, to_ray=False, store=store)
+    manifest = data.manifest | {"phase_s": data.phase_s, "cache_hit": data.cache_hit, "dataset": str(data.entry)}
+    write_manifest(manifest, out_dir)
+    m = manifest
+    print(f"{m['corpus']}: {m['files']} files, {m['documents']} documents, {m['characters']:,} characters\n"
+          f"  tokenizer {m['tokenizer']} (vocab {m['vocab_size']}, {m['chars_per_token']:.2f} chars/token), "
+          f"{m['tokens']:,} tokens: train {m['tokens_train']:,} / val {m['tokens_val']:,}\n"
+          f"  windows of {m['block_size'] + 1} tokens, stride {m['stride']}: train {m['windows_train']:,} / "
+          f"val {m['windows_val']:,}\n"
+          f"  dataset: {data.entry}{' (cache hit)' if data.cache_hit else ''}\n"
+          f"  done in {time.perf_counter() - start:.0f}s; manifest: {out_dir / 'manifest.json'}")
 
 
 if __name__ == "__main__":

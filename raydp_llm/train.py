@@ -8,24 +8,24 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from raydp_llm.checkpoint import load_model_dir, sample_text
 from raydp_llm.cluster import ray_session
 from raydp_llm.errors import cli_errors
-from raydp_llm.etl import EtlOutput, to_ray_datasets
 from raydp_llm.metrics import read_metrics, write_summary
-from raydp_llm.pipeline import check_inputs, etl_session, write_manifest
+from raydp_llm.pipeline import PreparedData, check_inputs, prepare_data, write_manifest
 from raydp_llm.trainer import TrainSpec, fit
 
 log = logging.getLogger(__name__)
 
 
-def train_spec(cfg: DictConfig, etl: EtlOutput) -> TrainSpec:
+def train_spec(cfg: DictConfig, data: PreparedData) -> TrainSpec:
     t, o = cfg.train, cfg.optim
     return TrainSpec(
-        model={**cfg.model, "vocab_size": etl.tokenizer.vocab_size},
-        tokenizer_chars=etl.tokenizer.chars, token_dtype=etl.manifest["token_dtype"],
+        model={**cfg.model, "vocab_size": data.tokenizer.vocab_size},
+        tokenizer_json=data.tokenizer.to_json(), token_dtype=data.manifest["token_dtype"],
         batch_size=t.batch_size // t.num_workers, max_steps=t.max_steps, eval_interval=t.eval_interval,
         eval_batches=t.eval_batches, lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps,
         weight_decay=o.weight_decay, beta1=o.beta1, beta2=o.beta2, grad_clip=o.grad_clip, seed=cfg.seed,
@@ -40,12 +40,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
     with ray_session(cfg.cluster):
         timings["ray_start_s"] = time.perf_counter() - start
-        with etl_session(cfg, corpus, timings, out_dir) as etl:
-            datasets = to_ray_datasets(etl)
-        write_manifest(etl, out_dir)
-        spec = train_spec(cfg, etl)
+        store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else None
+        data = prepare_data(cfg, corpus, out_dir, timings, to_ray=True, store=store)
+        write_manifest(data.manifest, out_dir)
+        spec = train_spec(cfg, data)
         t = time.perf_counter()
-        checkpoint = fit(spec, datasets, num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
+        checkpoint = fit(spec, data.datasets, num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
                          out_dir=out_dir, run_name=cfg.name)
         checkpoint.to_directory(str(out_dir / "model"))
         timings["train_s"] = time.perf_counter() - t
@@ -57,9 +57,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     timings["total_s"] = time.perf_counter() - start
     summary = write_summary(out_dir / "summary.json", read_metrics(out_dir / "metrics.csv"),
                             num_params=model.num_params(), **{k: round(v, 2) for k, v in timings.items()},
-                            etl=etl.manifest | {"phase_s": etl.phase_s})
+                            etl=data.manifest | {"phase_s": data.phase_s, "cache_hit": data.cache_hit})
     log.info("done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): val loss %.4f → %.4f; outputs in %s",
-             timings["total_s"], timings["ray_start_s"], timings["spark_start_s"], timings["etl_s"],
+             timings["total_s"], timings["ray_start_s"], timings.get("spark_start_s", 0.0), timings["etl_s"],
              timings["train_s"], summary["first_val_loss"], summary["final_val_loss"], out_dir)
     log.info("sample:\n%s", text)
     return summary

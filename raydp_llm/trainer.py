@@ -25,7 +25,7 @@ from ray.train.torch import TorchTrainer
 from raydp_llm.checkpoint import save_model_dir
 from raydp_llm.metrics import MetricsCsv, MetricsFollower
 from raydp_llm.model import GPT, GPTConfig
-from raydp_llm.tokenizer import CharTokenizer
+from raydp_llm.tokenizer import tokenizer_from_json
 
 
 @dataclass
@@ -33,7 +33,7 @@ class TrainSpec:
     """Everything a worker needs, as plain values (workers do not see Hydra)."""
 
     model: dict  # GPTConfig fields
-    tokenizer_chars: str
+    tokenizer_json: str
     token_dtype: str
     batch_size: int  # per worker
     max_steps: int
@@ -159,7 +159,7 @@ def _report(metrics: dict, model: GPT, spec: TrainSpec, final: bool, rank: int) 
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        save_model_dir(Path(tmp), model, CharTokenizer(spec.tokenizer_chars))
+        save_model_dir(Path(tmp), model, tokenizer_from_json(spec.tokenizer_json))
         ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
 

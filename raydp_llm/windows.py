@@ -1,9 +1,11 @@
 """Window arithmetic over one token stream: pure functions, used inside the Spark executors.
 
-The stream (all documents, concatenated in order) has ``n`` tokens; positions ``[0, boundary)`` are
-training data and ``[boundary, n)`` validation. A window is ``block_size + 1`` consecutive tokens
-(inputs and shifted targets), and windows of one split start every ``stride`` tokens from the
-split's first position. A window never crosses the boundary.
+The stream (all documents, concatenated in order) has ``n`` tokens and is cut into *segments*, each
+wholly training or validation data. ``tail`` split: two segments, the last ``val_fraction`` of the
+stream is validation (nanoGPT's split). ``hash`` split: segments of ``segment_tokens`` tokens, each
+assigned by a seeded hash (for corpora spread over many files). A window is ``block_size + 1``
+consecutive tokens (inputs and shifted targets); windows start every ``stride`` tokens from their
+segment's first position and never leave their segment, so no window mixes the splits.
 
 To cut windows in parallel, the stream is divided into chunks of ``chunk`` positions; chunk ``k``
 owns the windows that *start* in ``[k*chunk, (k+1)*chunk)`` and so needs the tokens up to
@@ -18,6 +20,26 @@ import numpy as np
 def split_boundary(n_tokens: int, val_fraction: float) -> int:
     """First validation position: the last ``val_fraction`` of the stream is validation."""
     return n_tokens - int(round(n_tokens * val_fraction))
+
+
+def is_val_segment(index: int, seed: int, val_fraction: float) -> bool:
+    """The hash split's seeded, reproducible choice for segment ``index`` (splitmix64)."""
+    z = (index + 0x9E3779B97F4A7C15 * (seed + 1)) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return ((z ^ (z >> 31)) / 2**64) < val_fraction
+
+
+def segments(lo: int, hi: int, n: int, split: str, val_fraction: float, seed: int,
+             segment_tokens: int) -> list[tuple[str, int, int]]:
+    """``(split_name, start, end)`` of the segments of an ``n``-token stream that overlap ``[lo, hi)``."""
+    if split == "tail":
+        boundary = split_boundary(n, val_fraction)
+        both = [("train", 0, boundary), ("val", boundary, n)]
+        return [s for s in both if s[1] < min(hi, s[2]) and max(lo, s[1]) < s[2]]
+    first, last = lo // segment_tokens, (min(hi, n) - 1) // segment_tokens
+    return [("val" if is_val_segment(j, seed, val_fraction) else "train", j * segment_tokens,
+             min((j + 1) * segment_tokens, n)) for j in range(first, last + 1)]
 
 
 def window_starts(seg_start: int, seg_end: int, lo: int, hi: int, block_size: int, stride: int) -> np.ndarray:

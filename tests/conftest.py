@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,13 @@ CONF_DIR = ROOT / "conf"
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
+CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")  # tests never touch the user's ETL cache
+
+
 def make_config(*overrides: str):
-    """The project's config with Hydra overrides, as the entry points see it."""
+    """The project's config with Hydra overrides, as the entry points see it (ETL cache in a temp dir)."""
+    if not any(o.startswith("data.cache_dir=") for o in overrides):
+        overrides = (f"data.cache_dir={CACHE_DIR}", *overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
@@ -32,3 +38,13 @@ def ray_cluster():
 
     with ray_session(make_config().cluster):
         yield
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory, shakespeare) -> Path:
+    """Three documents cut from the benchmark corpus (the last one ends without a newline)."""
+    text = shakespeare.read_text()
+    d = tmp_path_factory.mktemp("corpus")
+    for i, (a, b) in enumerate([(0, 20_000), (20_000, 21_000), (50_000, 65_000)]):
+        (d / f"part{i}.txt").write_text(text[a:b].rstrip("\n") if i == 2 else text[a:b])
+    return d

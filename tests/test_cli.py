@@ -67,7 +67,8 @@ def test_ctrl_c_stops_spark_and_ray(tmp_path):
     import time
 
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"hydra.run.dir={tmp_path}"],
+    proc = subprocess.Popen([sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"hydra.run.dir={tmp_path}",
+                             f"data.cache_dir={tmp_path / 'cache'}"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while not (tmp_path / "spark-driver.log").exists() and time.time() < deadline and proc.poll() is None:

