@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "raydp_llm"
 LOG4J_FILE = Path(__file__).with_name("log4j2.properties")
+EVENT_LOG_DIR = "spark-events"  # under the run directory
 
 
 @contextlib.contextmanager
@@ -69,7 +70,8 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
 def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     """A RayDP Spark session with ``cfg.executors`` executors; always stopped on exit.
 
-    Unless ``cfg.verbose``, the Spark driver JVM writes its stderr to ``log_dir/spark-driver.log``.
+    Unless ``cfg.verbose``, the Spark driver JVM writes its stderr to ``log_dir/spark-driver.log``; Spark's
+    event log goes to ``log_dir/spark-events/``.
     """
     import raydp
 
@@ -86,6 +88,10 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
         "spark.ray.raydp_spark_executor.actor.resource.cpu": str(cfg.executor_ray_cpus),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": "false",
+        # Spark's own per-task metrics, read back by spark_stats.py once Spark has stopped.
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": (log_dir / EVENT_LOG_DIR).resolve().as_uri(),
+        "spark.eventLog.compress": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": cfg.driver_memory,
         # Executors hold Spark's share of CPUs; Ray Train gets them back after the ETL.
@@ -94,6 +100,7 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     }
     configs.update({str(k): str(v) for k, v in (cfg.spark_conf or {}).items()})
     ensure_java()
+    (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("SPARK_LOCAL_IP", ray.util.get_node_ip_address())
     # Executors run Python UDFs with this interpreter, not whatever `python3` is first on their PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -29,7 +29,14 @@ from pyspark.sql import functions as F
 from raydp_llm import raydp_fixes, windows
 from raydp_llm.corpus import Corpus
 from raydp_llm.errors import InputError
-from raydp_llm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json, train_bpe
+from raydp_llm.tokenizer import (
+    CharTokenizer,
+    IdsTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    tokenizer_from_json,
+    train_bpe,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +63,21 @@ class EtlOutput:
     phase_s: dict = field(default_factory=dict)
 
 
-def read_lines(spark: SparkSession, corpus: Corpus) -> DataFrame:
-    """``src, block, raw``: one row per line (its bytes), tagged with its file and the start of its input split.
+def read_lines(spark: SparkSession, corpus: Corpus, data: DictConfig) -> DataFrame:
+    """``src, block, raw``: one row per line (text, ids) or per row (Parquet's ``data.text_column``), as bytes,
+    tagged with its file and the start of its input split.
 
     Lines stay bytes until the executors decode them (``decode``): Spark does not check UTF-8.
     """
-    df = spark.read.text(corpus.files)
-    text = F.col("value")
+    if data.format == "parquet":
+        df = spark.read.parquet(*corpus.files)
+        if data.text_column not in df.columns:
+            raise InputError(f"data.text_column={data.text_column}: no such column in {corpus.name}; its columns "
+                             f"are {', '.join(df.columns)}")
+        text = F.col(data.text_column)
+    else:
+        df = spark.read.text(corpus.files)
+        text = F.col("value")
     if corpus.markdown:
         for pattern, replacement in _MARKDOWN_RULES:
             text = F.regexp_replace(text, pattern, replacement)
@@ -79,17 +94,23 @@ def decode(raw: bytes) -> tuple[str, int]:
         return text, text.count(REPLACEMENT) - raw.count(REPLACEMENT.encode())
 
 
-def scan_files(lines: DataFrame, want_charset: bool) -> dict[str, dict]:
+_COUNTS = ("lines", "chars", "nonblank", "nul_lines", "replaced", "ids")
+
+
+def scan_files(lines: DataFrame, want_charset: bool, id_file: bool) -> dict[str, dict]:
     """Per-file statistics, computed in the executors: lines, characters (newlines included), non-blank
-    characters, lines with NUL bytes, replaced invalid UTF-8 sequences and (for ``char``) the character set."""
+    characters, lines with NUL bytes, replaced invalid UTF-8 sequences, the character set (``char``) and,
+    for id files, the id count and range and the first token that is not an integer."""
+
+    def new() -> dict:
+        return dict.fromkeys(_COUNTS, 0) | {"charset": set(), "min_id": None, "max_id": None, "bad": None}
 
     def scan(batches):
         stats: dict[str, dict] = {}
         for batch in batches:
             for src, raw in zip(batch.column("src").to_pylist(), batch.column("raw").to_pylist()):
                 text, replaced = decode(raw)
-                s = stats.setdefault(src, {"lines": 0, "chars": 0, "nonblank": 0, "nul_lines": 0, "replaced": 0,
-                                           "charset": set()})
+                s = stats.setdefault(src, new())
                 s["lines"] += 1
                 s["chars"] += len(text) + 1
                 s["nonblank"] += len(text.strip())
@@ -97,30 +118,66 @@ def scan_files(lines: DataFrame, want_charset: bool) -> dict[str, dict]:
                 s["replaced"] += replaced
                 if want_charset:
                     s["charset"].update(text)
-        rows = {k: [] for k in ("src", "lines", "chars", "nonblank", "nul_lines", "replaced", "charset")}
+                if id_file and text.strip():
+                    _scan_ids(text, s)
+        names = ("src",) + _COUNTS + ("min_id", "max_id", "bad", "charset")
+        rows = {k: [] for k in names}
         for src, s in stats.items():
-            rows["src"].append(src)
-            for k in ("lines", "chars", "nonblank", "nul_lines", "replaced"):
-                rows[k].append(s[k])
+            for k in names[:-1]:
+                rows[k].append(src if k == "src" else s[k])
             rows["charset"].append("".join(s["charset"]))
         yield pa.RecordBatch.from_pydict(rows, schema=pa.schema(
-            [("src", pa.string())] + [(k, pa.int64()) for k in ("lines", "chars", "nonblank", "nul_lines",
-                                                                   "replaced")] + [("charset", pa.string())]))
+            [("src", pa.string())] + [(k, pa.int64()) for k in _COUNTS + ("min_id", "max_id")]
+            + [("bad", pa.string()), ("charset", pa.string())]))
 
-    schema = "src string, lines long, chars long, nonblank long, nul_lines long, replaced long, charset string"
+    schema = f"src string, {', '.join(f'{k} long' for k in _COUNTS)}, min_id long, max_id long, bad string, " \
+             "charset string"
     files: dict[str, dict] = {}
     for row in lines.mapInArrow(scan, schema).collect():
-        f = files.setdefault(row.src, {"lines": 0, "chars": 0, "nonblank": 0, "nul_lines": 0, "replaced": 0,
-                                       "charset": set()})
-        for k in ("lines", "chars", "nonblank", "nul_lines", "replaced"):
+        f = files.setdefault(row.src, new())
+        for k in _COUNTS:
             f[k] += getattr(row, k)
         f["charset"].update(row.charset)
+        f["bad"] = f["bad"] or row.bad
+        for k, pick in (("min_id", min), ("max_id", max)):
+            if getattr(row, k) is not None:
+                f[k] = getattr(row, k) if f[k] is None else pick(f[k], getattr(row, k))
     return files
 
 
-def build_tokenizer(lines: DataFrame, files: dict[str, dict], tok_cfg: DictConfig, seed: int) -> Tokenizer:
-    """``char``: the corpus' character set (newline included). ``bpe``: loaded from ``tokenizer.path``, or
-    trained on a sample of at most ``tokenizer.sample_mb`` MB that Spark draws from the corpus."""
+def _scan_ids(text: str, s: dict) -> None:
+    try:
+        ids = np.array(text.split(), dtype=np.int64)
+    except (ValueError, OverflowError):
+        s["bad"] = s["bad"] or next(t for t in text.split() if not t.lstrip("-").isdigit() or len(t) > 18)[:40]
+        return
+    s["ids"] += len(ids)
+    s["min_id"] = int(ids.min()) if s["min_id"] is None else min(s["min_id"], int(ids.min()))
+    s["max_id"] = int(ids.max()) if s["max_id"] is None else max(s["max_id"], int(ids.max()))
+
+
+def id_vocab_size(files: dict[str, dict], vocab_size: int | None) -> int:
+    """The vocabulary of an id corpus: ``data.vocab_size``, or the largest id + 1; bad ids are errors."""
+    for src, f in sorted(files.items()):
+        if f["bad"]:
+            raise InputError(f"{src}: {f['bad']!r} is not an integer token id; id files hold whitespace-separated "
+                             "integers (or set data.format=text)")
+        if f["min_id"] is not None and f["min_id"] < 0:
+            raise InputError(f"{src}: token id {f['min_id']} is negative; ids must lie in [0, vocab_size)")
+    largest = max((f["max_id"] for f in files.values() if f["max_id"] is not None), default=-1)
+    if vocab_size is not None and largest >= vocab_size:
+        src = next(s for s, f in sorted(files.items()) if f["max_id"] is not None and f["max_id"] >= vocab_size)
+        raise InputError(f"{src}: token id {largest} is out of range for data.vocab_size={vocab_size}; raise "
+                         "data.vocab_size or leave it null (largest id + 1)")
+    return vocab_size or largest + 1
+
+
+def build_tokenizer(lines: DataFrame, files: dict[str, dict], data: DictConfig, tok_cfg: DictConfig,
+                    seed: int) -> Tokenizer:
+    """Id files: the ids as they are. ``char``: the corpus' character set (newline included). ``bpe``: loaded
+    from ``tokenizer.path``, or trained on a sample of at most ``tokenizer.sample_mb`` MB that Spark draws."""
+    if data.format == "ids":
+        return IdsTokenizer(id_vocab_size(files, data.vocab_size))
     if tok_cfg.kind == "char":
         return CharTokenizer("\n" + "".join(set().union(*(f["charset"] for f in files.values()))))
     if tok_cfg.path:
@@ -136,7 +193,8 @@ def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) ->
     """``src, block, part, docs, n, tokens``: the stream's pieces, encoded in the executors.
 
     Documents are joined by the end-of-document token: ``file`` puts one before each file, ``blank_line``
-    one at each run of blank lines (and before each file), ``line`` one before each non-empty line.
+    one at each run of blank lines (and before each file), ``line`` one before each non-empty line (and
+    each Parquet row). Id files get no added token.
     """
     tok_json = tokenizer.to_json()
     dtype = tokenizer.token_dtype
@@ -145,7 +203,7 @@ def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) ->
 
     def encode(batches):
         tok = tokenizer_from_json(tok_json)  # once per task
-        eod = np.array([tok.eod_id], dtype=dtype)
+        eod = np.array([tok.eod_id] if tok.eod_id is not None else [], dtype=dtype)
         key, part, pieces, size, docs, prev_blank = None, 0, [], 0, 0, True
 
         def flush():
@@ -260,8 +318,9 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     phase_s: dict[str, float] = {}
 
     t = time.perf_counter()
-    lines = read_lines(spark, corpus).cache()
-    files = scan_files(lines, want_charset=tok_cfg.kind == "char")
+    lines = read_lines(spark, corpus, data).cache()
+    files = scan_files(lines, want_charset=tok_cfg.kind == "char" and data.format != "ids",
+                       id_file=data.format == "ids")
     skipped = check_files(files, data)
     if skipped:
         lines = lines.where(~F.col("src").isin(skipped))
@@ -272,11 +331,12 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     phase_s["read"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    tokenizer = build_tokenizer(lines, files, tok_cfg, seed)
+    tokenizer = build_tokenizer(lines, files, data, tok_cfg, seed)
     phase_s["tokenizer"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    encoded = encode_lines(lines, tokenizer, data.document_split).cache()
+    document_split = "line" if data.format == "parquet" else data.document_split  # a row is a document
+    encoded = encode_lines(lines, tokenizer, document_split).cache()
     pieces = sorted((r.src, r.block, r.part, r.n, r.docs) for r in encoded.select("src", "block", "part", "n", "docs")
                     .collect())
     lines.unpersist()
@@ -322,7 +382,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
         "tokens": n_tokens,
         "tokens_train": n_tokens - tokens_val,
         "tokens_val": tokens_val,
-        "chars_per_token": characters / n_tokens,
+        "chars_per_token": characters / n_tokens if tokenizer.kind != "ids" else None,
         "windows_train": counted["train"],
         "windows_val": counted["val"],
         "vocab_size": tokenizer.vocab_size,
@@ -333,7 +393,8 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
         "stride": stride,
         "split": data.split,
         "val_fraction": data.val_fraction,
-        "document_split": data.document_split,
+        "document_split": document_split,
+        "format": data.format,
         "seed": seed,
         "inputs": corpus.fingerprints,
     }

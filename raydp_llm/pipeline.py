@@ -12,13 +12,16 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from raydp_llm import cache
-from raydp_llm.cluster import spark_session
+from raydp_llm.cluster import EVENT_LOG_DIR, spark_session
 from raydp_llm.corpus import Corpus, resolve_corpus
 from raydp_llm.errors import InputError
 from raydp_llm.etl import run_etl, to_ray_datasets
+from raydp_llm.spark_stats import read_event_log
 from raydp_llm.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+STATS_FILE = "etl_stats.json"
 
 
 @dataclass
@@ -28,7 +31,7 @@ class PreparedData:
     entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
     cache_hit: bool
     datasets: dict | None = None  # Ray datasets {"train", "val"} when asked for
-    phase_s: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)  # etl_stats.json: Spark's metrics and the phase times
 
 
 def check_inputs(cfg: DictConfig) -> Corpus:
@@ -39,6 +42,12 @@ def check_inputs(cfg: DictConfig) -> Corpus:
     if t.batch_size % t.num_workers:
         raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers}; "
                          "it is the global batch, split evenly over the workers")
+    for key, value, allowed in (("data.format", d.format, ("text", "ids", "parquet")),
+                                ("data.document_split", d.document_split, ("file", "blank_line", "line")),
+                                ("data.split", d.split, ("tail", "hash")),
+                                ("tokenizer.kind", cfg.tokenizer.kind, ("char", "bpe"))):
+        if value not in allowed:
+            raise InputError(f"{key}={value} is not one of {' | '.join(allowed)}")
     if not 0 < d.val_fraction < 1:
         raise InputError(f"data.val_fraction={d.val_fraction} must lie strictly between 0 and 1")
     if cfg.tokenizer.get("path") and not Path(to_absolute_path(cfg.tokenizer.path)).is_file():
@@ -71,7 +80,10 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
         log.info("ETL cache hit: %s (Spark not started)", entry)
         datasets, tokenizer, manifest = cache.read_entry(entry, to_ray)
         timings["etl_s"] = time.perf_counter() - t
-        return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets)
+        stats_file = entry / STATS_FILE
+        stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+        write_json(out_dir / STATS_FILE, stats)
+        return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets, stats=stats)
 
     t = time.perf_counter()
     with spark_session(cfg.cluster, app_name=cfg.name, log_dir=out_dir) as spark:
@@ -79,8 +91,8 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
         t = time.perf_counter()
         out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed)
         m = out.manifest
-        log.info("ETL: %d files, %d documents, %d tokens (%.2f chars/token), vocab %d, windows train %d / val %d",
-                 m["files"], m["documents"], m["tokens"], m["chars_per_token"], m["vocab_size"], m["windows_train"],
+        log.info("ETL: %d files, %d documents, %d tokens, vocab %d (%s), windows train %d / val %d",
+                 m["files"], m["documents"], m["tokens"], m["vocab_size"], m["tokenizer"], m["windows_train"],
                  m["windows_val"])
         if store is not None:
             t_write = time.perf_counter()
@@ -92,10 +104,14 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
             datasets = to_ray_datasets(out)
             out.phase_s["convert"] = time.perf_counter() - t_convert
     timings["etl_s"] = time.perf_counter() - t
-    return PreparedData(out.tokenizer, m, entry, cache_hit=False, datasets=datasets, phase_s=out.phase_s)
+    stats = {"phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
+             "spark_start_s": round(timings["spark_start_s"], 3), **read_event_log(out_dir / EVENT_LOG_DIR)}
+    write_json(out_dir / STATS_FILE, stats)
+    if entry is not None:
+        write_json(entry / STATS_FILE, stats)
+    return PreparedData(out.tokenizer, m, entry, cache_hit=False, datasets=datasets, stats=stats)
 
 
-def write_manifest(manifest: dict, directory: Path) -> Path:
-    path = directory / "manifest.json"
-    path.write_text(json.dumps(manifest, indent=2))
+def write_json(path: Path, content: dict) -> Path:
+    path.write_text(json.dumps(content, indent=2))
     return path

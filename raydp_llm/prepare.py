@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from raydp_llm.cluster import ray_session
 from raydp_llm.errors import cli_errors
-from raydp_llm.pipeline import check_inputs, prepare_data, write_manifest
+from raydp_llm.pipeline import check_inputs, prepare_data, write_json
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +31,21 @@ def main(cfg: DictConfig) -> None:
     store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else out_dir / "dataset"
     with ray_session(cfg.cluster):
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=False, store=store)
-    manifest = data.manifest | {"phase_s": data.phase_s, "cache_hit": data.cache_hit, "dataset": str(data.entry)}
-    write_manifest(manifest, out_dir)
-    m = manifest
+    m = data.manifest | {"cache_hit": data.cache_hit, "dataset": str(data.entry)}
+    write_json(out_dir / "manifest.json", m)
+    st = data.stats
     print(f"{m['corpus']}: {m['files']} files, {m['documents']} documents, {m['characters']:,} characters\n"
-          f"  tokenizer {m['tokenizer']} (vocab {m['vocab_size']}, {m['chars_per_token']:.2f} chars/token), "
+          f"  tokenizer {m['tokenizer']} (vocab {m['vocab_size']}"
+          f"{f', {cpt:.2f} chars/token' if (cpt := m['chars_per_token']) else ''}), "
           f"{m['tokens']:,} tokens: train {m['tokens_train']:,} / val {m['tokens_val']:,}\n"
           f"  windows of {m['block_size'] + 1} tokens, stride {m['stride']}: train {m['windows_train']:,} / "
           f"val {m['windows_val']:,}\n"
-          f"  dataset: {data.entry}{' (cache hit)' if data.cache_hit else ''}\n"
-          f"  done in {time.perf_counter() - start:.0f}s; manifest: {out_dir / 'manifest.json'}")
+          f"  Spark: {st.get('jobs', 0)} jobs, {st.get('stages', 0)} stages, {st.get('tasks', 0)} tasks "
+          f"({st.get('failed_tasks', 0)} failed), {st.get('input_bytes', 0):,} bytes read, "
+          f"{st.get('shuffle_write_bytes', 0):,} bytes shuffled; phases (s): "
+          f"{', '.join(f'{k} {v:.1f}' for k, v in st.get('phase_s', {}).items())}\n"
+          f"  dataset: {data.entry}{' (cache hit: Spark not started)' if data.cache_hit else ''}\n"
+          f"  done in {time.perf_counter() - start:.0f}s; manifest.json and etl_stats.json in {out_dir}")
 
 
 if __name__ == "__main__":

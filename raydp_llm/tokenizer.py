@@ -2,7 +2,8 @@
 
 ``char``: one id per distinct character (vocabulary built by Spark), plus the end-of-document id.
 ``bpe``: a byte-level BPE from Hugging Face ``tokenizers``, stored in that library's own JSON format.
-Both render the end-of-document token as a blank line when decoding.
+``ids``: pre-tokenized input (whitespace-separated integer ids, as Spark+DL4J ``tokenids.txt``); no
+end-of-document token is added. ``char`` and ``bpe`` render the end-of-document token as a blank line.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class Tokenizer:
     """What the ETL, the trainer and generation need from a tokenizer."""
 
     kind: str
-    eod_id: int
+    eod_id: int | None  # None: the tokenizer adds no end-of-document token
     vocab_size: int
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -104,6 +105,30 @@ class BPETokenizer(Tokenizer):
         return self.tok.to_str()
 
 
+class IdsTokenizer(Tokenizer):
+    kind = "ids"
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.eod_id = None
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's whitespace-separated ids; raises ValueError on a token that is not an id in range."""
+        out = []
+        for text in texts:
+            ids = np.array(text.split(), dtype=np.int64)
+            if len(ids) and (ids.min() < 0 or ids.max() >= self.vocab_size):
+                raise ValueError(f"token ids must lie in [0, {self.vocab_size}): got {ids.min()}..{ids.max()}")
+            out.append(ids.astype(self.token_dtype))
+        return out
+
+    def decode(self, ids) -> str:
+        return " ".join(str(i) for i in np.asarray(ids).tolist())
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "vocab_size": self.vocab_size})
+
+
 def train_bpe(batches: Iterable[list[str]], vocab_size: int) -> BPETokenizer:
     """A byte-level BPE (GPT-2 style) with ``vocab_size`` ids, the first being the end-of-document token."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -123,11 +148,13 @@ def tokenizer_from_json(text: str) -> Tokenizer:
     spec = json.loads(text)
     if spec.get("kind") == CharTokenizer.kind:
         return CharTokenizer(spec["chars"])
+    if spec.get("kind") == IdsTokenizer.kind:
+        return IdsTokenizer(spec["vocab_size"])
     if "model" in spec:  # Hugging Face tokenizers format
         from tokenizers import Tokenizer as HFTokenizer
 
         return BPETokenizer(HFTokenizer.from_str(text))
-    raise ValueError(f"unknown tokenizer format (kind={spec.get('kind')!r}); expected char or a tokenizers JSON")
+    raise ValueError(f"unknown tokenizer format (kind={spec.get('kind')!r}); expected char, ids or a tokenizers JSON")
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

@@ -15,7 +15,7 @@ from raydp_llm.checkpoint import load_model_dir, sample_text
 from raydp_llm.cluster import ray_session
 from raydp_llm.errors import cli_errors
 from raydp_llm.metrics import read_metrics, write_summary
-from raydp_llm.pipeline import PreparedData, check_inputs, prepare_data, write_manifest
+from raydp_llm.pipeline import PreparedData, check_inputs, prepare_data, write_json
 from raydp_llm.trainer import TrainSpec, fit
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         timings["ray_start_s"] = time.perf_counter() - start
         store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else None
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=True, store=store)
-        write_manifest(data.manifest, out_dir)
+        write_json(out_dir / "manifest.json", data.manifest)
         spec = train_spec(cfg, data)
         t = time.perf_counter()
         checkpoint = fit(spec, data.datasets, num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
@@ -57,7 +57,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     timings["total_s"] = time.perf_counter() - start
     summary = write_summary(out_dir / "summary.json", read_metrics(out_dir / "metrics.csv"),
                             num_params=model.num_params(), **{k: round(v, 2) for k, v in timings.items()},
-                            etl=data.manifest | {"phase_s": data.phase_s, "cache_hit": data.cache_hit})
+                            etl=data.manifest | {"cache_hit": data.cache_hit},
+                            etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"})
     log.info("done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): val loss %.4f → %.4f; outputs in %s",
              timings["total_s"], timings["ray_start_s"], timings.get("spark_start_s", 0.0), timings["etl_s"],
              timings["train_s"], summary["first_val_loss"], summary["final_val_loss"], out_dir)

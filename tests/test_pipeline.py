@@ -87,6 +87,14 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     assert entry == cache_dir / "fresh" / key and (entry / "manifest.json").is_file()
     assert pq.read_table(entry / "train").num_rows == miss.manifest["windows_train"]
     assert not list((cache_dir / "fresh").glob(".*tmp*"))  # the temporary name is gone
+    stats = json.loads((tmp_path / "etl_stats.json").read_text())  # Spark's own metrics for this ETL
+    assert stats == miss.stats == json.loads((entry / "etl_stats.json").read_text())
+    assert stats["jobs"] > 0 and stats["stages"] > 0 and stats["tasks"] >= stats["stages"]
+    assert stats["failed_tasks"] == 0 and stats["input_records"] > 0 and stats["shuffle_write_bytes"] > 0
+    assert stats["input_bytes"] >= sum(p.stat().st_size for p in corpus_dir.iterdir())
+    assert 0 < stats["task_duration_ms_min"] <= stats["task_duration_ms_avg"] <= stats["task_duration_ms_max"]
+    assert {"read", "tokenizer", "encode", "window", "write"} <= set(stats["phase_s"])
+    assert len(stats["per_stage"]) == stats["stages"]
 
     cfg_hit = make_config(f"data.path={corpus_dir}", f"data.cache_dir={cache_dir / 'fresh'}",
                           f"model.block_size={BLOCK}")
@@ -96,6 +104,7 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     assert hit.datasets["train"].count() == miss.manifest["windows_train"]
     assert hit.manifest == json.loads((entry / "manifest.json").read_text())
     assert hit.tokenizer.to_json() == miss.tokenizer.to_json()
+    assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
 
     # Any change of the inputs or ETL settings is a new key.
     os.utime(corpus_dir / "part1.txt", ns=(0, 0))
