@@ -96,6 +96,9 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
         "spark.driver.memory": cfg.driver_memory,
         # Executors hold Spark's share of CPUs; Ray Train gets them back after the ETL.
         "spark.sql.shuffle.partitions": str(cfg.executors * cfg.executor_cores * 2),
+        "spark.sql.files.maxPartitionBytes": "16m",  # one big text file still spreads over the executors
+        # Each executor's Python workers use its cores, not the machine's (tokenizers' thread pool).
+        "spark.executorEnv.RAYON_NUM_THREADS": str(cfg.executor_cores),
         "spark.default.parallelism": str(cfg.executors * cfg.executor_cores * 2),
     }
     configs.update({str(k): str(v) for k, v in (cfg.spark_conf or {}).items()})

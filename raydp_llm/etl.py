@@ -357,13 +357,14 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     chunk = data.segment_tokens * max(1, math.ceil(n_tokens / (4 * spark.sparkContext.defaultParallelism)
                                                    / data.segment_tokens))
     all_windows = cut_all_windows(encoded, offsets, n_tokens, data, block_size, stride, chunk,
-                                  tokenizer.token_dtype, seed)
+                                  tokenizer.token_dtype, seed).cache()  # cut once, for both splits
     # A seeded global shuffle of the training windows (Spark sorts by a hash), so that training reads them
     # in random order; validation keeps stream order.
     train = all_windows.where("split = 'train'").orderBy(F.hash("start", F.lit(seed))).cache()
     val = all_windows.where("split = 'val'").orderBy("start").cache()
     counted = {"train": train.count(), "val": val.count()}
     encoded.unpersist()
+    all_windows.unpersist()
     phase_s["window"] = time.perf_counter() - t
     if counted != expected:
         raise RuntimeError(f"window count mismatch: Spark cut {counted}, the arithmetic says {expected}")
