@@ -32,7 +32,7 @@ test: $(STAMP) ## the test suite (unit + integration on the real engines)
 	$(BIN)/python -m pytest $(ARGS)
 
 lint: $(STAMP) ## ruff: style and import checks
-	$(BIN)/ruff check raydp_llm tests
+	$(BIN)/ruff check raydp_llm tests benchmarks
 
 clean: ## remove outputs and caches (keeps .venv)
 	rm -rf outputs multirun .pytest_cache
