@@ -110,7 +110,7 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     cpus_before = ray.available_resources().get("CPU", 0.0)
-    sigint_handler = signal.getsignal(signal.SIGINT)  # PySpark replaces it with one that needs a live context
+    sigint_handler = signal.getsignal(signal.SIGINT)
     with contextlib.nullcontext() if cfg.verbose else _stderr_to(log_dir / "spark-driver.log"):
         spark = raydp.init_spark(  # the driver JVM starts here and keeps the stderr it inherits
             app_name=app_name,
@@ -120,12 +120,21 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
             fault_tolerant_mode=True,  # ray.data.from_spark needs it
             configs=configs,
         )
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        # PySpark's SIGINT handler calls cancelAllJobs() over py4j from inside the handler, on the connection
+        # the interrupted call is using; py4j then retries and the KeyboardInterrupt is lost. Python's own
+        # handler raises it; the finally below stops Spark.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
     try:
         yield spark
     finally:
-        raydp.stop_spark()
-        if threading.current_thread() is threading.main_thread():
+        try:
+            raydp.stop_spark()
+        except Exception as err:  # an interrupted py4j call can leave the gateway unusable
+            log.warning("Spark did not stop cleanly (%s); ending its driver JVM", type(err).__name__)
+        if main_thread:
             signal.signal(signal.SIGINT, sigint_handler)
         _stop_driver_jvm()
         _wait_for_cpus(cpus_before)

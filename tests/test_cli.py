@@ -63,8 +63,13 @@ def engine_processes_started_after(t0: float) -> list[str]:
     return found
 
 
+def _logged(path, text: str) -> bool:
+    return path.exists() and text in path.read_text()
+
+
 @pytest.mark.integration
-def test_ctrl_c_stops_spark_and_ray(tmp_path):
+@pytest.mark.parametrize("moment", ["spark starting", "hand-off"])
+def test_ctrl_c_stops_spark_and_ray(tmp_path, moment):
     import signal
     import time
 
@@ -72,10 +77,12 @@ def test_ctrl_c_stops_spark_and_ray(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"hydra.run.dir={tmp_path}",
                              f"data.cache_dir={tmp_path / 'cache'}"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while not (tmp_path / "spark-driver.log").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.5)
-    time.sleep(3)  # Spark is starting or running the ETL
+    ready = {"spark starting": lambda: (tmp_path / "spark-driver.log").exists(),
+             "hand-off": lambda: _logged(tmp_path / "train.log", "ETL: ")}[moment]
+    deadline = time.time() + 180
+    while not ready() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
