@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -110,32 +109,24 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     cpus_before = ray.available_resources().get("CPU", 0.0)
-    sigint_handler = signal.getsignal(signal.SIGINT)
-    with contextlib.nullcontext() if cfg.verbose else _stderr_to(log_dir / "spark-driver.log"):
-        spark = raydp.init_spark(  # the driver JVM starts here and keeps the stderr it inherits
-            app_name=app_name,
-            num_executors=cfg.executors,
-            executor_cores=cfg.executor_cores,
-            executor_memory=cfg.executor_memory,
-            fault_tolerant_mode=True,  # ray.data.from_spark needs it
-            configs=configs,
-        )
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:
-        # PySpark's SIGINT handler calls cancelAllJobs() over py4j from inside the handler, on the connection
-        # the interrupted call is using; py4j then retries and the KeyboardInterrupt is lost. Python's own
-        # handler raises it; the finally below stops Spark.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
+    init = dict(app_name=app_name, num_executors=cfg.executors, executor_cores=cfg.executor_cores,
+                executor_memory=cfg.executor_memory, fault_tolerant_mode=True,  # from_spark needs fault tolerance
+                configs=configs)
     try:
+        with contextlib.nullcontext() if cfg.verbose else _stderr_to(log_dir / "spark-driver.log"), \
+                ThreadPoolExecutor(1) as pool:
+            # Spark starts off the main thread so that PySpark installs no SIGINT handler: its handler calls
+            # py4j from inside the handler, on the connection the interrupted call is using; py4j retries and
+            # the KeyboardInterrupt is lost. Python's own handler stays, and the finally below stops Spark.
+            # The driver JVM starts here and keeps the stderr it inherits.
+            spark = pool.submit(raydp.init_spark, **init).result()
+        spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
         yield spark
     finally:
         try:
             raydp.stop_spark()
         except Exception as err:  # an interrupted py4j call can leave the gateway unusable
             log.warning("Spark did not stop cleanly (%s); ending its driver JVM", type(err).__name__)
-        if main_thread:
-            signal.signal(signal.SIGINT, sigint_handler)
         _stop_driver_jvm()
         _wait_for_cpus(cpus_before)
 
