@@ -76,7 +76,10 @@ def test_ctrl_c_stops_spark_and_ray(tmp_path, moment):
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"hydra.run.dir={tmp_path}",
                              f"data.cache_dir={tmp_path / 'cache'}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # as from a terminal: a runner started in the background (`cmd &`) ignores SIGINT,
+                            # and the child would inherit that
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ready = {"spark starting": lambda: (tmp_path / "spark-driver.log").exists(),
              "hand-off": lambda: _logged(tmp_path / "train.log", "ETL: ")}[moment]
     deadline = time.time() + 180
