@@ -52,9 +52,11 @@ def check_inputs(cfg: DictConfig) -> Corpus:
         raise InputError(f"data.val_fraction={d.val_fraction} must lie strictly between 0 and 1")
     if cfg.tokenizer.get("path") and not Path(to_absolute_path(cfg.tokenizer.path)).is_file():
         raise InputError(f"tokenizer.path={cfg.tokenizer.path}: no such file; give a tokenizer.json")
-    path = d.path if d.path is None or isinstance(d.path, str) else [to_absolute_path(p) for p in d.path]
-    corpus = resolve_corpus(to_absolute_path(path) if isinstance(path, str) and "://" not in path else path,
-                            markdown=d.markdown)
+    def absolute(p: str) -> str:  # relative to where the user ran the command; URIs stay as they are
+        return p if "://" in p else to_absolute_path(p)
+
+    path = d.path if d.path is None else absolute(d.path) if isinstance(d.path, str) else [absolute(p) for p in d.path]
+    corpus = resolve_corpus(path, markdown=d.markdown)
     if d.max_files:
         corpus = Corpus(files=corpus.files[: d.max_files], markdown=corpus.markdown, name=corpus.name,
                         fingerprints=corpus.fingerprints[: d.max_files])

@@ -60,3 +60,13 @@ def test_remote_uris_go_to_spark_unfingerprinted(tmp_path):
     assert remote["size"] is None  # so the ETL cache is never used for it
     local = next(f for f in corpus.fingerprints if f["path"] == str(tmp_path / "a.txt"))
     assert local["size"] == 1 and local["mtime_ns"] > 0
+
+
+def test_data_path_lists_keep_uris_and_resolve_local_paths(tmp_path, monkeypatch):
+    from conftest import make_config
+    from raydp_llm.pipeline import check_inputs
+
+    (tmp_path / "a.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    corpus = check_inputs(make_config("data.path=['hdfs://namenode/corpus/part-0.txt','a.txt']"))
+    assert corpus.files == sorted(["hdfs://namenode/corpus/part-0.txt", str(tmp_path / "a.txt")])
