@@ -49,10 +49,13 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
             start_s = time.perf_counter() - t
             t = time.perf_counter()
             result = run_etl(spark, corpus, cfg.data, cfg.tokenizer, block_size=BLOCK, seed=cfg.seed)
+            t_write = time.perf_counter()
             cache.write_entry(result, out / "cache", "bench")
+            result.phase_s["write"] = time.perf_counter() - t_write
             etl_s = time.perf_counter() - t
     return {"start_s": start_s, "etl_s": etl_s, "tokens": result.manifest["tokens"],
-            "windows": result.manifest["windows_train"] + result.manifest["windows_val"], "rss_mb": peak_rss_mb()}
+            "windows": result.manifest["windows_train"] + result.manifest["windows_val"], "rss_mb": peak_rss_mb(),
+            "phase_s": {k: round(v, 1) for k, v in result.phase_s.items()}}
 
 
 def measure_single(path: Path, out: Path) -> dict:
@@ -115,7 +118,7 @@ def main() -> None:
                 r = run_one(kind, path)
                 rows.append({"mb": size_mb, "kind": kind, **r})
                 print(f"  measured {kind:6} on {size_mb:6.1f} MB: {r['etl_s']:6.1f}s (+{r['start_s']:.1f}s start-up), "
-                      f"peak RSS {r['rss_mb']:.0f} MB", file=sys.stderr, flush=True)
+                      f"peak RSS {r['rss_mb']:.0f} MB {r.get('phase_s', '')}", file=sys.stderr, flush=True)
 
     header = ["corpus MB", "pipeline", "start-up s", "ETL s", "MB/s", "tokens/s", "vs single", "1→2 executors",
               "driver RSS MB"]

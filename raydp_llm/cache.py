@@ -13,14 +13,15 @@ import shutil
 import uuid
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from raydp_llm.corpus import Corpus
-from raydp_llm.etl import EtlOutput
+from raydp_llm.etl import EtlOutput, check_window_count
 from raydp_llm.tokenizer import Tokenizer, load_tokenizer
 
 MANIFEST = "manifest.json"
-ETL_VERSION = 1  # bump when the ETL's output changes for the same inputs and settings
+ETL_VERSION = 2  # bump when the ETL's output changes for the same inputs and settings
 
 
 def cache_key(corpus: Corpus, data: DictConfig, tok_cfg: DictConfig, block_size: int, seed: int) -> str:
@@ -49,7 +50,9 @@ def write_entry(out: EtlOutput, cache_dir: Path, key: str) -> Path:
     tmp = cache_dir / f".{key}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         for name, df in (("train", out.train), ("val", out.val)):
-            df.select("start", "tokens").write.parquet(str(tmp / name))
+            df.write.parquet(str(tmp / name))
+            check_window_count(name, sum(pq.ParquetFile(f).metadata.num_rows for f in (tmp / name).glob("*.parquet")),
+                               out.manifest)
         out.tokenizer.save(tmp)
         (tmp / MANIFEST).write_text(json.dumps(out.manifest, indent=2))
         final = cache_dir / key

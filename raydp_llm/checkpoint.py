@@ -7,41 +7,62 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.nn import functional as F
 
-from raydp_llm.model import GPT, GPTConfig
+from raydp_llm.model import LanguageModel, build_model
 from raydp_llm.tokenizer import Tokenizer, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def save_model_dir(directory: Path, model: GPT, tokenizer: Tokenizer) -> Path:
+def save_model_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer) -> Path:
+    """Weights (a tied lm_head is wte: stored once), ``{"model": kind, **config}`` and the tokenizer."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, directory / WEIGHTS_FILE)  # lm_head is tied to wte: stored once
-    (directory / CONFIG_FILE).write_text(json.dumps({"model": "gpt", **model.config.to_dict()}, indent=2))
+    tied = model.config.tie_weights
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+             if not (tied and k == "lm_head.weight")}
+    save_file(state, directory / WEIGHTS_FILE)
+    (directory / CONFIG_FILE).write_text(json.dumps({"model": model.kind, **model.config.to_dict()}, indent=2))
     tokenizer.save(directory)
     return directory
 
 
-def load_model_dir(directory: Path, device: str = "cpu") -> tuple[GPT, Tokenizer]:
+def load_model_dir(directory: Path, device: str = "cpu") -> tuple[LanguageModel, Tokenizer]:
+    """The model (in eval mode) and tokenizer of a model directory; safetensors and JSON only, nothing unpickled."""
     directory = Path(directory)
     if not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE}; give the model/ directory of a finished run")
-    spec = json.loads((directory / CONFIG_FILE).read_text())
-    spec.pop("model")
-    model = GPT(GPTConfig(**spec))
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    model = build_model({"kind": config.pop("model"), **config})
     state = load_file(directory / WEIGHTS_FILE, device=device)
-    state["lm_head.weight"] = state["wte.weight"]
+    if model.config.tie_weights:
+        state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state)
     return model.to(device).eval(), load_tokenizer(directory)
 
 
-def sample_text(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float,
+def _prompt_ids(model: LanguageModel, tokenizer: Tokenizer, prompt: str) -> torch.Tensor:
+    """``prompt`` as token ids (1, T) on the model's device."""
+    ids = tokenizer.encode(prompt)
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty; give at least one token of text")
+    return torch.as_tensor(ids.astype("int64"), device=model.wte.weight.device)[None, :]
+
+
+def sample_text(model: LanguageModel, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float,
                 top_k: int | None, seed: int) -> str:
     """``prompt`` continued by the model; the same seed gives the same text."""
-    idx = torch.as_tensor(tokenizer.encode(prompt).astype("int64"))[None, :]
-    gen = torch.Generator().manual_seed(seed)
+    idx = _prompt_ids(model, tokenizer, prompt)
+    gen = torch.Generator(device=idx.device).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
     return tokenizer.decode(out[0].tolist())
+
+
+@torch.no_grad()
+def top_next_tokens(model: LanguageModel, tokenizer: Tokenizer, prompt: str, k: int) -> list[tuple[str, float]]:
+    """The ``k`` most likely tokens right after ``prompt``, decoded, with their probabilities, most likely first."""
+    logits, _ = model(_prompt_ids(model, tokenizer, prompt)[:, -model.config.block_size:])
+    probs, ids = F.softmax(logits[0, -1].float(), dim=-1).topk(min(k, logits.size(-1)))
+    return [(tokenizer.decode([i]), p) for i, p in zip(ids.tolist(), probs.tolist())]

@@ -121,6 +121,8 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
             # The driver JVM starts here and keeps the stderr it inherits.
             spark = pool.submit(raydp.init_spark, **init).result()
         spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
+        _wait_for_executors(spark, cfg.executors)
+        _start_python_workers(spark, cfg.executors * cfg.executor_cores)
         yield spark
     finally:
         try:
@@ -129,6 +131,24 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
             log.warning("Spark did not stop cleanly (%s); ending its driver JVM", type(err).__name__)
         _stop_driver_jvm()
         _wait_for_cpus(cpus_before)
+
+
+def _wait_for_executors(spark, executors: int, timeout_s: float = 180.0) -> None:
+    """Block until all executors have registered: RayDP returns before they have, and the first stage would
+    run on whichever came first."""
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus  # the driver's block manager counts too
+    deadline = time.monotonic() + timeout_s
+    while status().size() - 1 < executors:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {status().size() - 1} of {executors} Spark executors registered within "
+                               f"{timeout_s:.0f}s: the Ray cluster lacks CPUs or memory for them (see the Ray logs)")
+        time.sleep(0.1)
+
+
+def _start_python_workers(spark, slots: int) -> None:
+    """Run one trivial Arrow task per task slot, so that the executors' Python workers (and the JVM code paths
+    the ETL uses) are up before the first real job: start-up, not ETL time."""
+    spark.range(0, slots, 1, slots).mapInArrow(lambda batches: (b.slice(0, 0) for b in batches), "id long").count()
 
 
 @contextlib.contextmanager

@@ -1,16 +1,18 @@
 """The Spark ETL: lines → scan → tokenizer → token ids (in the executors) → windows → train/val splits.
 
 Everything that touches the corpus runs in Spark executors; the driver collects only per-file statistics,
-the tokenizer's training sample and one length per piece of the stream.
+the tokenizer's training sample (one joined text per batch) and the length and first ``block_size``
+tokens of each piece of the stream.
 
 1. *read*: one row per line with its file and the start of its input split (``src``, ``block``), so
    huge files are split and read in parallel; markdown is stripped in the JVM.
 2. *scan*: per-file lines, characters, NUL bytes (binary files), replaced invalid UTF-8, character set.
 3. *tokenizer*: the character set (``char``) or a BPE trained on a sample Spark draws (``bpe``).
-4. *encode*: ``mapInArrow`` batches through the tokenizer; documents are joined by the end-of-document
-   token; each input split becomes pieces of at most ``PIECE_TOKENS`` ids.
-5. *window*: from the pieces' lengths the driver knows every piece's offset in the stream; pieces go to
-   the chunks that need them and Spark cuts each chunk's windows in parallel (see windows.py).
+4. *encode*: ``mapInArrow`` batches through the tokenizer, a paragraph at a time; documents are joined by
+   the end-of-document token; each input split becomes pieces of about ``PIECE_TOKENS`` ids.
+5. *window*: from the pieces' lengths the driver knows every piece's offset in the stream, and from their
+   heads every piece's halo; each piece cuts its own windows where it lies (no shuffle, see windows.py).
+   The training windows get one seeded shuffle.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from omegaconf import DictConfig
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -40,8 +44,11 @@ from raydp_llm.tokenizer import (
 
 log = logging.getLogger(__name__)
 
-WINDOW_SCHEMA = "split string, start long, tokens binary"
-PIECE_TOKENS = 1 << 22  # at most ~4M ids per encoded row, whatever the input split's size
+WINDOW_SCHEMA = "start long, tokens binary"
+WINDOW_ARROW = pa.schema([("start", pa.int64()), ("tokens", pa.binary())])
+PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
+PARAGRAPH_LINES = 1000  # lines encoded as one text at most
+WINDOWS_PER_BATCH = 8192  # windows per Arrow batch out of the executors
 REPLACEMENT = "\ufffd"  # what invalid UTF-8 sequences are decoded to
 
 # Markdown → plain text, line by line in the JVM: **SPEAKER** lines, headings, emphasis, escapes, hard breaks.
@@ -58,6 +65,7 @@ _MARKDOWN_RULES = [
 class EtlOutput:
     train: DataFrame  # WINDOW_SCHEMA rows, tokens = (block_size + 1) ids as raw `token_dtype` bytes
     val: DataFrame
+    encoded: DataFrame  # the cached token stream both are cut from
     tokenizer: Tokenizer
     manifest: dict
     phase_s: dict = field(default_factory=dict)
@@ -94,6 +102,17 @@ def decode(raw: bytes) -> tuple[str, int]:
         return text, text.count(REPLACEMENT) - raw.count(REPLACEMENT.encode())
 
 
+def decode_column(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A batch of lines as Arrow strings (nulls read as empty lines) and the invalid UTF-8 sequences
+    replaced in each; valid batches (the usual case) are checked and converted in C++."""
+    raw = pc.fill_null(raw, b"")
+    try:
+        return raw.cast(pa.string()), np.zeros(len(raw), np.int64)
+    except pa.ArrowInvalid:
+        texts, replaced = zip(*(decode(r) for r in raw.to_pylist()))
+        return pa.array(texts, pa.string()), np.array(replaced, np.int64)
+
+
 _COUNTS = ("lines", "chars", "nonblank", "nul_lines", "replaced", "ids")
 
 
@@ -108,18 +127,24 @@ def scan_files(lines: DataFrame, want_charset: bool, id_file: bool) -> dict[str,
     def scan(batches):
         stats: dict[str, dict] = {}
         for batch in batches:
-            for src, raw in zip(batch.column("src").to_pylist(), batch.column("raw").to_pylist()):
-                text, replaced = decode(raw)
-                s = stats.setdefault(src, new())
-                s["lines"] += 1
-                s["chars"] += len(text) + 1
-                s["nonblank"] += len(text.strip())
-                s["nul_lines"] += "\x00" in text
-                s["replaced"] += replaced
-                if want_charset:
-                    s["charset"].update(text)
-                if id_file and text.strip():
-                    _scan_ids(text, s)
+            texts, replaced = decode_column(batch.column("raw"))
+            table = pa.table({"src": batch.column("src"), "chars": pc.add(pc.utf8_length(texts), 1),
+                              "nonblank": pc.utf8_length(pc.utf8_trim_whitespace(texts)),
+                              "nul_lines": pc.cast(pc.match_substring(texts, "\x00"), pa.int64()),
+                              "replaced": replaced})
+            sums = table.group_by("src").aggregate([(k, "sum") for k in ("chars", "nonblank", "nul_lines",
+                                                                         "replaced")] + [("chars", "count")])
+            for row in sums.to_pylist():
+                s = stats.setdefault(row["src"], new())
+                s["lines"] += row["chars_count"]
+                for k in ("chars", "nonblank", "nul_lines", "replaced"):
+                    s[k] += row[f"{k}_sum"]
+            if want_charset or id_file:
+                for src, text in zip(batch.column("src").to_pylist(), texts.to_pylist()):
+                    if want_charset:
+                        stats[src]["charset"].update(text)
+                    elif text.strip():
+                        _scan_ids(text, stats[src])
         names = ("src",) + _COUNTS + ("min_id", "max_id", "bad", "charset")
         rows = {k: [] for k in names}
         for src, s in stats.items():
@@ -183,10 +208,26 @@ def build_tokenizer(lines: DataFrame, files: dict[str, dict], data: DictConfig, 
     if tok_cfg.path:
         return load_tokenizer(tok_cfg.path)
     total = sum(f["chars"] for f in files.values())
-    fraction = min(1.0, tok_cfg.sample_mb * 1e6 / max(total, 1))
-    sample = lines.select("raw").sample(fraction=fraction, seed=seed) if fraction < 1 else lines.select("raw")
-    texts = [decode(r.raw)[0] + "\n" for r in sample.collect()]
+    texts = sample_lines(lines, min(1.0, tok_cfg.sample_mb * 1e6 / max(total, 1)), seed)
     return train_bpe((texts[i:i + 10_000] for i in range(0, len(texts), 10_000)), tok_cfg.vocab_size)
+
+
+def sample_lines(lines: DataFrame, fraction: float, seed: int) -> list[str]:
+    """A seeded Bernoulli sample of the lines (each with its newline), drawn in the executors; each batch's
+    pick travels as one row, so Spark hands the driver a few hundred rows, not millions."""
+
+    def pick(batches):
+        for i, batch in enumerate(batches):
+            first = batch.slice(0, 1).to_pylist()
+            if not first:
+                continue
+            rng = np.random.default_rng([seed, zlib.crc32(first[0]["src"].encode()), first[0]["block"], i])
+            chosen = pc.fill_null(batch.column("raw"), b"").filter(pa.array(rng.random(batch.num_rows) < fraction))
+            if len(chosen):
+                yield pa.RecordBatch.from_pydict({"text": [b"\n".join(chosen.to_pylist()) + b"\n"]})
+
+    blobs = lines.mapInArrow(pick, "text binary").collect()
+    return [line + "\n" for r in blobs for line in decode(bytes(r.text))[0].split("\n")[:-1]]
 
 
 def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) -> DataFrame:
@@ -194,7 +235,9 @@ def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) ->
 
     Documents are joined by the end-of-document token: ``file`` puts one before each file, ``blank_line``
     one at each run of blank lines (and before each file), ``line`` one before each non-empty line (and
-    each Parquet row). Id files get no added token.
+    each Parquet row). Id files get no added token. Text is encoded a paragraph at a time (its lines
+    joined, at most ``PARAGRAPH_LINES``), which BPE splits as it would the whole text; ``file`` keeps blank
+    lines as newlines, ``line`` encodes each line alone without its newline.
     """
     tok_json = tokenizer.to_json()
     dtype = tokenizer.token_dtype
@@ -204,87 +247,92 @@ def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) ->
     def encode(batches):
         tok = tokenizer_from_json(tok_json)  # once per task
         eod = np.array([tok.eod_id] if tok.eod_id is not None else [], dtype=dtype)
-        key, part, pieces, size, docs, prev_blank = None, 0, [], 0, 0, True
+        key, part, docs, prev_blank = None, 0, 0, True
+        items: list[str | None] = []  # the current piece's texts to encode, None = end of document
+        paragraph: list[str] = []
+        pieces: list[np.ndarray] = []  # the current piece's encoded ids
+
+        def end_paragraph():
+            if paragraph:
+                items.append("\n".join(paragraph) + "\n")
+                paragraph.clear()
+
+        def encode_items():
+            ids = iter(tok.encode_batch([t for t in items if t is not None]))
+            pieces.extend(eod if t is None else next(ids) for t in items)
+            items.clear()
 
         def flush():
+            encode_items()
             ids = np.concatenate(pieces) if pieces else np.empty(0, dtype)
+            pieces.clear()
             return pa.RecordBatch.from_pydict({"src": [key[0]], "block": [key[1]], "part": [part], "docs": [docs],
                                                "n": [len(ids)], "tokens": [ids.tobytes()]}, schema=schema)
 
         for batch in batches:
-            srcs, blocks = batch.column("src").to_pylist(), batch.column("block").to_pylist()
-            texts = [decode(raw)[0] for raw in batch.column("raw").to_pylist()]
-            blank = [not t.strip() for t in texts]
-            keep = [document_split == "file" or not b for b in blank]  # lines that become tokens
-            newline = "" if document_split == "line" else "\n"
-            encoded = iter(tok.encode_batch([t + newline for t, k in zip(texts, keep) if k]))
-            for src, block, is_blank, is_kept in zip(srcs, blocks, blank, keep):
+            texts = decode_column(batch.column("raw"))[0].to_pylist()
+            for src, block, text in zip(batch.column("src").to_pylist(), batch.column("block").to_pylist(), texts):
                 if (src, block) != key:
                     if key is not None:
+                        end_paragraph()
                         yield flush()
-                    key, part, pieces, size, docs, prev_blank = (src, block), 0, [], 0, 0, True
+                    key, part, docs, prev_blank = (src, block), 0, 0, True
                     if block == 0 and document_split != "line":  # a file starts: a document starts
-                        pieces.append(eod)
+                        items.append(None)
                         docs += 1
-                if document_split == "blank_line" and is_blank and not prev_blank:
-                    pieces.append(eod)
-                    docs += 1
-                elif document_split == "line" and is_kept:
-                    pieces.append(eod)
-                    docs += 1
-                prev_blank = is_blank
-                if is_kept:
-                    ids = next(encoded)
-                    pieces.append(ids)
-                    size += len(ids)
-                if size >= PIECE_TOKENS:
-                    yield flush()
-                    part, pieces, size, docs = part + 1, [], 0, 0
+                blank = not text.strip()
+                if document_split == "line":
+                    if not blank:
+                        items.extend((None, text))
+                        docs += 1
+                elif not blank:
+                    paragraph.append(text)
+                    if len(paragraph) == PARAGRAPH_LINES:
+                        end_paragraph()
+                else:
+                    end_paragraph()
+                    if document_split == "file":
+                        items.append(text + "\n")
+                    elif not prev_blank:
+                        items.append(None)
+                        docs += 1
+                prev_blank = blank
+            encode_items()
+            if sum(map(len, pieces)) >= PIECE_TOKENS:
+                yield flush()
+                part, docs = part + 1, 0
         if key is not None:
+            end_paragraph()
             yield flush()
 
     return lines.mapInArrow(encode, "src string, block long, part long, docs long, n long, tokens binary")
 
 
-def cut_all_windows(encoded: DataFrame, offsets: dict[tuple, int], n_tokens: int, data: DictConfig, block_size: int,
-                    stride: int, chunk: int, dtype: np.dtype, seed: int) -> DataFrame:
-    """Every window of both splits, as WINDOW_SCHEMA rows; chunks of the stream are windowed in parallel."""
-    halo = block_size
+def cut_split(encoded: DataFrame, pieces: dict[tuple, tuple[int, bytes]], name: str, n_tokens: int,
+              data: DictConfig, block_size: int, stride: int, dtype: np.dtype, seed: int) -> DataFrame:
+    """``start, tokens``: the windows of split ``name``. Each piece cuts the windows that start in it, in
+    its executor; ``pieces`` maps a piece to its offset in the stream and its halo (the tokens after it)."""
     seg = dict(n=n_tokens, split=data.split, val_fraction=data.val_fraction, seed=seed,
                segment_tokens=data.segment_tokens)
 
-    def to_pieces(batches):  # each piece's tokens → the chunks that need them
-        schema = pa.schema([("chunk", pa.int64()), ("offset", pa.int64()), ("tokens", pa.binary())])
+    def cut(batches):
         for batch in batches:
-            rows = {"chunk": [], "offset": [], "tokens": []}
             for src, block, part, raw in zip(*(batch.column(c).to_pylist() for c in ("src", "block", "part",
                                                                                        "tokens"))):
+                offset, halo = pieces[(src, block, part)]
                 ids = np.frombuffer(raw, dtype=dtype)
-                start = offsets[(src, block, part)]
-                for k in windows.chunks_of_span(start, len(ids), chunk, halo):
-                    lo, hi = max(start, k * chunk), min(start + len(ids), (k + 1) * chunk + halo)
-                    rows["chunk"].append(k)
-                    rows["offset"].append(lo)
-                    rows["tokens"].append(ids[lo - start:hi - start].tobytes())
-            yield pa.RecordBatch.from_pydict(rows, schema=schema)
+                stream = np.concatenate([ids, np.frombuffer(halo, dtype=dtype)])
+                for seg_name, seg_start, seg_end in windows.segments(offset, offset + len(ids), **seg):
+                    if seg_name != name:
+                        continue
+                    starts = windows.window_starts(seg_start, seg_end, offset, offset + len(ids), block_size, stride)
+                    for i in range(0, len(starts), WINDOWS_PER_BATCH):
+                        chosen = starts[i:i + WINDOWS_PER_BATCH]
+                        cut = windows.cut_windows(stream, offset, chosen, block_size)
+                        yield pa.RecordBatch.from_pydict({"start": chosen, "tokens": [w.tobytes() for w in cut]},
+                                                         schema=WINDOW_ARROW)
 
-    def to_windows(pdf):  # one chunk's pieces → the windows that start in it
-        import pandas as pd
-
-        pdf = pdf.sort_values("offset")
-        k = int(pdf["chunk"].iloc[0])
-        stream = np.frombuffer(b"".join(pdf["tokens"]), dtype=dtype)
-        first = int(pdf["offset"].iloc[0])
-        out = []
-        for name, seg_start, seg_end in windows.segments(k * chunk, (k + 1) * chunk, **seg):
-            starts = windows.window_starts(seg_start, seg_end, k * chunk, (k + 1) * chunk, block_size, stride)
-            if len(starts):
-                cut = windows.cut_windows(stream, first, starts, block_size)
-                out.append(pd.DataFrame({"split": name, "start": starts, "tokens": [w.tobytes() for w in cut]}))
-        return pd.concat(out) if out else pd.DataFrame({"split": [], "start": [], "tokens": []})
-
-    pieces = encoded.mapInArrow(to_pieces, "chunk long, offset long, tokens binary")
-    return pieces.groupBy("chunk").applyInPandas(to_windows, WINDOW_SCHEMA)
+    return encoded.mapInArrow(cut, WINDOW_SCHEMA)
 
 
 def count_windows(n_tokens: int, data: DictConfig, block_size: int, stride: int, seed: int) -> dict[str, int]:
@@ -318,7 +366,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     phase_s: dict[str, float] = {}
 
     t = time.perf_counter()
-    lines = read_lines(spark, corpus, data).cache()
+    lines = read_lines(spark, corpus, data)  # read again by each pass: cheaper than Spark's cache
     files = scan_files(lines, want_charset=tok_cfg.kind == "char" and data.format != "ids",
                        id_file=data.format == "ids")
     skipped = check_files(files, data)
@@ -337,14 +385,15 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     t = time.perf_counter()
     document_split = "line" if data.format == "parquet" else data.document_split  # a row is a document
     encoded = encode_lines(lines, tokenizer, document_split).cache()
-    pieces = sorted((r.src, r.block, r.part, r.n, r.docs) for r in encoded.select("src", "block", "part", "n", "docs")
-                    .collect())
-    lines.unpersist()
+    head_bytes = block_size * tokenizer.token_dtype.itemsize
+    pieces = sorted((r.src, r.block, r.part, r.n, r.docs, bytes(r.head)) for r in encoded.select(
+        "src", "block", "part", "n", "docs", F.substring("tokens", 1, head_bytes).alias("head")).collect())
     phase_s["encode"] = time.perf_counter() - t
 
-    offsets, n_tokens = {}, 0
-    for src, block, part, n, _ in pieces:
-        offsets[(src, block, part)], n_tokens = n_tokens, n_tokens + n
+    n_tokens = sum(p[3] for p in pieces)
+    offsets = np.concatenate([[0], np.cumsum([p[3] for p in pieces], dtype=np.int64)[:-1]]).tolist()
+    halos = windows.halos([np.frombuffer(p[5], tokenizer.token_dtype) for p in pieces], block_size)
+    placed = {p[:3]: (offset, halo.tobytes()) for p, offset, halo in zip(pieces, offsets, halos)}
     expected = count_windows(n_tokens, data, block_size, stride, seed)
     if expected["train"] == 0 or expected["val"] == 0:
         needed = math.ceil((block_size + 1) / min(data.val_fraction, 1 - data.val_fraction))
@@ -353,21 +402,14 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
             f"{expected['val']} validation windows of {block_size + 1} tokens; at least {needed} tokens are needed:"
             " use a larger corpus or a smaller model.block_size")
 
-    t = time.perf_counter()
-    chunk = data.segment_tokens * max(1, math.ceil(n_tokens / (4 * spark.sparkContext.defaultParallelism)
-                                                   / data.segment_tokens))
-    all_windows = cut_all_windows(encoded, offsets, n_tokens, data, block_size, stride, chunk,
-                                  tokenizer.token_dtype, seed).cache()  # cut once, for both splits
-    # A seeded global shuffle of the training windows (Spark sorts by a hash), so that training reads them
-    # in random order; validation keeps stream order.
-    train = all_windows.where("split = 'train'").orderBy(F.hash("start", F.lit(seed))).cache()
-    val = all_windows.where("split = 'val'").orderBy("start").cache()
-    counted = {"train": train.count(), "val": val.count()}
-    encoded.unpersist()
-    all_windows.unpersist()
-    phase_s["window"] = time.perf_counter() - t
-    if counted != expected:
-        raise RuntimeError(f"window count mismatch: Spark cut {counted}, the arithmetic says {expected}")
+    cut = {name: cut_split(encoded, placed, name, n_tokens, data, block_size, stride, tokenizer.token_dtype, seed)
+           for name in ("train", "val")}
+    # Training windows get a seeded shuffle (hash-partitioned, then sorted by the hash within each partition),
+    # so that training reads them in a random but reproducible order; validation keeps stream order.
+    # Both are cut when they are written or handed to Ray (check_window_count then checks the arithmetic).
+    order = F.hash("start", F.lit(seed))
+    train = cut["train"].repartition(max(2, encoded.rdd.getNumPartitions()), order).sortWithinPartitions(order)
+    val = cut["val"].sortWithinPartitions("start")
 
     tokens_val = sum(hi - lo for name, lo, hi in windows.segments(
         0, n_tokens, n_tokens, data.split, data.val_fraction, seed, data.segment_tokens) if name == "val")
@@ -384,8 +426,8 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
         "tokens_train": n_tokens - tokens_val,
         "tokens_val": tokens_val,
         "chars_per_token": characters / n_tokens if tokenizer.kind != "ids" else None,
-        "windows_train": counted["train"],
-        "windows_val": counted["val"],
+        "windows_train": expected["train"],
+        "windows_val": expected["val"],
         "vocab_size": tokenizer.vocab_size,
         "tokenizer": tokenizer.kind,
         "tokenizer_hash": tokenizer.fingerprint,
@@ -399,7 +441,14 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
         "seed": seed,
         "inputs": corpus.fingerprints,
     }
-    return EtlOutput(train=train, val=val, tokenizer=tokenizer, manifest=manifest, phase_s=phase_s)
+    return EtlOutput(train=train, val=val, encoded=encoded, tokenizer=tokenizer, manifest=manifest, phase_s=phase_s)
+
+
+def check_window_count(name: str, count: int, manifest: dict) -> None:
+    """Spark's output against the window arithmetic: a mismatch is a bug, never silently trained on."""
+    if count != manifest[f"windows_{name}"]:
+        raise RuntimeError(f"window count mismatch in {name}: Spark cut {count}, the arithmetic says "
+                           f"{manifest[f'windows_{name}']}")
 
 
 def to_ray_datasets(out: EtlOutput) -> dict:
@@ -415,5 +464,6 @@ def to_ray_datasets(out: EtlOutput) -> dict:
     for name, df in (("train", out.train), ("val", out.val)):
         datasets[name] = ray.data.from_spark(df).materialize()
         release_spark_recoverable(df)
-        df.unpersist()
+        check_window_count(name, datasets[name].count(), out.manifest)
+    out.encoded.unpersist()
     return datasets

@@ -1,16 +1,19 @@
 """``python -m raydp_llm.generate model_dir=... prompt="..."``: sample text from a trained model, no Ray or Spark.
 
-Arguments are ``key=value``; the prompt is taken verbatim (no YAML parsing), ``top_k=none`` samples from all tokens.
+Arguments are ``key=value``; the prompt is taken verbatim (no YAML parsing), ``top_k=none`` samples from all tokens,
+``show_top=N`` also prints the N most likely tokens right after the prompt, with their probabilities.
 """
 
 from __future__ import annotations
 
 import sys
 
-from raydp_llm.checkpoint import load_model_dir, sample_text
+from raydp_llm.checkpoint import load_model_dir, sample_text, top_next_tokens
 
-DEFAULTS = {"model_dir": None, "prompt": "\n", "max_new_tokens": 500, "temperature": 0.8, "top_k": 50, "seed": 1337}
-TYPES = {"model_dir": str, "prompt": str, "max_new_tokens": int, "temperature": float, "top_k": int, "seed": int}
+DEFAULTS = {"model_dir": None, "prompt": "\n", "max_new_tokens": 500, "temperature": 0.8, "top_k": 50, "seed": 1337,
+            "show_top": 0}
+TYPES = {"model_dir": str, "prompt": str, "max_new_tokens": int, "temperature": float, "top_k": int, "seed": int,
+         "show_top": int}
 
 
 class UsageError(ValueError):
@@ -36,16 +39,22 @@ def main(argv: list[str]) -> int:
     try:
         args = parse_args(argv)
     except UsageError as err:
-        options = " ".join(f"{k}=" for k in DEFAULTS if k != "model_dir")
-        print(f"usage: python -m raydp_llm.generate model_dir=DIR [{options}]: {err}", file=sys.stderr)
+        options = " ".join(f"[{k}={'TEXT' if k == 'prompt' else v}]" for k, v in DEFAULTS.items() if k != "model_dir")
+        print(f"usage: python -m raydp_llm.generate model_dir=DIR {options}: {err}", file=sys.stderr)
         return 2
     try:
         model, tokenizer = load_model_dir(args.pop("model_dir"))
+        show_top = args.pop("show_top")
         text = sample_text(model, tokenizer, **args)
+        top = top_next_tokens(model, tokenizer, args["prompt"], show_top) if show_top > 0 else []
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(text)
+    if top:
+        print(f"next-token top {len(top)} after the prompt:")
+        for token, p in top:
+            print(f"  {token!r}  {p:.4f}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -9,13 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from raydp_llm import cache
 from raydp_llm.cluster import EVENT_LOG_DIR, spark_session
 from raydp_llm.corpus import Corpus, resolve_corpus
 from raydp_llm.errors import InputError
 from raydp_llm.etl import run_etl, to_ray_datasets
+from raydp_llm.model import check_model_spec
 from raydp_llm.spark_stats import read_event_log
 from raydp_llm.tokenizer import Tokenizer
 
@@ -37,8 +39,7 @@ class PreparedData:
 def check_inputs(cfg: DictConfig) -> Corpus:
     """Check the settings that would fail late and resolve the corpus, before any engine starts."""
     m, t, d = cfg.model, cfg.train, cfg.data
-    if m.n_embd % m.n_head:
-        raise InputError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}; pick a divisor")
+    check_model_spec(OmegaConf.to_container(m, resolve=True))
     if t.batch_size % t.num_workers:
         raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers}; "
                          "it is the global batch, split evenly over the workers")
@@ -64,12 +65,13 @@ def check_inputs(cfg: DictConfig) -> Corpus:
 
 
 def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, to_ray: bool,
-                 store: Path | None) -> PreparedData:
+                 store: Path | None, keep: contextlib.ExitStack | None = None) -> PreparedData:
     """Windows from the ETL cache (``data.cache``) or from a Spark ETL run on the running Ray.
 
     A Spark run writes its dataset to ``store/<key>`` when ``store`` is given and hands the windows to Ray
-    with ``from_spark`` when ``to_ray``. ``timings`` gets the phase times (s); Spark's driver log goes to
-    ``out_dir``.
+    with ``from_spark`` when ``to_ray``. Spark is stopped on return, unless ``cluster.keep_executors``:
+    then it stays up until ``keep`` closes. ``timings`` gets the phase times (s); Spark's driver log goes
+    to ``out_dir``.
     """
     tok_cfg = cfg.tokenizer
     if tok_cfg.get("path"):
@@ -91,8 +93,13 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
         write_json(out_dir / STATS_FILE, stats)
         return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets, stats=stats)
 
+    kept = keep is not None and cfg.cluster.keep_executors
+    if kept:
+        check_cpus_for_kept_executors(cfg)
     t = time.perf_counter()
-    with spark_session(cfg.cluster, app_name=cfg.name, log_dir=out_dir) as spark:
+    with contextlib.ExitStack() as local:
+        scope = keep if kept else local
+        spark = scope.enter_context(spark_session(cfg.cluster, app_name=cfg.name, log_dir=out_dir))
         timings["spark_start_s"] = time.perf_counter() - t
         t = time.perf_counter()
         out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed)
@@ -116,6 +123,19 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     if entry is not None:
         write_json(entry / STATS_FILE, stats)
     return PreparedData(out.tokenizer, m, entry, cache_hit=False, datasets=datasets, stats=stats)
+
+
+def check_cpus_for_kept_executors(cfg: DictConfig) -> None:
+    """Kept executors hold their Ray CPUs through training: the running cluster must have room for both."""
+    import ray
+
+    c, t = cfg.cluster, cfg.train
+    need = c.executors * c.executor_ray_cpus + t.num_workers * t.cpus_per_worker
+    have = ray.cluster_resources().get("CPU", 0)
+    if need > have:
+        raise InputError(f"cluster.keep_executors=true needs {need:g} Ray CPUs (cluster.executors × "
+                         f"cluster.executor_ray_cpus + train.num_workers × train.cpus_per_worker) but the cluster "
+                         f"has {have:g}: set cluster.keep_executors=false or lower those numbers")
 
 
 def write_json(path: Path, content: dict) -> Path:

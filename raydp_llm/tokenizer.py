@@ -96,7 +96,7 @@ class BPETokenizer(Tokenizer):
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         dtype = self.token_dtype
-        return [np.asarray(e.ids, dtype=dtype) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        return [np.asarray(e.ids, dtype=dtype) for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids) -> str:
         return self.tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False).replace(EOD, EOD_TEXT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 def train_spec(cfg: DictConfig, data: PreparedData) -> TrainSpec:
     t, o = cfg.train, cfg.optim
     return TrainSpec(
-        model={**cfg.model, "vocab_size": data.tokenizer.vocab_size},
+        model={**cfg.model, "vocab_size": data.tokenizer.vocab_size,  # workers run elsewhere: absolute paths
+               "init_embeddings": cfg.model.get("init_embeddings") and to_absolute_path(cfg.model.init_embeddings)},
         tokenizer_json=data.tokenizer.to_json(), token_dtype=data.manifest["token_dtype"],
         batch_size=t.batch_size // t.num_workers, max_steps=t.max_steps, eval_interval=t.eval_interval,
         eval_batches=t.eval_batches, lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps,
@@ -38,10 +40,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     start = time.perf_counter()
     timings: dict[str, float] = {}
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
-    with ray_session(cfg.cluster):
+    with ray_session(cfg.cluster), contextlib.ExitStack() as kept_spark:
         timings["ray_start_s"] = time.perf_counter() - start
         store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else None
-        data = prepare_data(cfg, corpus, out_dir, timings, to_ray=True, store=store)
+        data = prepare_data(cfg, corpus, out_dir, timings, to_ray=True, store=store, keep=kept_spark)
         write_json(out_dir / "manifest.json", data.manifest)
         spec = train_spec(cfg, data)
         t = time.perf_counter()

@@ -24,7 +24,7 @@ from ray.train.torch import TorchTrainer
 
 from raydp_llm.checkpoint import save_model_dir
 from raydp_llm.metrics import MetricsCsv, MetricsFollower
-from raydp_llm.model import GPT, GPTConfig
+from raydp_llm.model import LanguageModel, build_model
 from raydp_llm.tokenizer import tokenizer_from_json
 
 
@@ -32,7 +32,7 @@ from raydp_llm.tokenizer import tokenizer_from_json
 class TrainSpec:
     """Everything a worker needs, as plain values (workers do not see Hydra)."""
 
-    model: dict  # GPTConfig fields
+    model: dict  # build_model's spec: kind, config fields (vocab_size included), init/freeze embeddings
     tokenizer_json: str
     token_dtype: str
     batch_size: int  # per worker
@@ -110,7 +110,7 @@ def train_loop(spec_dict: dict) -> None:
     rank = ray.train.get_context().get_world_rank()
     world = ray.train.get_context().get_world_size()
 
-    model = GPT(GPTConfig(**spec.model))
+    model = build_model(spec.model)
     ddp_model = ray.train.torch.prepare_model(model)
     optimizer = make_optimizer(model, spec)
     collate = WindowBatch(spec.token_dtype, model.config.block_size)
@@ -153,7 +153,7 @@ def train_loop(spec_dict: dict) -> None:
         epoch += 1
 
 
-def _report(metrics: dict, model: GPT, spec: TrainSpec, final: bool, rank: int) -> None:
+def _report(metrics: dict, model: LanguageModel, spec: TrainSpec, final: bool, rank: int) -> None:
     """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the model dir at the end."""
     if not (final and rank == 0):
         ray.train.report(metrics)

@@ -7,9 +7,8 @@ assigned by a seeded hash (for corpora spread over many files). A window is ``bl
 consecutive tokens (inputs and shifted targets); windows start every ``stride`` tokens from their
 segment's first position and never leave their segment, so no window mixes the splits.
 
-To cut windows in parallel, the stream is divided into chunks of ``chunk`` positions; chunk ``k``
-owns the windows that *start* in ``[k*chunk, (k+1)*chunk)`` and so needs the tokens up to
-``block_size`` positions past its end (the halo).
+To cut windows in parallel, every piece of the stream cuts the windows that *start* in it, so it
+needs the ``block_size`` tokens that follow it (its halo), taken from the heads of the next pieces.
 """
 
 from __future__ import annotations
@@ -58,16 +57,14 @@ def count_windows(seg_start: int, seg_end: int, block_size: int, stride: int) ->
     return len(window_starts(seg_start, seg_end, seg_start, seg_end, block_size, stride))
 
 
-def chunks_of_span(offset: int, length: int, chunk: int, halo: int) -> range:
-    """Chunks whose extended range ``[k*chunk, (k+1)*chunk + halo)`` overlaps ``[offset, offset+length)``."""
-    if length <= 0:
-        return range(0)
-    first = max(0, (offset - halo) // chunk)
-    # chunk k overlaps iff k*chunk < offset+length and (k+1)*chunk + halo > offset
-    while (first + 1) * chunk + halo <= offset:
-        first += 1
-    last = (offset + length - 1) // chunk
-    return range(first, last + 1)
+def halos(heads: list[np.ndarray], block_size: int) -> list[np.ndarray]:
+    """For the pieces of a stream, in order, given each piece's first ``block_size`` tokens (all of them
+    if it is shorter): the ``block_size`` tokens that follow each piece (fewer at the stream's end)."""
+    out, after = [], np.empty(0, dtype=heads[0].dtype if heads else np.int64)
+    for head in reversed(heads):
+        out.append(after)
+        after = np.concatenate([head, after])[:block_size]
+    return out[::-1]
 
 
 def cut_windows(tokens: np.ndarray, tokens_start: int, starts: np.ndarray, block_size: int) -> np.ndarray:

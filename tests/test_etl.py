@@ -44,11 +44,23 @@ def file_lines(path: Path) -> list[str]:
     return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
 
 
+def paragraphs(lines: list[str]) -> list[str]:
+    """What the ETL encodes as one text: runs of non-blank lines (newlines kept); blank lines alone."""
+    units, run = [], []
+    for line in lines:
+        if line.strip():
+            run.append(line + "\n")
+        else:
+            units += ["".join(run)] * bool(run) + [line + "\n"]
+            run = []
+    return units + ["".join(run)] * bool(run)
+
+
 def reference_ids(corpus_dir: Path, tok) -> np.ndarray:
-    """document_split=file: each file, in path order, is an end-of-document token and its lines."""
+    """document_split=file: each file, in path order, is an end-of-document token and its paragraphs."""
     parts = []
     for p in sorted(corpus_dir.iterdir()):
-        parts += [np.array([tok.eod_id], tok.token_dtype)] + tok.encode_batch([s + "\n" for s in file_lines(p)])
+        parts += [np.array([tok.eod_id], tok.token_dtype)] + tok.encode_batch(paragraphs(file_lines(p)))
     return np.concatenate(parts)
 
 

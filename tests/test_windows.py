@@ -36,29 +36,24 @@ def test_split_boundary_is_the_tail():
     assert windows.split_boundary(1001, 0.1) == 901
 
 
-@pytest.mark.parametrize("chunk,stride", [(50, 7), (13, 13), (200, 1)])
-def test_chunked_cut_equals_whole_stream_cut(chunk, stride):
-    """Cutting per chunk (with halo) from per-document pieces gives exactly the whole-stream windows."""
+@pytest.mark.parametrize("block,stride", [(10, 7), (10, 10), (10, 1), (40, 3)])
+def test_per_piece_cut_with_halos_equals_whole_stream_cut(block, stride):
+    """Each piece cutting the windows that start in it, with its halo, gives exactly the whole-stream windows,
+    also when pieces are shorter than a block (empty ones included)."""
     rng = np.random.default_rng(0)
-    doc_lengths = [37, 1, 120, 64, 9, 250]
-    stream = rng.integers(0, 60, sum(doc_lengths)).astype(np.uint16)
-    n, block = len(stream), 10
+    lengths = [37, 1, 0, 120, 64, 9, 3, 250]
+    stream = rng.integers(0, 60, sum(lengths)).astype(np.uint16)
+    n = len(stream)
     boundary = windows.split_boundary(n, 0.2)
-    offsets = np.concatenate([[0], np.cumsum(doc_lengths)[:-1]])
-
-    pieces = {}  # chunk -> [(offset, tokens)]
-    for off, length in zip(offsets, doc_lengths):
-        for k in windows.chunks_of_span(int(off), length, chunk, block):
-            lo, hi = max(off, k * chunk), min(off + length, (k + 1) * chunk + block)
-            pieces.setdefault(k, []).append((lo, stream[lo:hi]))
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    pieces = [stream[o:o + k] for o, k in zip(offsets, lengths)]
+    halos = windows.halos([p[:block] for p in pieces], block)
     got = {"train": [], "val": []}
-    for k, parts in pieces.items():
-        parts.sort()
-        first = parts[0][0]
-        local = np.concatenate([p for _, p in parts])
+    for off, piece, halo in zip(offsets, pieces, halos):
+        local = np.concatenate([piece, halo])
         for name, lo, hi in (("train", 0, boundary), ("val", boundary, n)):
-            starts = windows.window_starts(lo, hi, k * chunk, (k + 1) * chunk, block, stride)
-            cut = windows.cut_windows(local, first, starts, block)
+            starts = windows.window_starts(lo, hi, int(off), int(off) + len(piece), block, stride)
+            cut = windows.cut_windows(local, int(off), starts, block)
             got[name] += [(int(s), w.tolist()) for s, w in zip(starts, cut)]
     expected = reference_windows(n, boundary, block, stride)
     for name in ("train", "val"):
