@@ -1,8 +1,12 @@
-"""The model directory: ``model.safetensors`` + ``config.json`` + ``tokenizer.json``; loads without Ray or Spark."""
+"""The model directory (``model.safetensors`` + ``config.json`` + ``tokenizer.json``; loads without Ray or Spark)
+and training checkpoints: a model directory plus ``train_state.json`` (step, data position, run fingerprint) and
+``train_state.pt`` (optimizer and RNG state, loaded with ``weights_only=True``: nothing arbitrary is unpickled).
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -10,10 +14,13 @@ from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 
 from raydp_llm.model import LanguageModel, build_model
-from raydp_llm.tokenizer import Tokenizer, load_tokenizer
+from raydp_llm.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
+STATE_JSON = "train_state.json"
+STATE_TENSORS = "train_state.pt"
 
 
 def save_model_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer) -> Path:
@@ -66,3 +73,47 @@ def top_next_tokens(model: LanguageModel, tokenizer: Tokenizer, prompt: str, k: 
     logits, _ = model(_prompt_ids(model, tokenizer, prompt)[:, -model.config.block_size:])
     probs, ids = F.softmax(logits[0, -1].float(), dim=-1).topk(min(k, logits.size(-1)))
     return [(tokenizer.decode([i]), p) for i, p in zip(ids.tolist(), probs.tolist())]
+
+
+def save_train_checkpoint(directory: Path, model: LanguageModel, tokenizer: Tokenizer, optimizer, state: dict) -> Path:
+    """A model directory plus what resuming needs: ``state`` (JSON: step, epoch, position, fingerprint, ...),
+    the optimizer's state and the torch RNG."""
+    save_model_dir(directory, model, tokenizer)
+    (Path(directory) / STATE_JSON).write_text(json.dumps(state, indent=2))
+    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
+               Path(directory) / STATE_TENSORS)
+    return Path(directory)
+
+
+def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> dict:
+    """Restore weights, optimizer and RNG from a training checkpoint into ``model`` and ``optimizer``;
+    returns its state (JSON)."""
+    directory = Path(directory)
+    state = load_file(directory / WEIGHTS_FILE, device=str(model.wte.weight.device))
+    if model.config.tie_weights:
+        state["lm_head.weight"] = state["wte.weight"]
+    model.load_state_dict(state)
+    tensors = torch.load(directory / STATE_TENSORS, weights_only=True)
+    optimizer.load_state_dict(tensors["optimizer"])
+    torch.set_rng_state(tensors["torch_rng"])
+    return json.loads((directory / STATE_JSON).read_text())
+
+
+def find_checkpoint(root: Path, fingerprint: str, max_steps: int) -> Path | None:
+    """The latest unfinished training checkpoint under ``root`` whose run had the same ``fingerprint``
+    (the same model, data, optimizer and training settings), or None."""
+    found = []
+    for path in Path(root).glob(f"**/{STATE_JSON}"):
+        state = json.loads(path.read_text())
+        if state.get("fingerprint") == fingerprint and state["step"] < max_steps:
+            found.append((state["step"], path.stat().st_mtime, path.parent))
+    return max(found)[2] if found else None
+
+
+def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:
+    """Copy the model files (not the optimizer state) of a checkpoint into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        shutil.copy2(Path(checkpoint_dir) / name, directory / name)
+    return directory

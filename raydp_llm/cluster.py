@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import ray
+import ray.data
 from omegaconf import DictConfig
 from ray.job_config import JobConfig
 
@@ -36,6 +37,8 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
 
     If Ray is already initialised in this process (tests, sweeps) it is reused and left running.
     """
+    # Ray Data keeps row order (reading the ETL cache, handing over from Spark): runs are reproducible.
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
     if ray.is_initialized():
         yield
         return

@@ -335,11 +335,12 @@ def cut_split(encoded: DataFrame, pieces: dict[tuple, tuple[int, bytes]], name: 
     return encoded.mapInArrow(cut, WINDOW_SCHEMA)
 
 
-def count_windows(n_tokens: int, data: DictConfig, block_size: int, stride: int, seed: int) -> dict[str, int]:
+def count_windows(n_tokens: int, data: DictConfig, block_size: int, strides: dict[str, int],
+                  seed: int) -> dict[str, int]:
     counts = {"train": 0, "val": 0}
     for name, lo, hi in windows.segments(0, n_tokens, n_tokens, data.split, data.val_fraction, seed,
                                          data.segment_tokens):
-        counts[name] += windows.count_windows(lo, hi, block_size, stride)
+        counts[name] += windows.count_windows(lo, hi, block_size, strides[name])
     return counts
 
 
@@ -362,7 +363,7 @@ def check_files(files: dict[str, dict], data: DictConfig) -> list[str]:
 def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: DictConfig, block_size: int,
             seed: int) -> EtlOutput:
     """Run the whole ETL on ``spark``; returns the cached window DataFrames and the manifest."""
-    stride = data.stride or block_size
+    strides = {"train": data.stride or block_size, "val": data.val_stride or block_size}
     phase_s: dict[str, float] = {}
 
     t = time.perf_counter()
@@ -394,7 +395,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     offsets = np.concatenate([[0], np.cumsum([p[3] for p in pieces], dtype=np.int64)[:-1]]).tolist()
     halos = windows.halos([np.frombuffer(p[5], tokenizer.token_dtype) for p in pieces], block_size)
     placed = {p[:3]: (offset, halo.tobytes()) for p, offset, halo in zip(pieces, offsets, halos)}
-    expected = count_windows(n_tokens, data, block_size, stride, seed)
+    expected = count_windows(n_tokens, data, block_size, strides, seed)
     if expected["train"] == 0 or expected["val"] == 0:
         needed = math.ceil((block_size + 1) / min(data.val_fraction, 1 - data.val_fraction))
         raise InputError(
@@ -402,8 +403,8 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
             f"{expected['val']} validation windows of {block_size + 1} tokens; at least {needed} tokens are needed:"
             " use a larger corpus or a smaller model.block_size")
 
-    cut = {name: cut_split(encoded, placed, name, n_tokens, data, block_size, stride, tokenizer.token_dtype, seed)
-           for name in ("train", "val")}
+    cut = {name: cut_split(encoded, placed, name, n_tokens, data, block_size, strides[name], tokenizer.token_dtype,
+                           seed) for name in ("train", "val")}
     # Training windows get a seeded shuffle (hash-partitioned, then sorted by the hash within each partition),
     # so that training reads them in a random but reproducible order; validation keeps stream order.
     # Both are cut when they are written or handed to Ray (check_window_count then checks the arithmetic).
@@ -433,7 +434,8 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
         "tokenizer_hash": tokenizer.fingerprint,
         "token_dtype": tokenizer.token_dtype.name,
         "block_size": block_size,
-        "stride": stride,
+        "stride": strides["train"],
+        "val_stride": strides["val"],
         "split": data.split,
         "val_fraction": data.val_fraction,
         "document_split": document_split,

@@ -13,7 +13,15 @@ from ray.train import UserCallback
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["step", "tokens", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s"]
+# One row per evaluation. Losses are mean cross-entropy per token (nats); ppl = exp(val_loss); bpc = bits per
+# character (val_loss / ln 2 / characters per token); acc = top-1 next-token accuracy; grad_norm = mean total
+# gradient norm before clipping; grad_abs_* = magnitudes of all gradient entries at the reporting step;
+# step_time_s = mean wall time of an optimizer step; mfu = model FLOPs utilization against train.peak_flops;
+# memory in MiB; CPU load in percent (process: of one core; sys: of all cores).
+COLUMNS = ["step", "epoch", "tokens", "lr", "train_loss", "val_loss", "val_ppl", "val_bpc", "train_acc", "val_acc",
+           "grad_norm", "grad_abs_mean", "grad_abs_min", "grad_abs_max", "grad_abs_var", "tokens_per_s",
+           "step_time_s", "mfu", "rss_mb", "sys_mem_used_mb", "sys_mem_total_mb", "cpu_percent", "sys_cpu_percent",
+           "gpu_mem_mb", "elapsed_s"]
 
 
 class MetricsCsv(UserCallback):
@@ -26,7 +34,7 @@ class MetricsCsv(UserCallback):
         self.path = Path(path)
 
     def after_report(self, run_context, metrics, checkpoint):
-        row = {k: metrics[0][k] for k in COLUMNS}
+        row = {k: metrics[0].get(k) for k in COLUMNS}  # None: not measured (e.g. GPU memory on CPU)
         new = not self.path.exists()
         with self.path.open("a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -50,8 +58,9 @@ class MetricsFollower(threading.Thread):
     def poll(self) -> None:
         rows = read_metrics(self.path) if self.path.exists() else []
         for row in rows[self._seen:]:
-            log.info("step %d/%d | train loss %.4f | val loss %.4f | %s tok/s | %.0fs", row["step"], self.max_steps,
-                     row["train_loss"], row["val_loss"], f"{row['tokens_per_s']:,.0f}", row["elapsed_s"])
+            log.info("step %d/%d | train loss %.4f | val loss %.4f | val acc %.3f | %s tok/s | %.0fs", row["step"],
+                     self.max_steps, row["train_loss"], row["val_loss"], row["val_acc"],
+                     f"{row['tokens_per_s']:,.0f}", row["elapsed_s"])
         self._seen = len(rows)
 
     def stop(self) -> None:
@@ -61,17 +70,21 @@ class MetricsFollower(threading.Thread):
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The rows of ``metrics.csv`` as floats (None where a value was not measured)."""
     with Path(path).open() as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: float(v) if v != "" else None for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def write_summary(path: Path, rows: list[dict], **totals) -> dict:
     """``summary.json`` from the metrics rows plus the run's totals (params, phase times, ETL manifest)."""
-    val = [r["val_loss"] for r in rows if not math.isnan(r["val_loss"])]
+    val = [r["val_loss"] for r in rows if r["val_loss"] is not None and not math.isnan(r["val_loss"])]
+    last = rows[-1] if rows else {}
     summary = {
         "final_val_loss": val[-1] if val else None,
         "best_val_loss": min(val) if val else None,
         "first_val_loss": val[0] if val else None,
+        "final_val_bpc": last.get("val_bpc"),
+        "final_val_acc": last.get("val_acc"),
         "final_train_loss": rows[-1]["train_loss"] if rows else None,
         "steps": int(rows[-1]["step"]) if rows else 0,
         "tokens": int(rows[-1]["tokens"]) if rows else 0,

@@ -81,6 +81,10 @@ class LanguageModel(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied weights count once
 
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (forward + backward): 6 per parameter, plus attention for the GPT."""
+        return 6 * self.num_params()
+
     def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
         """Logits (B, T, V) from hidden states ``x`` (B, T, C); with ``targets`` (B, T) also the mean cross-entropy."""
         logits = self.lm_head(x)
@@ -191,6 +195,11 @@ class GPT(LanguageModel):
         for block in self.blocks:
             x = block(x)
         return self._head(self.ln_f(x), targets)
+
+    def flops_per_token(self) -> float:
+        """6N + 12·L·H·Q·T (PaLM's estimate, as nanoGPT): L layers, H heads, Q head size, T context."""
+        c = self.config
+        return super().flops_per_token() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
 
 
 class LSTMLM(LanguageModel):

@@ -5,14 +5,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
+from pyspark.errors import PythonException
 
 from raydp_llm import cache
+from raydp_llm.checkpoint import STATE_JSON
 from raydp_llm.cluster import EVENT_LOG_DIR, spark_session
 from raydp_llm.corpus import Corpus, resolve_corpus
 from raydp_llm.errors import InputError
@@ -39,11 +42,22 @@ class PreparedData:
 def check_inputs(cfg: DictConfig) -> Corpus:
     """Check the settings that would fail late and resolve the corpus, before any engine starts."""
     m, t, d = cfg.model, cfg.train, cfg.data
+    if d.require_path and d.path is None:
+        raise InputError(f"data.path is missing: the {cfg.name} configuration needs a corpus the project does not "
+                         "ship; add data.path=/path/to/it")
     check_model_spec(OmegaConf.to_container(m, resolve=True))
-    if t.batch_size % t.num_workers:
-        raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers}; "
-                         "it is the global batch, split evenly over the workers")
+    if t.batch_size % (t.num_workers * t.grad_accum):
+        raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers} × "
+                         f"train.grad_accum={t.grad_accum}; it is the global batch, split evenly over the workers "
+                         "and accumulation steps")
+    if t.checkpoint_interval % t.eval_interval:
+        raise InputError(f"train.checkpoint_interval={t.checkpoint_interval} is not a multiple of "
+                         f"train.eval_interval={t.eval_interval}; checkpoints are taken at evaluations")
+    if t.resume not in ("auto", "never") and not (Path(to_absolute_path(str(t.resume))) / STATE_JSON).is_file():
+        raise InputError(f"train.resume={t.resume}: not a training checkpoint (no {STATE_JSON}); give a checkpoint_* "
+                         "directory under an earlier run's ray_results/, or auto | never")
     for key, value, allowed in (("data.format", d.format, ("text", "ids", "parquet")),
+                                ("train.precision", t.precision, ("auto", "fp32", "bf16")),
                                 ("data.document_split", d.document_split, ("file", "blank_line", "line")),
                                 ("data.split", d.split, ("tail", "hash")),
                                 ("tokenizer.kind", cfg.tokenizer.kind, ("char", "bpe"))):
@@ -73,10 +87,7 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     then it stays up until ``keep`` closes. ``timings`` gets the phase times (s); Spark's driver log goes
     to ``out_dir``.
     """
-    tok_cfg = cfg.tokenizer
-    if tok_cfg.get("path"):
-        tok_cfg = tok_cfg.copy()
-        tok_cfg.path = to_absolute_path(tok_cfg.path)
+    tok_cfg = etl_tokenizer(cfg.tokenizer)
     key = cache.cache_key(corpus, cfg.data, tok_cfg, cfg.model.block_size, cfg.seed)
     fingerprinted = all(f["size"] is not None for f in corpus.fingerprints)
     if cfg.data.cache and not fingerprinted:
@@ -102,7 +113,10 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
         spark = scope.enter_context(spark_session(cfg.cluster, app_name=cfg.name, log_dir=out_dir))
         timings["spark_start_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed)
+        try:
+            out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed)
+        except PythonException as err:  # raised in the executors: the user gets one line, not their traceback
+            raise unknown_characters(err, tok_cfg) or err
         m = out.manifest
         log.info("ETL: %d files, %d documents, %d tokens, vocab %d (%s), windows train %d / val %d",
                  m["files"], m["documents"], m["tokens"], m["vocab_size"], m["tokenizer"], m["windows_train"],
@@ -123,6 +137,33 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     if entry is not None:
         write_json(entry / STATS_FILE, stats)
     return PreparedData(out.tokenizer, m, entry, cache_hit=False, datasets=datasets, stats=stats)
+
+
+def dataset_store(cfg: DictConfig, out_dir: Path) -> Path:
+    """Where an entry point that reads the windows from disk has the ETL write them: the ETL cache, or
+    ``dataset/`` in the run directory with ``data.cache=false``."""
+    return Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else out_dir / "dataset"
+
+
+def etl_tokenizer(tok: DictConfig) -> DictConfig:
+    """The tokenizer settings the ETL runs with. A ``tokenizer.path`` wins over ``kind`` (the file names its own
+    kind: char, bpe or ids) and stands alone, as an absolute path, under ``kind: file``: the ETL builds a char
+    vocabulary for ``kind: char`` and loads ``path`` for any other kind, and the settings for making a tokenizer
+    (vocab_size, sample_mb) neither apply to a loaded one nor belong in its cache key."""
+    if not tok.get("path"):
+        return tok
+    return OmegaConf.create({"kind": "file", "path": to_absolute_path(tok.path)})
+
+
+def unknown_characters(err: PythonException, tok_cfg: DictConfig) -> InputError | None:
+    """The one-line error for a corpus with characters a given char tokenizer lacks (``CharTokenizer``'s
+    ValueError in the executors), or None for any other failure."""
+    found = re.search(r"^ValueError: characters not in the vocabulary: (.*)$", str(err), re.MULTILINE)
+    if found is None:
+        return None
+    chars = found[1] if len(found[1]) <= 60 else found[1][:60] + "…"
+    return InputError(f"data.path: the corpus has characters that tokenizer.path={tok_cfg.path} lacks: {chars}; "
+                      "remove them from the corpus or use a tokenizer (a model) whose vocabulary has them")
 
 
 def check_cpus_for_kept_executors(cfg: DictConfig) -> None:

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from raydp_llm.cluster import ray_session
 from raydp_llm.errors import cli_errors
-from raydp_llm.pipeline import check_inputs, prepare_data, write_json
+from raydp_llm.pipeline import check_inputs, dataset_store, prepare_data, write_json
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +27,8 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     start, timings = time.perf_counter(), {}
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
-    store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else out_dir / "dataset"
     with ray_session(cfg.cluster):
-        data = prepare_data(cfg, corpus, out_dir, timings, to_ray=False, store=store)
+        data = prepare_data(cfg, corpus, out_dir, timings, to_ray=False, store=dataset_store(cfg, out_dir))
     m = data.manifest | {"cache_hit": data.cache_hit, "dataset": str(data.entry)}
     write_json(out_dir / "manifest.json", m)
     st = data.stats

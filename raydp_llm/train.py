@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -12,27 +14,52 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from raydp_llm.checkpoint import load_model_dir, sample_text
+from raydp_llm.checkpoint import export_model_dir, find_checkpoint, load_model_dir, sample_text
 from raydp_llm.cluster import ray_session
-from raydp_llm.errors import cli_errors
+from raydp_llm.errors import InputError, cli_errors
 from raydp_llm.metrics import read_metrics, write_summary
 from raydp_llm.pipeline import PreparedData, check_inputs, prepare_data, write_json
-from raydp_llm.trainer import TrainSpec, fit
+from raydp_llm.plots import plot_loss
+from raydp_llm.trainer import TrainSpec, fit, steps_per_epoch
 
 log = logging.getLogger(__name__)
 
 
 def train_spec(cfg: DictConfig, data: PreparedData) -> TrainSpec:
-    t, o = cfg.train, cfg.optim
-    return TrainSpec(
+    t, o, m = cfg.train, cfg.optim, data.manifest
+    micro_batch = t.batch_size // (t.num_workers * t.grad_accum)
+    per_epoch = steps_per_epoch(m["windows_train"], micro_batch, t.num_workers, t.grad_accum)
+    if per_epoch == 0:
+        raise InputError(f"train.batch_size={t.batch_size}: the corpus has only {m['windows_train']} training windows,"
+                         " fewer than one batch; lower train.batch_size or use a larger corpus")
+    spec = dict(
         model={**cfg.model, "vocab_size": data.tokenizer.vocab_size,  # workers run elsewhere: absolute paths
                "init_embeddings": cfg.model.get("init_embeddings") and to_absolute_path(cfg.model.init_embeddings)},
-        tokenizer_json=data.tokenizer.to_json(), token_dtype=data.manifest["token_dtype"],
-        batch_size=t.batch_size // t.num_workers, max_steps=t.max_steps, eval_interval=t.eval_interval,
-        eval_batches=t.eval_batches, lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps,
-        weight_decay=o.weight_decay, beta1=o.beta1, beta2=o.beta2, grad_clip=o.grad_clip, seed=cfg.seed,
-        cpus_per_worker=t.cpus_per_worker, shuffle_buffer=t.shuffle_buffer,
+        tokenizer_json=data.tokenizer.to_json(), token_dtype=m["token_dtype"], chars_per_token=m["chars_per_token"],
+        micro_batch=micro_batch, grad_accum=t.grad_accum, steps_per_epoch=per_epoch,
+        max_steps=t.epochs * per_epoch if t.epochs else t.max_steps, eval_interval=t.eval_interval,
+        eval_batches=t.eval_batches, checkpoint_interval=t.checkpoint_interval, lr=o.lr, min_lr=o.min_lr,
+        warmup_steps=o.warmup_steps, weight_decay=o.weight_decay, beta1=o.beta1, beta2=o.beta2,
+        grad_clip=o.grad_clip, seed=cfg.seed, cpus_per_worker=t.cpus_per_worker, shuffle_buffer=t.shuffle_buffer,
+        precision=t.precision, compile=t.compile, peak_flops=t.peak_flops,
     )
+    # Runs that may continue each other's checkpoints: the same spec on the same data and the same workers.
+    identity = json.dumps({**spec, "num_workers": t.num_workers, "data": m}, sort_keys=True, default=str)
+    return TrainSpec(**spec, fingerprint=hashlib.sha256(identity.encode()).hexdigest()[:20])
+
+
+def resume_checkpoint(cfg: DictConfig, spec: TrainSpec, out_dir: Path) -> Path | None:
+    """``train.resume``: never; a checkpoint directory; or auto = the latest unfinished checkpoint of an identical
+    run among this run's siblings (``outputs/<name>/*``: earlier runs of the same name)."""
+    resume = str(cfg.train.resume)
+    if resume == "never":
+        return None
+    if resume != "auto":
+        return Path(to_absolute_path(resume))
+    found = find_checkpoint(out_dir.parent, spec.fingerprint, spec.max_steps)
+    if found:
+        log.info("resuming from %s (train.resume=never starts afresh)", found)
+    return found
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
@@ -40,16 +67,20 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     start = time.perf_counter()
     timings: dict[str, float] = {}
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
+    out_dir.mkdir(parents=True, exist_ok=True)
     with ray_session(cfg.cluster), contextlib.ExitStack() as kept_spark:
         timings["ray_start_s"] = time.perf_counter() - start
         store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else None
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=True, store=store, keep=kept_spark)
         write_json(out_dir / "manifest.json", data.manifest)
         spec = train_spec(cfg, data)
+        resume_from = resume_checkpoint(cfg, spec, out_dir)
+        spec.resume_from = str(resume_from) if resume_from else None
         t = time.perf_counter()
         checkpoint = fit(spec, data.datasets, num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
-                         out_dir=out_dir, run_name=cfg.name)
-        checkpoint.to_directory(str(out_dir / "model"))
+                         out_dir=out_dir, run_name=cfg.name, keep_checkpoints=cfg.train.keep_checkpoints)
+        with checkpoint.as_directory() as d:
+            export_model_dir(Path(d), out_dir / "model")
         timings["train_s"] = time.perf_counter() - t
 
     model, tokenizer = load_model_dir(out_dir / "model")
@@ -57,8 +88,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     text = sample_text(model, tokenizer, s.prompt, s.max_new_tokens, s.temperature, s.top_k, cfg.seed)
     (out_dir / "samples.txt").write_text(text + "\n")
     timings["total_s"] = time.perf_counter() - start
+    plot_loss(out_dir / "metrics.csv", out_dir / "loss.png")
     summary = write_summary(out_dir / "summary.json", read_metrics(out_dir / "metrics.csv"),
-                            num_params=model.num_params(), **{k: round(v, 2) for k, v in timings.items()},
+                            num_params=model.num_params(), flops_per_token=model.flops_per_token(),
+                            resumed_from=str(resume_from) if resume_from else None,
+                            **{k: round(v, 2) for k, v in timings.items()},
                             etl=data.manifest | {"cache_hit": data.cache_hit},
                             etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"})
     log.info("done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): val loss %.4f → %.4f; outputs in %s",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,12 +19,13 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")  # tests never touch the user's ETL cache
 
 
-def make_config(*overrides: str):
-    """The project's config with Hydra overrides, as the entry points see it (ETL cache in a temp dir)."""
+def make_config(*overrides: str, config_name: str = "config"):
+    """An entry point's config (``config``, ``evaluate``) with Hydra overrides, as the entry point sees it (ETL
+    cache in a temp dir)."""
     if not any(o.startswith("data.cache_dir=") for o in overrides):
         overrides = (f"data.cache_dir={CACHE_DIR}", *overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name=config_name, overrides=list(overrides))
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +52,11 @@ def corpus_dir(tmp_path_factory, shakespeare) -> Path:
     for i, (a, b) in enumerate([(0, 20_000), (20_000, 21_000), (50_000, 65_000)]):
         (d / f"part{i}.txt").write_text(text[a:b].rstrip("\n") if i == 2 else text[a:b])
     return d
+
+
+def start_like_a_terminal(module: str, *args: str) -> subprocess.Popen:
+    """``python -m module args`` with SIGINT at its default, as a terminal's Ctrl-C would find it (a runner
+    started in the background, ``cmd &``, ignores SIGINT, and the child would inherit that)."""
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, start_like_a_terminal
 
 RAY_LATEST = "/tmp/ray/session_latest"
 
@@ -22,6 +22,15 @@ def ray_session_dir() -> str | None:
     return os.readlink(RAY_LATEST) if os.path.islink(RAY_LATEST) else None
 
 
+def assert_one_line_error_before_any_engine(module: str, args, message: str, tmp_path) -> None:
+    before = ray_session_dir()
+    out = run_cli(module, *args, tmp_path=tmp_path)
+    assert out.returncode == 1
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert ray_session_dir() == before, "a Ray session was started for bad input"
+
+
 @pytest.mark.parametrize("module", ["raydp_llm.train", "raydp_llm.prepare"])
 @pytest.mark.parametrize("override,message", [
     ("data.path=/no/such/corpus.txt", "data.path=/no/such/corpus.txt: no such file or directory"),
@@ -32,12 +41,26 @@ def ray_session_dir() -> str | None:
     ("tokenizer=bpe tokenizer.path=/no/tokenizer.json", "tokenizer.path=/no/tokenizer.json: no such file"),
 ])
 def test_bad_input_is_one_line_before_any_engine_starts(module, override, message, tmp_path):
-    before = ray_session_dir()
-    out = run_cli(module, *override.split(), tmp_path=tmp_path)
-    assert out.returncode == 1
-    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
-    assert len(lines) == 1 and message in lines[0], lines
-    assert ray_session_dir() == before, "a Ray session was started for bad input"
+    assert_one_line_error_before_any_engine(module, override.split(), message, tmp_path)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.grad_accum=4", "train.batch_size=12 is not divisible by train.num_workers=2 × train.grad_accum=4"),
+    ("train.checkpoint_interval=300", "train.checkpoint_interval=300 is not a multiple of train.eval_interval=250"),
+    ("train.resume=/no/checkpoint", "train.resume=/no/checkpoint: not a training checkpoint (no train_state.json)"),
+    ("train.precision=fp8", "train.precision=fp8 is not one of auto | fp32 | bf16"),
+    ("+experiment=shakespeare_char", "data.path is missing: the shakespeare_char configuration needs a corpus"),
+])
+def test_bad_training_settings_are_one_line_before_any_engine_starts(override, message, tmp_path):
+    assert_one_line_error_before_any_engine("raydp_llm.train", override.split(), message, tmp_path)
+
+
+@pytest.mark.parametrize("args,message", [
+    ((), "model_dir is required: give the model/ directory of a finished run"),
+    (("model_dir=/no/model",), "model_dir=/no/model: no model.safetensors, config.json, tokenizer.json there"),
+])
+def test_evaluate_without_a_model_dir_is_one_line_before_any_engine_starts(args, message, tmp_path):
+    assert_one_line_error_before_any_engine("raydp_llm.evaluate", args, message, tmp_path)
 
 
 def test_generate_without_a_model_dir_prints_usage(tmp_path):
@@ -74,12 +97,8 @@ def test_ctrl_c_stops_spark_and_ray(tmp_path, moment):
     import time
 
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"hydra.run.dir={tmp_path}",
-                             f"data.cache_dir={tmp_path / 'cache'}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            # as from a terminal: a runner started in the background (`cmd &`) ignores SIGINT,
-                            # and the child would inherit that
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = start_like_a_terminal("raydp_llm.train", "+experiment=smoke", f"hydra.run.dir={tmp_path}",
+                                 f"data.cache_dir={tmp_path / 'cache'}")
     ready = {"spark starting": lambda: (tmp_path / "spark-driver.log").exists(),
              "hand-off": lambda: _logged(tmp_path / "train.log", "ETL: ")}[moment]
     deadline = time.time() + 180

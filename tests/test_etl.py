@@ -64,21 +64,23 @@ def reference_ids(corpus_dir: Path, tok) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def expected_windows(ids: np.ndarray, segments, block, stride):
+def expected_windows(ids: np.ndarray, segments, block, stride, val_stride=None):
+    """Windows every ``stride`` tokens in training segments, every ``val_stride`` (default block) in validation."""
     out = {"train": [], "val": []}
     for name, lo, hi in segments:
-        out[name] += [(s, ids[s:s + block + 1].tobytes()) for s in range(lo, hi - block, stride)]
+        step = stride if name == "train" else val_stride or block
+        out[name] += [(s, ids[s:s + block + 1].tobytes()) for s in range(lo, hi - block, step)]
     return {k: sorted(v) for k, v in out.items()}
 
 
 def test_char_etl_equals_a_single_process_reference(spark, corpus_dir):
-    out = etl(spark, f"data.path={corpus_dir}", f"data.stride={STRIDE}")
+    out = etl(spark, f"data.path={corpus_dir}", f"data.stride={STRIDE}", "data.val_stride=3")
     text = "".join(p.read_text() for p in corpus_dir.iterdir())
     tok = CharTokenizer(text + "\n")
     ids = reference_ids(corpus_dir, tok)
     boundary = windows.split_boundary(len(ids), 0.1)
     got = windows_of(out)
-    assert got == expected_windows(ids, [("train", 0, boundary), ("val", boundary, len(ids))], BLOCK, STRIDE)
+    assert got == expected_windows(ids, [("train", 0, boundary), ("val", boundary, len(ids))], BLOCK, STRIDE, 3)
     m = out.manifest
     assert (m["tokens"], m["tokens_train"], m["vocab_size"]) == (len(ids), boundary, tok.vocab_size)
     assert m["documents"] == 3 and m["files"] == 3 and m["tokenizer"] == "char"

@@ -17,6 +17,7 @@ from conftest import make_config
 from raydp_llm import cache
 from raydp_llm.checkpoint import load_model_dir
 from raydp_llm.errors import InputError
+from raydp_llm.metrics import COLUMNS, read_metrics
 from raydp_llm.pipeline import check_inputs, prepare_data
 
 pytestmark = pytest.mark.integration
@@ -33,15 +34,25 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
                       "sample.max_new_tokens=80", "sample.prompt=ROMEO:")
     summary = run(cfg, tmp_path)
 
-    for name in ("metrics.csv", "summary.json", "manifest.json", "samples.txt", "model/model.safetensors",
+    for name in ("metrics.csv", "summary.json", "manifest.json", "samples.txt", "loss.png", "model/model.safetensors",
                  "model/config.json", "model/tokenizer.json"):
         assert (tmp_path / name).is_file(), name
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     vocab = summary["etl"]["vocab_size"]
     assert summary["final_val_loss"] < 0.8 * math.log(vocab), summary
     assert summary["final_val_loss"] < summary["first_val_loss"]
     assert summary["steps"] == 150 and summary["tokens"] == 150 * 16 * 32
-    rows = (tmp_path / "metrics.csv").read_text().splitlines()
-    assert rows[0] == "step,tokens,train_loss,val_loss,lr,tokens_per_s,elapsed_s" and len(rows) == 4
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert [r["step"] for r in rows] == [50, 100, 150] and list(rows[0]) == COLUMNS
+    for r in rows:
+        assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+        assert r["val_bpc"] == pytest.approx(r["val_loss"] / math.log(2) / summary["etl"]["chars_per_token"])
+        assert 0 < r["train_acc"] < 1 and 0 < r["val_acc"] < 1 and r["grad_norm"] > 0
+        assert 0 <= r["grad_abs_min"] <= r["grad_abs_mean"] <= r["grad_abs_max"] and r["grad_abs_var"] > 0
+        assert r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["rss_mb"] > 50
+        assert 0 < r["sys_mem_used_mb"] < r["sys_mem_total_mb"] and r["cpu_percent"] > 0
+        assert r["mfu"] is None and r["gpu_mem_mb"] is None  # no train.peak_flops, no GPU
+    assert rows[-1]["val_acc"] > rows[0]["val_acc"] and summary["flops_per_token"] > 6 * summary["num_params"]
     for key in ("etl_s", "train_s", "total_s", "spark_start_s", "num_params"):
         assert summary[key] > 0, key
     assert summary["ray_start_s"] >= 0  # Ray is shared by the test session, so ~0 here

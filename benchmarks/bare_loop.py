@@ -1,0 +1,68 @@
+"""The baseline the training benchmarks compare against: nanoGPT's CPU "baby GPT" trained the usual way, in one
+process with all cores, on random windows of the first 90% of a character corpus (nanoGPT's ``get_batch``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from raydp_llm.model import build_model
+
+MODEL = {"kind": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0, "bias": False}
+BATCH, LR, MIN_LR, WARMUP = 12, 1e-3, 1e-4, 100
+
+
+def char_splits(corpus: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """Train and validation ids (first 90% / last 10%) and the vocabulary size."""
+    text = corpus.read_text()
+    chars = sorted(set(text))
+    ids = np.searchsorted(np.array(chars), np.array(list(text))).astype(np.int64)
+    boundary = len(ids) - int(round(len(ids) * 0.1))
+    return ids[:boundary], ids[boundary:], len(chars)
+
+
+def train_bare(corpus: Path, steps: int, evaluate: bool) -> dict:
+    """Train ``steps`` steps (warmup 100, cosine to 1e-4 at ``steps``); tokens/s after the first 10% of the
+    steps; with ``evaluate``, the loss on the whole validation split cut into windows of 65 every 64 tokens."""
+    start = time.perf_counter()
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(1337)
+    train, val, vocab = char_splits(corpus)
+    model = build_model({**MODEL, "vocab_size": vocab})
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=LR, betas=(0.9, 0.99))
+    rng, block = np.random.default_rng(1337), MODEL["block_size"]
+    warm, t = steps // 10, time.perf_counter()
+    for step in range(steps):
+        if step == warm:
+            t = time.perf_counter()
+        progress = min(1.0, (step - WARMUP) / max(1, steps - WARMUP))
+        lr = LR * (step + 1) / WARMUP if step < WARMUP else MIN_LR + 0.5 * (1 + math.cos(math.pi * progress)) * (
+            LR - MIN_LR)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        ix = rng.integers(0, len(train) - block - 1, BATCH)
+        x = torch.from_numpy(np.stack([train[i:i + block] for i in ix]))
+        y = torch.from_numpy(np.stack([train[i + 1:i + 1 + block] for i in ix]))
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    result = {"tokens_per_s": (steps - warm) * BATCH * block / (time.perf_counter() - t)}
+    if evaluate:
+        windows = np.lib.stride_tricks.sliding_window_view(val, block + 1)[::block]
+        model.eval()
+        with torch.no_grad():
+            losses = [model(torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy()))[1].item() * len(w)
+                      for w in np.array_split(windows, max(1, len(windows) // 64))]
+        result["val_loss"] = sum(losses) / len(windows)
+    result["wall_s"] = time.perf_counter() - start
+    return result

@@ -1,0 +1,81 @@
+"""Training speed: this Ray Train trainer against a bare PyTorch loop of the same model, on the same machine.
+
+    python benchmarks/train_speed.py [--steps 600] [--corpus ../shared/data/tinyshakespeare.txt]
+
+The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd 128, dropout 0).
+  bare       one process, all cores for torch, nanoGPT-style random batches from a numpy array (bare_loop.py)
+  trainer-1  this trainer (Ray Train, Ray Data windows from the ETL) with 1 worker holding all cores
+  trainer-2  the same with 2 DDP workers of 1 core each
+Tokens/s are steady-state training throughput: start-up, ETL and evaluations excluded (the trainer's figure is
+its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bare_loop import BATCH, MODEL, train_bare  # noqa: E402
+
+
+def measure_trainer(corpus: Path, steps: int, workers: int, out: Path) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from raydp_llm.metrics import read_metrics
+    from raydp_llm.train import run
+
+    cpus = os.cpu_count() // workers
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "+experiment=shakespeare_char", f"data.path={corpus}", f"data.cache_dir={out / 'cache'}",
+            f"train.num_workers={workers}", f"train.cpus_per_worker={cpus}", f"train.max_steps={steps}",
+            f"train.eval_interval={steps // 4}", "train.eval_batches=2", f"train.checkpoint_interval={steps}",
+            "sample.max_new_tokens=1"])
+    summary = run(cfg, out / "run")
+    rows = read_metrics(out / "run" / "metrics.csv")[1:]  # the first interval includes warm-up
+    return {"tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows), "train_s": summary["train_s"]}
+
+
+def run_one(kind: str, corpus: Path, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, __file__, "--measure", kind, "--corpus", str(corpus),
+                               "--steps", str(steps), "--out", tmp], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        raise RuntimeError(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=600, help="optimizer steps per measurement")
+    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
+    parser.add_argument("--measure", choices=["bare", "trainer-1", "trainer-2"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        result = (train_bare(args.corpus, args.steps, evaluate=False) if args.measure == "bare"
+                  else measure_trainer(args.corpus, args.steps, int(args.measure[-1]), args.out))
+        print(json.dumps(result))
+        return
+
+    rows = {}
+    for kind in ("bare", "trainer-1", "trainer-2"):
+        rows[kind] = run_one(kind, args.corpus, args.steps)
+        print(f"  measured {kind:9}: {rows[kind]['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
+    bare = rows["bare"]["tokens_per_s"]
+    print(f"\n{os.cpu_count()} cores, {args.steps} steps of batch {BATCH} × block {MODEL['block_size']}\n")
+    print("| pipeline | tokens/s | vs bare |\n|---|---:|---:|")
+    for kind, r in rows.items():
+        print(f"| {kind} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / bare:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
