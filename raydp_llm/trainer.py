@@ -104,9 +104,10 @@ class WindowBatch:
 
 def shuffled_micro_batches(shard, micro_batch: int, buffer: int, seed: int, epoch: int):
     """The epoch's window stream in micro-batches: read in order, each ``buffer`` windows permuted by a seeded
-    RNG. Only row order matters, not how Ray cut the dataset into blocks."""
+    RNG. Only row order matters, not how Ray cut the dataset into blocks. No prefetching: a chunk lasts many
+    steps, and a prefetch thread steals CPU from torch's threads (0.73× → 0.95× a bare loop's speed on 2 cores)."""
     pending, chunk = np.empty(0, dtype=object), 0
-    for batch in shard.iter_batches(batch_size=max(buffer, micro_batch), batch_format="numpy", prefetch_batches=2):
+    for batch in shard.iter_batches(batch_size=max(buffer, micro_batch), batch_format="numpy", prefetch_batches=0):
         windows = batch["tokens"]
         if buffer:
             windows = windows[np.random.default_rng([seed, epoch, chunk]).permutation(len(windows))]
