@@ -68,6 +68,22 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
     assert model.num_params() == summary["num_params"]
 
 
+def test_lstm_baseline_trains_for_whole_epochs(ray_cluster, corpus_dir, tmp_path):
+    from raydp_llm.train import run
+
+    cfg = make_config(f"data.path={corpus_dir}", "model=lstm", "model.n_layer=1", "model.n_embd=64",
+                      "model.block_size=32", "train.batch_size=16", "train.epochs=2", "train.eval_interval=20",
+                      "train.checkpoint_interval=0", "train.eval_batches=4", "sample.max_new_tokens=20")
+    summary = run(cfg, tmp_path)
+    windows = summary["etl"]["windows_train"]
+    assert summary["steps"] == 2 * (windows // 8 // 2)  # micro-batches of 8 on each of 2 workers
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert rows[-1]["epoch"] == 1 and rows[0]["epoch"] == 0
+    assert summary["final_val_loss"] < summary["first_val_loss"]
+    model, _ = load_model_dir(tmp_path / "model")
+    assert model.kind == "lstm" and model.num_params() == summary["num_params"]
+
+
 def test_ray_datasets_outlive_spark(ray_cluster, corpus_dir, tmp_path):
     import ray
 
