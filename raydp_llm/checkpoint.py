@@ -36,6 +36,14 @@ def save_model_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer) 
     return directory
 
 
+def _load_weights(directory: Path, model: LanguageModel, device: str) -> None:
+    """The weights of a model directory into ``model`` (a tied lm_head is stored once, as wte)."""
+    state = load_file(Path(directory) / WEIGHTS_FILE, device=device)
+    if model.config.tie_weights:
+        state["lm_head.weight"] = state["wte.weight"]
+    model.load_state_dict(state)
+
+
 def load_model_dir(directory: Path, device: str = "cpu") -> tuple[LanguageModel, Tokenizer]:
     """The model (in eval mode) and tokenizer of a model directory; safetensors and JSON only, nothing unpickled."""
     directory = Path(directory)
@@ -43,10 +51,7 @@ def load_model_dir(directory: Path, device: str = "cpu") -> tuple[LanguageModel,
         raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE}; give the model/ directory of a finished run")
     config = json.loads((directory / CONFIG_FILE).read_text())
     model = build_model({"kind": config.pop("model"), **config})
-    state = load_file(directory / WEIGHTS_FILE, device=device)
-    if model.config.tie_weights:
-        state["lm_head.weight"] = state["wte.weight"]
-    model.load_state_dict(state)
+    _load_weights(directory, model, device)
     return model.to(device).eval(), load_tokenizer(directory)
 
 
@@ -89,10 +94,7 @@ def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> d
     """Restore weights, optimizer and RNG from a training checkpoint into ``model`` and ``optimizer``;
     returns its state (JSON)."""
     directory = Path(directory)
-    state = load_file(directory / WEIGHTS_FILE, device=str(model.wte.weight.device))
-    if model.config.tie_weights:
-        state["lm_head.weight"] = state["wte.weight"]
-    model.load_state_dict(state)
+    _load_weights(directory, model, str(model.wte.weight.device))
     tensors = torch.load(directory / STATE_TENSORS, weights_only=True)
     optimizer.load_state_dict(tensors["optimizer"])
     torch.set_rng_state(tensors["torch_rng"])

@@ -30,6 +30,7 @@ from raydp_llm.errors import InputError, cli_errors
 from raydp_llm.model import LanguageModel
 from raydp_llm.pipeline import check_inputs, dataset_store, prepare_data, write_json
 from raydp_llm.tokenizer import TOKENIZER_FILE
+from raydp_llm.trainer import WindowBatch
 
 log = logging.getLogger(__name__)
 
@@ -56,25 +57,24 @@ def load_model(cfg: DictConfig) -> LanguageModel:
     return model
 
 
-def read_windows(split_dir: Path, dtype: str, batch_size: int) -> Iterator[np.ndarray]:
-    """The windows of one split of an ETL dataset, at most ``batch_size`` at a time, as (B, block_size + 1) ids."""
+def read_windows(split_dir: Path, batch_size: int) -> Iterator[np.ndarray]:
+    """The raw windows (bytes) of one split of an ETL dataset, at most ``batch_size`` at a time."""
     for batch in pads.dataset(split_dir, format="parquet").to_batches(columns=["tokens"], batch_size=batch_size):
         if batch.num_rows:
-            yield np.frombuffer(b"".join(batch.column("tokens").to_pylist()), dtype).reshape(batch.num_rows, -1)
+            yield np.array(batch.column("tokens").to_pylist(), dtype=object)
 
 
 @torch.no_grad()
-def score(model: LanguageModel, batches: Iterable[np.ndarray]) -> dict:
+def score(model: LanguageModel, batches: Iterable[np.ndarray], collate: WindowBatch) -> dict:
     """Summed cross-entropy (nats) and correct top-1 predictions of the next token, over windows and tokens."""
     model.eval()
     totals = {"windows": 0, "tokens": 0, "nats": 0.0, "correct": 0}
     for windows in batches:
-        w = torch.from_numpy(windows.astype(np.int64))
-        x, y = w[:, :-1], w[:, 1:]
+        x, y = collate(windows)
         logits, _ = model(x)
         totals["nats"] += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum").item()
         totals["correct"] += int((logits.argmax(dim=-1) == y).sum())
-        totals["windows"] += len(w)
+        totals["windows"] += len(y)
         totals["tokens"] += y.numel()
     return totals
 
@@ -98,9 +98,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     m = data.manifest
     t = time.perf_counter()
     torch.set_num_threads(os.cpu_count())
-    batches = (w for split in ("train", "val")
-               for w in read_windows(data.entry / split, m["token_dtype"], cfg.eval_batch_size))
-    result = metrics(score(model, batches), m["chars_per_token"])
+    batches = (w for split in ("train", "val") for w in read_windows(data.entry / split, cfg.eval_batch_size))
+    collate = WindowBatch(m["token_dtype"], model.config.block_size, torch.device("cpu"))
+    result = metrics(score(model, batches, collate), m["chars_per_token"])
     timings |= {"eval_s": time.perf_counter() - t, "total_s": time.perf_counter() - start}
     evaluation = {"model_dir": str(Path(to_absolute_path(cfg.model_dir))), **result, "dataset": str(data.entry),
                   **{k: round(v, 2) for k, v in timings.items()}, "etl": m | {"cache_hit": data.cache_hit}}
