@@ -1,13 +1,15 @@
 """Training speed: this Ray Train trainer against a bare PyTorch loop of the same model, on the same machine.
 
-    python benchmarks/train_speed.py [--steps 600] [--corpus ../shared/data/tinyshakespeare.txt]
+    python benchmarks/train_speed.py [--steps 1000] [--repeats 3] [--corpus ../shared/data/tinyshakespeare.txt]
 
 The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd 128, dropout 0).
   bare       one process, all cores for torch, nanoGPT-style random batches from a numpy array (bare_loop.py)
   trainer-1  this trainer (Ray Train, Ray Data windows from the ETL) with 1 worker holding all cores
   trainer-2  the same with 2 DDP workers of 1 core each
 Tokens/s are steady-state training throughput: start-up, ETL and evaluations excluded (the trainer's figure is
-its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh process.
+its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh process; the three
+are taken in turn ``--repeats`` times, so that a slow spell of a shared machine hits all of them, and the table
+shows the median of each (and its ratio to the bare loop's median) with the spread.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,7 +58,8 @@ def run_one(kind: str, corpus: Path, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=600, help="optimizer steps per measurement")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the three measurements")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
     parser.add_argument("--measure", choices=["bare", "trainer-1", "trainer-2"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -66,15 +70,18 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    rows = {}
-    for kind in ("bare", "trainer-1", "trainer-2"):
-        rows[kind] = run_one(kind, args.corpus, args.steps)
-        print(f"  measured {kind:9}: {rows[kind]['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
-    bare = rows["bare"]["tokens_per_s"]
-    print(f"\n{os.cpu_count()} cores, {args.steps} steps of batch {BATCH} × block {MODEL['block_size']}\n")
-    print("| pipeline | tokens/s | vs bare |\n|---|---:|---:|")
-    for kind, r in rows.items():
-        print(f"| {kind} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / bare:.2f}× |")
+    runs = {kind: [] for kind in ("bare", "trainer-1", "trainer-2")}
+    for repeat in range(args.repeats):
+        for kind, results in runs.items():
+            results.append(run_one(kind, args.corpus, args.steps)["tokens_per_s"])
+            print(f"  round {repeat + 1}: {kind:9} {results[-1]:,.0f} tokens/s", file=sys.stderr, flush=True)
+    bare = statistics.median(runs["bare"])
+    print(f"\n{os.cpu_count()} cores, {args.steps} steps of batch {BATCH} × block {MODEL['block_size']}, "
+          f"median of {args.repeats}\n")
+    print("| pipeline | tokens/s (median) | vs bare | runs |\n|---|---:|---:|---|")
+    for kind, results in runs.items():
+        median = statistics.median(results)
+        print(f"| {kind} | {median:,.0f} | {median / bare:.2f}× | {', '.join(f'{r:,.0f}' for r in results)} |")
 
 
 if __name__ == "__main__":
