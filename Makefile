@@ -25,6 +25,12 @@ train: $(STAMP) ## the main job on an embedded Ray + Spark with the sample corpu
 smoke: $(STAMP) ## a tiny end-to-end run (~2 minutes)
 	$(BIN)/python -m raydp_llm.train +experiment=smoke $(ARGS)
 
+sweep: $(STAMP) ## a 2-job sweep of the smoke run (model.n_layer=1,2): sweep_summary.csv, sweep.png
+	$(BIN)/python -m raydp_llm.train -m +experiment=smoke model.n_layer=1,2 $(ARGS)
+
+config: $(STAMP) ## print the composed config, each setting with its meaning (ARGS: overrides)
+	$(BIN)/python -m raydp_llm.train --cfg job $(ARGS)
+
 prepare: $(STAMP) ## the Spark ETL alone: Parquet windows + manifest.json
 	$(BIN)/python -m raydp_llm.prepare $(ARGS)
 
@@ -37,4 +43,4 @@ lint: $(STAMP) ## ruff: style and import checks
 clean: ## remove outputs and caches (keeps .venv)
 	rm -rf outputs multirun .pytest_cache
 
-.PHONY: help install train smoke prepare test lint clean
+.PHONY: help install train smoke sweep config prepare test lint clean

@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from raydp_llm.checkpoint import MODEL_FILES, load_model_dir
 from raydp_llm.cluster import ray_session
+from raydp_llm.config import documented_output
 from raydp_llm.errors import InputError, cli_errors
 from raydp_llm.model import LanguageModel
 from raydp_llm.pipeline import check_inputs, dataset_store, prepare_data, write_json
@@ -124,4 +125,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    with documented_output():  # --help, --cfg: each setting with its meaning
+        main()

@@ -15,8 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from pyspark.errors import PythonException
 
 from raydp_llm import cache
-from raydp_llm.checkpoint import STATE_JSON
+from raydp_llm.checkpoint import CONFIG_FILE, STATE_JSON
 from raydp_llm.cluster import EVENT_LOG_DIR, spark_session
+from raydp_llm.config import validate
 from raydp_llm.corpus import Corpus, resolve_corpus
 from raydp_llm.errors import InputError
 from raydp_llm.etl import run_etl, to_ray_datasets
@@ -40,33 +41,19 @@ class PreparedData:
 
 
 def check_inputs(cfg: DictConfig) -> Corpus:
-    """Check the settings that would fail late and resolve the corpus, before any engine starts."""
-    m, t, d = cfg.model, cfg.train, cfg.data
+    """Check the settings (``config.validate``, the model's own checks, the paths that must exist) and resolve the
+    corpus, before any engine starts."""
+    validate(cfg)
+    t, d = cfg.train, cfg.data
     if d.require_path and d.path is None:
         raise InputError(f"data.path is missing: the {cfg.name} configuration needs a corpus the project does not "
                          "ship; add data.path=/path/to/it")
-    check_model_spec(OmegaConf.to_container(m, resolve=True))
-    if t.batch_size % (t.num_workers * t.grad_accum):
-        raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers} × "
-                         f"train.grad_accum={t.grad_accum}; it is the global batch, split evenly over the workers "
-                         "and accumulation steps")
-    if t.checkpoint_interval % t.eval_interval:
-        raise InputError(f"train.checkpoint_interval={t.checkpoint_interval} is not a multiple of "
-                         f"train.eval_interval={t.eval_interval}; checkpoints are taken at evaluations")
-    if t.resume not in ("auto", "never") and not (Path(to_absolute_path(str(t.resume))) / STATE_JSON).is_file():
-        raise InputError(f"train.resume={t.resume}: not a training checkpoint (no {STATE_JSON}); give a checkpoint_* "
-                         "directory under an earlier run's ray_results/, or auto | never")
-    for key, value, allowed in (("data.format", d.format, ("text", "ids", "parquet")),
-                                ("train.precision", t.precision, ("auto", "fp32", "bf16")),
-                                ("data.document_split", d.document_split, ("file", "blank_line", "line")),
-                                ("data.split", d.split, ("tail", "hash")),
-                                ("tokenizer.kind", cfg.tokenizer.kind, ("char", "bpe"))):
-        if value not in allowed:
-            raise InputError(f"{key}={value} is not one of {' | '.join(allowed)}")
-    if not 0 < d.val_fraction < 1:
-        raise InputError(f"data.val_fraction={d.val_fraction} must lie strictly between 0 and 1")
+    check_model_spec(OmegaConf.to_container(cfg.model, resolve=True))
+    if t.resume not in ("auto", "never"):
+        check_resume_checkpoint(Path(to_absolute_path(str(t.resume))), cfg)
     if cfg.tokenizer.get("path") and not Path(to_absolute_path(cfg.tokenizer.path)).is_file():
         raise InputError(f"tokenizer.path={cfg.tokenizer.path}: no such file; give a tokenizer.json")
+
     def absolute(p: str) -> str:  # relative to where the user ran the command; URIs stay as they are
         return p if "://" in p else to_absolute_path(p)
 
@@ -76,6 +63,22 @@ def check_inputs(cfg: DictConfig) -> Corpus:
         corpus = Corpus(files=corpus.files[: d.max_files], markdown=corpus.markdown, name=corpus.name,
                         fingerprints=corpus.fingerprints[: d.max_files])
     return corpus
+
+
+def check_resume_checkpoint(path: Path, cfg: DictConfig) -> None:
+    """``train.resume=<dir>`` must be a training checkpoint of a model with the configured shape (block size,
+    layers, widths): its weights would not load into another."""
+    if not (path / STATE_JSON).is_file():
+        raise InputError(f"train.resume={cfg.train.resume}: not a training checkpoint (no {STATE_JSON}); give a "
+                         "checkpoint_* directory under an earlier run's ray_results/, or auto | never")
+    saved = json.loads((path / CONFIG_FILE).read_text())
+    saved["kind"] = saved.pop("model")
+    differ = [key for key, value in cfg.model.items() if key in saved and saved[key] != value]
+    if differ:
+        raise InputError(f"train.resume={cfg.train.resume}: the checkpoint's model has "
+                         f"{', '.join(f'{k}={saved[k]}' for k in differ)}, the config asks for "
+                         f"{', '.join(f'model.{k}={cfg.model[k]}' for k in differ)}; resume with the checkpoint's "
+                         "model settings")
 
 
 def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, to_ray: bool,

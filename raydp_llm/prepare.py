@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from raydp_llm.cluster import ray_session
+from raydp_llm.config import documented_output
 from raydp_llm.errors import cli_errors
 from raydp_llm.pipeline import check_inputs, dataset_store, prepare_data, write_json
 
@@ -47,4 +48,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with documented_output():  # --help, --cfg: each setting with its meaning
+        main()

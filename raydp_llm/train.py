@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from raydp_llm.checkpoint import export_model_dir, find_checkpoint, load_model_dir, sample_text
 from raydp_llm.cluster import ray_session
+from raydp_llm.config import documented_output
 from raydp_llm.errors import InputError, cli_errors
 from raydp_llm.metrics import read_metrics, write_summary
 from raydp_llm.pipeline import PreparedData, check_inputs, prepare_data, write_json
@@ -110,4 +111,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    with documented_output():  # --help, --cfg: each setting with its meaning
+        main()

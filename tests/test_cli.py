@@ -36,8 +36,8 @@ def assert_one_line_error_before_any_engine(module: str, args, message: str, tmp
     ("data.path=/no/such/corpus.txt", "data.path=/no/such/corpus.txt: no such file or directory"),
     ("model.n_head=3", "model.n_embd=128 is not divisible by model.n_head=3"),
     ("train.batch_size=13", "train.batch_size=13 is not divisible by train.num_workers=2"),
-    ("data.val_fraction=1.5", "data.val_fraction=1.5 must lie strictly between 0 and 1"),
-    ("data.split=random", "data.split=random is not one of tail | hash"),
+    ("data.val_fraction=1.5", "data.val_fraction=1.5 is not allowed: use a fraction strictly between 0 and 1"),
+    ("data.split=random", "data.split=random is not allowed: use tail | hash"),
     ("tokenizer=bpe tokenizer.path=/no/tokenizer.json", "tokenizer.path=/no/tokenizer.json: no such file"),
 ])
 def test_bad_input_is_one_line_before_any_engine_starts(module, override, message, tmp_path):
@@ -48,11 +48,36 @@ def test_bad_input_is_one_line_before_any_engine_starts(module, override, messag
     ("train.grad_accum=4", "train.batch_size=12 is not divisible by train.num_workers=2 × train.grad_accum=4"),
     ("train.checkpoint_interval=300", "train.checkpoint_interval=300 is not a multiple of train.eval_interval=250"),
     ("train.resume=/no/checkpoint", "train.resume=/no/checkpoint: not a training checkpoint (no train_state.json)"),
-    ("train.precision=fp8", "train.precision=fp8 is not one of auto | fp32 | bf16"),
+    ("train.precision=fp8", "train.precision=fp8 is not allowed: use auto | fp32 | bf16"),
     ("+experiment=shakespeare_char", "data.path is missing: the shakespeare_char configuration needs a corpus"),
+    ("+experiment=emr", "emr: running on AWS EMR is not available yet (conf/experiment/emr.yaml is a placeholder)"),
+    ("optim.lr=0", "optim.lr=0.0 is not allowed: use a number > 0"),
+    ("optim.min_lr=0.01", "optim.min_lr=0.01 is above optim.lr=0.001; the decay ends at min_lr ≤ lr"),
+    ("data.stride=0", "data.stride=0 is not allowed: use null or a number ≥ 1"),
+    ("model.dropout=1.0", "model.dropout=1.0 is not allowed: use a number in [0, 1)"),
+    ("model=lstm model.n_layer=0", "model.n_layer=0 is not allowed: use a number ≥ 1"),
+    ("tokenizer=bpe tokenizer.vocab_size=100", "tokenizer.vocab_size=100 is not allowed: use an integer ≥ 257"),
+    ("train.cpus_per_worker=64", "CPUs (cluster.num_cpus) but the job needs 128: cluster.executors=2 × "
+     "cluster.executor_ray_cpus=0.5 and train.num_workers=2 × train.cpus_per_worker=64; lower them"),
+    ("cluster.keep_executors=true cluster.num_cpus=2",
+     "the embedded Ray has 2 CPUs (cluster.num_cpus) but the job needs 3: cluster.executors=2 × "
+     "cluster.executor_ray_cpus=0.5 + train.num_workers=2 × train.cpus_per_worker=1; lower them"),
+    ("model.init_embeddings=/no/vectors.npy", "model.init_embeddings=/no/vectors.npy: no such file"),
 ])
 def test_bad_training_settings_are_one_line_before_any_engine_starts(override, message, tmp_path):
     assert_one_line_error_before_any_engine("raydp_llm.train", override.split(), message, tmp_path)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.max_steps=abc", "Value 'abc' of type 'str' could not be converted to Integer"),  # the schema's type
+    ("model.n_heads=3", "Key 'n_heads' not in 'GPTSettings'"),  # a typo
+    ("model=lstm model.n_head=2", "Key 'n_head' not in 'LSTMSettings'"),  # a GPT setting on the LSTM
+])
+def test_wrong_types_and_unknown_keys_get_hydras_error_before_any_engine_starts(override, message, tmp_path):
+    before = ray_session_dir()
+    out = run_cli("raydp_llm.train", *override.split(), tmp_path=tmp_path)
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+    assert ray_session_dir() == before, "a Ray session was started for bad input"
 
 
 @pytest.mark.parametrize("args,message", [

@@ -118,9 +118,12 @@ def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_
 
     greedy = make_config(f"data.path={corpus_dir}", "data.cache=false", "cluster.keep_executors=true",
                          "train.cpus_per_worker=64")
+    with pytest.raises(InputError, match=r"the embedded Ray has \d+ CPUs \(cluster.num_cpus\) but the job needs 129"):
+        check_inputs(greedy)  # before any engine starts
+    # A joined cluster's CPUs are known once it is reached: checked again before Spark starts.
     with contextlib.ExitStack() as keep, pytest.raises(InputError, match=r"cluster.keep_executors=true needs 129 "
                                                                          r"Ray CPUs .* but the cluster has"):
-        prepare_data(greedy, check_inputs(greedy), tmp_path, {}, to_ray=True, store=None, keep=keep)
+        prepare_data(greedy, check_inputs(cfg), tmp_path, {}, to_ray=True, store=None, keep=keep)
 
 
 def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):

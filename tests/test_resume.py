@@ -9,6 +9,7 @@ import time
 import pytest
 
 from conftest import CACHE_DIR, make_config, start_like_a_terminal
+from raydp_llm.errors import InputError
 from raydp_llm.metrics import read_metrics
 from raydp_llm.pipeline import check_inputs, prepare_data
 from raydp_llm.train import resume_checkpoint, run, train_spec
@@ -63,4 +64,10 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
     # train.resume=never ignores the checkpoint that auto found; a path names one.
     spec = train_spec(cfg, data)
     assert resume_checkpoint(make_config(*overrides, "train.resume=never"), spec, runs / "new") is None
-    assert resume_checkpoint(make_config(*overrides, "train.resume=auto"), spec, runs / "new") is not None
+    found = resume_checkpoint(make_config(*overrides, "train.resume=auto"), spec, runs / "new")
+    assert found is not None
+    assert check_inputs(make_config(*overrides, f"train.resume={found}")).files
+    # A checkpoint of another model shape is refused before any engine starts.
+    with pytest.raises(InputError, match=r"the checkpoint's model has n_layer=2, block_size=32, the config asks "
+                                         r"for model.n_layer=3, model.block_size=64; resume with the checkpoint's"):
+        check_inputs(make_config(*overrides, f"train.resume={found}", "model.block_size=64", "model.n_layer=3"))

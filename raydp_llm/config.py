@@ -1,0 +1,357 @@
+"""The configuration's schema: every setting's type, default and meaning, and the checks types cannot make.
+
+Hydra composes ``conf/*.yaml`` onto these dataclasses (registered in its ConfigStore on import), so a wrong type
+or an unknown key fails while composing, with Hydra's own error. ``validate`` then checks ranges, choices and
+settings that must agree, before Ray or Spark start. Each field's ``help`` is printed beside it by ``--help`` and
+``--cfg job`` (see ``documented_output``).
+"""
+
+import contextlib
+import copy
+import dataclasses
+import io
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, Iterator, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from raydp_llm.errors import InputError
+
+
+def setting(default: Any, help: str) -> Any:  # noqa: A002 - the name Hydra users know
+    """A dataclass field with its meaning (and unit) for ``--help``."""
+    if isinstance(default, (dict, list)) or is_dataclass(default):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class DataSettings:
+    path: Any = setting(None, "file, directory, glob or URI (hdfs://, s3a://), or a list of them; "
+                              "null = the built-in sample corpus")
+    require_path: bool = setting(False, "true = fail unless data.path is given (corpora not shipped here)")
+    markdown: bool = setting(False, "strip markdown markup from data.path files (the sample is always stripped)")
+    max_files: Optional[int] = setting(None, "use only the first N files (sorted by path); null = all")
+    document_split: str = setting("file", "where documents end: file | blank_line | line "
+                                          "(an end-of-document token joins them)")
+    stride: Optional[int] = setting(None, "tokens between training window starts; null = model.block_size "
+                                          "(no overlap); smaller = overlapping windows")
+    val_stride: Optional[int] = setting(None, "the same for validation windows; null = model.block_size "
+                                              "(every token scored once)")
+    split: str = setting("tail", "tail = the last val_fraction of the token stream is validation (nanoGPT) | "
+                                 "hash = seeded chunks")
+    val_fraction: float = setting(0.1, "fraction of tokens held out for validation, in (0, 1)")
+    segment_tokens: int = setting(8192, "hash split: tokens per chunk assigned to train or validation")
+    skip_binary: bool = setting(False, "skip files with NUL bytes (with a warning) instead of failing")
+    strict_utf8: bool = setting(False, "fail on invalid UTF-8 instead of replacing (and counting) it")
+    cache: bool = setting(True, "reuse the ETL output of an earlier run with the same inputs and settings "
+                                "(skips Spark)")
+    cache_dir: str = setting("${oc.env:HOME}/.cache/raydp_llm/etl", "where ETL outputs are kept "
+                                                                    "(Parquet + tokenizer + manifest)")
+    format: str = setting("text", "text | ids (lines of whitespace-separated integer token ids) | "
+                                  "parquet (a text column)")
+    text_column: str = setting("text", "parquet: the column holding the text; each row is a document")
+    vocab_size: Optional[int] = setting(None, "ids: the vocabulary size; null = the largest id + 1")
+
+
+@dataclass
+class CharTokenizerSettings:
+    kind: str = setting("char", "char | bpe (pick the option tokenizer=bpe rather than overriding this)")
+    path: Optional[str] = setting(None, "an existing tokenizer.json to use instead of building one from the corpus")
+
+
+@dataclass
+class BPETokenizerSettings(CharTokenizerSettings):
+    kind: str = "bpe"
+    vocab_size: int = setting(4096, "ids, including the end-of-document token <|endoftext|>; at least 257")
+    sample_mb: float = setting(32, "MB of text sampled (by Spark, seeded) to train the BPE on")
+
+
+@dataclass
+class ModelSettings:
+    kind: str = setting("gpt", "model family: gpt | lstm (pick a preset, e.g. model=lstm, rather than "
+                               "overriding this)")
+    n_layer: int = setting(4, "layers: transformer blocks (gpt) or stacked LSTM layers (lstm)")
+    n_embd: int = setting(128, "embedding width (lstm: also the hidden state size)")
+    block_size: int = setting(64, "context length, tokens (training windows are block_size + 1 tokens)")
+    dropout: float = setting(0.0, "dropout probability, in [0, 1)")
+    tie_weights: bool = setting(True, "the output head shares the token embedding table")
+    init_embeddings: Optional[str] = setting(None, "token vectors to start from: CSV (id,v1..vn; optional header) "
+                                                   "or .npy; null = random")
+    freeze_embeddings: bool = setting(False, "keep the token embeddings fixed (with tie_weights the head too)")
+
+
+@dataclass
+class GPTSettings(ModelSettings):
+    n_head: int = setting(4, "attention heads per block; must divide n_embd")
+    bias: bool = setting(False, "bias terms in Linear and LayerNorm layers")
+    pos_embedding: str = setting("learned", "learned (a trained table) | sinusoidal (fixed sin/cos, no parameters)")
+
+
+@dataclass
+class LSTMSettings(ModelSettings):
+    kind: str = "lstm"
+    n_layer: int = 2
+    n_embd: int = 256
+
+
+@dataclass
+class OptimSettings:
+    lr: float = setting(1e-3, "peak learning rate, > 0")
+    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay, in [0, lr]")
+    warmup_steps: int = setting(100, "optimizer steps of linear warmup")
+    weight_decay: float = setting(0.1, "AdamW weight decay, applied to weight matrices only")
+    beta1: float = setting(0.9, "AdamW beta1, in [0, 1)")
+    beta2: float = setting(0.99, "AdamW beta2, in [0, 1)")
+    grad_clip: float = setting(1.0, "max gradient norm; 0 = no clipping")
+
+
+@dataclass
+class TrainSettings:
+    num_workers: int = setting(2, "DDP workers (Ray Train actors)")
+    cpus_per_worker: int = setting(1, "Ray CPUs per worker; also its torch thread count")
+    use_gpu: bool = setting(False, "one GPU per worker")
+    batch_size: int = setting(12, "windows per optimizer step, over all workers and accumulation steps")
+    grad_accum: int = setting(1, "micro-batches accumulated per optimizer step "
+                                 "(batch_size divisible by num_workers × grad_accum)")
+    max_steps: int = setting(3000, "optimizer steps (ignored when epochs is set)")
+    epochs: Optional[int] = setting(None, "passes over the training windows; null = train for max_steps")
+    eval_interval: int = setting(250, "steps between evaluations (a metrics.csv row each)")
+    eval_batches: Optional[int] = setting(50, "validation micro-batches per worker per evaluation; "
+                                              "null = the whole validation split")
+    checkpoint_interval: int = setting(1000, "steps between checkpoints, a multiple of eval_interval; "
+                                             "0 = only the final one")
+    keep_checkpoints: int = setting(2, "checkpoints kept per run (the latest ones)")
+    resume: str = setting("auto", "auto = continue the latest unfinished checkpoint of an identical run | "
+                                  "never | a checkpoint dir")
+    shuffle_buffer: int = setting(2000, "windows permuted together per epoch (seeded), on top of the ETL's "
+                                        "global shuffle; 0 = none")
+    precision: str = setting("auto", "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16")
+    compile: bool = setting(False, "torch.compile the model (worth it on GPUs)")
+    peak_flops: Optional[float] = setting(None, "one worker's peak FLOP/s for MFU (e.g. 989e12 for an H100's "
+                                                "bf16); null = no MFU")
+
+
+@dataclass
+class ClusterSettings:
+    address: str = setting("local", "local = start an embedded Ray; otherwise a Ray address "
+                                    "(auto, ray://host:10001, host:6379)")
+    num_cpus: Optional[int] = setting(None, "CPUs the embedded Ray may use; null = all")
+    object_store_mb: Optional[int] = setting(1024, "embedded Ray object store size, MiB; null = Ray's default")
+    dashboard: bool = setting(False, "start the Ray dashboard (127.0.0.1) with the embedded Ray")
+    verbose: bool = setting(False, "show Ray, Spark and Java logs on the console")
+    executors: int = setting(2, "Spark executors (Ray actors)")
+    executor_cores: int = setting(1, "Spark task slots per executor")
+    executor_ray_cpus: float = setting(0.5, "Ray CPUs each executor actor reserves (below executor_cores "
+                                            "leaves Ray room beside Spark)")
+    executor_memory: str = setting("1g", "JVM heap per executor")
+    keep_executors: bool = setting(False, "keep Spark running through training (its Ray CPUs stay taken); "
+                                          "false = stop it after the hand-off")
+    driver_memory: str = setting("1g", "Spark driver JVM heap")
+    spark_conf: Dict[str, Any] = setting({}, "extra Spark settings, e.g. {spark.sql.shuffle.partitions: 8}")
+
+
+@dataclass
+class SampleSettings:
+    prompt: str = setting("\n", "text the sample continues")
+    max_new_tokens: int = setting(600, "tokens to generate")
+    temperature: float = setting(0.8, "softmax temperature; 0 = greedy")
+    top_k: Optional[int] = setting(50, "sample among the k most likely tokens; null = all")
+
+
+@dataclass
+class Settings:
+    name: str = setting("raydp_llm", "run name: the Spark app, the Ray Train run and the output folder carry it")
+    seed: int = setting(1337, "seeds model init, data order, window shuffle and sampling")
+    data: DataSettings = setting(DataSettings(), "the corpus and how the ETL cuts it into training windows")
+    tokenizer: Any = setting(MISSING, "char | bpe: how text becomes token ids")
+    model: Any = setting(MISSING, "the language model: gpt | gpt_nano | gpt_mini | gpt2_small | lstm")
+    optim: OptimSettings = setting(OptimSettings(), "AdamW with linear warmup and cosine decay")
+    train: TrainSettings = setting(TrainSettings(), "Ray Train: DDP workers, batches, steps, evaluation, "
+                                                    "checkpoints")
+    cluster: ClusterSettings = setting(ClusterSettings(), "Ray, and Spark on it with RayDP")
+    sample: SampleSettings = setting(SampleSettings(), "text generated into samples.txt after training")
+    unavailable: Optional[str] = setting(None, "set by placeholder experiments: why they cannot run yet")
+
+
+@dataclass
+class EvaluateSettings(Settings):
+    name: str = "evaluate"
+    model_dir: Optional[str] = setting(None, "the model/ directory of a finished run (required)")
+    eval_batch_size: int = setting(32, "windows per forward pass")
+
+
+SCHEMAS = {  # ConfigStore (group, name) → schema; conf/ files name them in their defaults lists
+    (None, "base_config"): Settings,
+    (None, "base_evaluate"): EvaluateSettings,
+    ("model", "base_gpt"): GPTSettings,
+    ("model", "base_lstm"): LSTMSettings,
+    ("tokenizer", "base_char"): CharTokenizerSettings,
+    ("tokenizer", "base_bpe"): BPETokenizerSettings,
+}
+for (_group, _name), _schema in SCHEMAS.items():
+    ConfigStore.instance().store(group=_group, name=_name, node=_schema)
+
+
+# ---------------------------------------------------------------------------------------------------------- checks
+def _at_least(low):
+    return lambda v: v >= low, f"a number ≥ {low}"
+
+
+def _optional(rule):
+    test, allowed = rule
+    return lambda v: v is None or test(v), f"null or {allowed}"
+
+
+def _one_of(*choices):
+    return lambda v: v in choices, " | ".join(choices)
+
+
+def _within(low, high, closed_high=False):
+    return (lambda v: low <= v <= high) if closed_high else (lambda v: low <= v < high), \
+        f"a number in [{low}, {high}{']' if closed_high else ')'}"
+
+
+RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_head of an LSTM) are skipped
+    "data.max_files": _optional(_at_least(1)),
+    "data.document_split": _one_of("file", "blank_line", "line"),
+    "data.stride": _optional(_at_least(1)),
+    "data.val_stride": _optional(_at_least(1)),
+    "data.split": _one_of("tail", "hash"),
+    "data.val_fraction": (lambda v: 0 < v < 1, "a fraction strictly between 0 and 1"),
+    "data.segment_tokens": _at_least(1),
+    "data.format": _one_of("text", "ids", "parquet"),
+    "data.vocab_size": _optional(_at_least(1)),
+    "tokenizer.kind": _one_of("char", "bpe"),
+    "tokenizer.vocab_size": (lambda v: v >= 257, "an integer ≥ 257 (256 bytes + the end-of-document token)"),
+    "tokenizer.sample_mb": (lambda v: v > 0, "a number > 0"),
+    "model.n_layer": _at_least(1),
+    "model.n_head": _at_least(1),
+    "model.n_embd": _at_least(1),
+    "model.block_size": _at_least(1),
+    "model.dropout": _within(0, 1),
+    "optim.lr": (lambda v: v > 0, "a number > 0"),
+    "optim.min_lr": _at_least(0),
+    "optim.warmup_steps": _at_least(0),
+    "optim.weight_decay": _at_least(0),
+    "optim.beta1": _within(0, 1),
+    "optim.beta2": _within(0, 1),
+    "optim.grad_clip": _at_least(0),
+    "train.num_workers": _at_least(1),
+    "train.cpus_per_worker": (lambda v: v > 0, "a number > 0"),
+    "train.batch_size": _at_least(1),
+    "train.grad_accum": _at_least(1),
+    "train.max_steps": _at_least(1),
+    "train.epochs": _optional(_at_least(1)),
+    "train.eval_interval": _at_least(1),
+    "train.eval_batches": _optional(_at_least(1)),
+    "train.checkpoint_interval": _at_least(0),
+    "train.keep_checkpoints": _at_least(1),
+    "train.shuffle_buffer": _at_least(0),
+    "train.precision": _one_of("auto", "fp32", "bf16"),
+    "train.peak_flops": _optional((lambda v: v > 0, "a number > 0")),
+    "cluster.num_cpus": _optional((lambda v: v > 0, "a number > 0")),
+    "cluster.executors": _at_least(1),
+    "cluster.executor_cores": _at_least(1),
+    "cluster.executor_ray_cpus": (lambda v: v > 0, "a number > 0"),
+    "sample.max_new_tokens": _at_least(0),
+    "sample.temperature": _at_least(0),
+    "sample.top_k": _optional(_at_least(1)),
+}
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ``InputError`` (key, bad value, what is allowed) for the first setting out of range, the first pair
+    that disagrees, or a cluster too small for the job. Needs no engine: runs before Ray or Spark start."""
+    missing = object()
+    for key, (test, allowed) in RULES.items():
+        value = OmegaConf.select(cfg, key, default=missing)
+        if value is not missing and not test(value):
+            raise InputError(f"{key}={value} is not allowed: use {allowed}")
+    t, o = cfg.train, cfg.optim
+    if cfg.unavailable:
+        raise InputError(f"{cfg.name}: {cfg.unavailable}")
+    if o.min_lr > o.lr:
+        raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at min_lr ≤ lr")
+    if t.batch_size % (t.num_workers * t.grad_accum):
+        raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers} × "
+                         f"train.grad_accum={t.grad_accum}; it is the global batch, split evenly over the workers "
+                         "and accumulation steps")
+    if t.checkpoint_interval % t.eval_interval:
+        raise InputError(f"train.checkpoint_interval={t.checkpoint_interval} is not a multiple of "
+                         f"train.eval_interval={t.eval_interval}; checkpoints are taken at evaluations")
+    _check_cpus(cfg.cluster, t)
+
+
+def _check_cpus(c: DictConfig, t: DictConfig) -> None:
+    """On the embedded Ray: CPUs for the Spark executors and the training workers (both at once with
+    ``keep_executors``). A joined cluster is checked when it is reached (``pipeline.check_cpus_for_kept_executors``)."""
+    if c.address != "local":
+        return
+    cpus = c.num_cpus or os.cpu_count()
+    spark, train = c.executors * c.executor_ray_cpus, t.num_workers * t.cpus_per_worker
+    need = spark + train if c.keep_executors else max(spark, train)
+    if need > cpus:
+        raise InputError(f"the embedded Ray has {cpus:g} CPUs (cluster.num_cpus) but the job needs {need:g}: "
+                         f"cluster.executors={c.executors} × cluster.executor_ray_cpus={c.executor_ray_cpus:g} "
+                         f"{'+' if c.keep_executors else 'and'} train.num_workers={t.num_workers} × "
+                         f"train.cpus_per_worker={t.cpus_per_worker:g}; lower them")
+
+
+# ------------------------------------------------------------------------------------------------------ help text
+def field_help() -> dict[str, str]:
+    """Dotted key → help for every schema field (``model.n_layer``, ...); one text per key, true for every
+    option of its group."""
+    docs: dict[str, str] = {}
+
+    def walk(schema, prefix: str) -> None:
+        for f in fields(schema):
+            if "help" in f.metadata:
+                docs.setdefault(prefix + f.name, f.metadata["help"])
+            if f.default_factory is not dataclasses.MISSING and is_dataclass(f.default_factory()):
+                walk(type(f.default_factory()), f"{prefix}{f.name}.")
+
+    for (group, _), schema in SCHEMAS.items():
+        for cls in schema.__mro__:  # a subclass's overridden default keeps its base class's help
+            if is_dataclass(cls):
+                walk(cls, f"{group}." if group else "")
+    return docs
+
+
+KEY_LINE = re.compile(r"^( *)([A-Za-z_][\w-]*):(.*)$")
+
+
+def annotate(text: str, docs: dict[str, str], package: str = "") -> str:
+    """YAML as OmegaConf prints it (2-space indents), with ``# help`` after each documented key; ``package``: the
+    dotted path of the printed node (``--cfg job --package train``)."""
+    out, path = [], [package] if package else []
+    for line in text.splitlines():
+        match = KEY_LINE.match(line)
+        if match and "#" not in match.group(3):
+            depth = len(match.group(1)) // 2 + (1 if package else 0)
+            path = path[:depth] + [match.group(2)]
+            doc = docs.get(".".join(path))
+            if doc:
+                line = f"{line}  # {doc}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@contextlib.contextmanager
+def documented_output() -> Iterator[None]:
+    """With ``--help`` or ``--cfg``, annotate what Hydra prints with each setting's help."""
+    args = sys.argv[1:]
+    if not {"--help", "-h", "--cfg", "-c"} & set(args):
+        yield
+        return
+    package = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--package", "-p")), "")
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            yield
+    finally:
+        sys.stdout.write(annotate(printed.getvalue(), field_help(), package))
