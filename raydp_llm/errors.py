@@ -1,10 +1,14 @@
-"""How entry points end on bad input (one line: what, where, what to do; exit 1) and on Ctrl-C (exit 130)."""
+"""How entry points end on bad input (one line: what, where, what to do; exit 1) and on Ctrl-C (exit 130); in a
+sweep, how a failed job ends without ending the sweep."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import sys
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 log = logging.getLogger("raydp_llm")
 
@@ -16,6 +20,8 @@ class InputError(ValueError):
 def cli_errors(main):
     """Wrap an entry point: an ``InputError`` becomes one logged line and exit status 1; Ctrl-C exit 130.
 
+    In a Hydra sweep (``-m``) any error is logged (one line for an ``InputError``, with its traceback otherwise)
+    and the job returns NaN, so that the sweep goes on and records the job as failed (``sweep.SweepSummary``).
     Spark and Ray are already stopped by then: their context managers end on any exception.
     """
 
@@ -23,11 +29,20 @@ def cli_errors(main):
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except InputError as err:
-            log.error("error: %s", err)
-            sys.exit(1)
+        except Exception as err:
+            if not _in_sweep():
+                if not isinstance(err, InputError):
+                    raise
+                log.error("error: %s", err)
+                sys.exit(1)
+            log.error("error: %s", err, exc_info=not isinstance(err, InputError))
+            return float("nan")
         except KeyboardInterrupt:
             log.error("interrupted: Spark and Ray are stopped")
             sys.exit(130)
 
     return wrapper
+
+
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

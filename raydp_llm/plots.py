@@ -1,4 +1,5 @@
-"""The loss curves of a run as a PNG: train and validation loss against tokens seen, from ``metrics.csv``."""
+"""Loss curves as PNGs: a run's train and validation loss (``loss.png``), a sweep's validation curves (``sweep.png``),
+both against tokens seen, from ``metrics.csv`` rows."""
 
 from __future__ import annotations
 
@@ -12,25 +13,41 @@ from raydp_llm.metrics import read_metrics
 def plot_loss(metrics_csv: Path, out_png: Path, title: str | None = None) -> Path:
     """Draw ``metrics_csv``'s train and validation loss against tokens into ``out_png``; returns ``out_png``.
 
-    The title defaults to the run directory's name (the folder holding ``metrics.csv``). Rows without a loss
-    (empty or NaN) are skipped on that curve. Uses matplotlib's Agg canvas: no display, no pyplot state.
+    The title defaults to the run directory's name (the folder holding ``metrics.csv``).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    metrics_csv, out_png = Path(metrics_csv), Path(out_png)
+    metrics_csv = Path(metrics_csv)
     rows = read_metrics(metrics_csv) if metrics_csv.is_file() else []
     if not rows:
         raise InputError(f"{metrics_csv}: no metrics rows to plot; give the metrics.csv of a run that evaluated")
+    return _draw({"train": _points(rows, "train_loss"), "validation": _points(rows, "val_loss")},
+                 title or metrics_csv.resolve().parent.name, out_png)
+
+
+def plot_sweep(runs: dict[str, list[dict]], out_png: Path, title: str) -> Path:
+    """One validation loss curve per job (label → its metrics rows) into ``out_png``; returns ``out_png``."""
+    return _draw({label: _points(rows, "val_loss") for label, rows in runs.items()}, title, out_png)
+
+
+def _points(rows: list[dict], key: str) -> list[tuple[float, float]]:
+    """(tokens, value) of the rows that have a value (not empty, not NaN)."""
+    return [(r["tokens"], r[key]) for r in rows if r[key] is not None and not math.isnan(r[key])]
+
+
+def _draw(curves: dict[str, list[tuple[float, float]]], title: str, out_png: Path) -> Path:
+    """Loss against tokens, one line per curve. matplotlib's Agg canvas: no display, no pyplot state."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(7, 4.5), layout="tight")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for key, label in (("train_loss", "train"), ("val_loss", "validation")):
-        points = [(r["tokens"], r[key]) for r in rows if r[key] is not None and not math.isnan(r[key])]
-        ax.plot(*zip(*points), marker="o", markersize=3, label=label)
-    ax.set(xlabel="tokens", ylabel="loss", title=title or metrics_csv.resolve().parent.name)
+    for label, points in curves.items():
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3, label=label)
+    ax.set(xlabel="tokens", ylabel="loss", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
+    out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
     return out_png
