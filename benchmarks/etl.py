@@ -43,7 +43,7 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
             f"data.path={path}", "tokenizer=bpe", f"tokenizer.vocab_size={VOCAB}", f"tokenizer.sample_mb={SAMPLE_MB}",
             f"model.block_size={BLOCK}", f"cluster.executors={executors}", "cluster.executor_memory=3g"])
     corpus = check_inputs(cfg)
-    with ray_session(cfg.cluster):
+    with ray_session(cfg.cluster, cfg.name):
         t = time.perf_counter()
         with spark_session(cfg.cluster, app_name="bench", log_dir=out) as spark:
             start_s = time.perf_counter() - t

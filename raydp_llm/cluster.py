@@ -23,17 +23,20 @@ from omegaconf import DictConfig
 from ray.job_config import JobConfig
 
 from raydp_llm.java import JVM_FLAGS, ensure_java
+from raydp_llm.monitoring import announce_dashboard
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "raydp_llm"
 LOG4J_FILE = Path(__file__).with_name("log4j2.properties")
 EVENT_LOG_DIR = "spark-events"  # under the run directory
+USER_SPARK_LOCAL_IP = os.environ.get("SPARK_LOCAL_IP")
 
 
 @contextlib.contextmanager
-def ray_session(cfg: DictConfig) -> Iterator[None]:
-    """Start an embedded Ray (``address: local``) or connect to ``address``; shut down on exit.
+def ray_session(cfg: DictConfig, run_name: str) -> Iterator[None]:
+    """Start an embedded Ray (``address: local``) or connect to ``address``; shut down on exit. The console
+    gets the dashboard's URL and how to get in; the driver job carries ``run_name`` in its metadata.
 
     If Ray is already initialised in this process (tests, sweeps) it is reused and left running.
     """
@@ -44,9 +47,12 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
         return
     ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    # Ray Train's run-state API: the dashboard's Train page and /api/train/v2/runs/v1 list the run.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     kwargs = dict(
         namespace=NAMESPACE,
-        job_config=JobConfig(jvm_options=list(JVM_FLAGS)),
+        job_config=JobConfig(jvm_options=list(JVM_FLAGS),
+                             metadata={"job_name": run_name, "raydp_llm_run": run_name}),  # the Jobs page's Name
         log_to_driver=bool(cfg.verbose),
         logging_level=logging.INFO if cfg.verbose else logging.ERROR,
     )
@@ -55,14 +61,16 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
             num_cpus=cfg.num_cpus,
             object_store_memory=cfg.object_store_mb * 1024 * 1024 if cfg.object_store_mb else None,
             include_dashboard=cfg.dashboard,
-            dashboard_host="127.0.0.1",
+            dashboard_host=cfg.dashboard_host,
+            dashboard_port=cfg.dashboard_port,
         )
     else:
         kwargs["address"] = cfg.address
     if not cfg.verbose:
         quiet_python_logs()
-    ray.init(**kwargs)
+    context = ray.init(**kwargs)
     try:
+        announce_dashboard(cfg, context.dashboard_url, context.address_info["gcs_address"])
         yield
     finally:
         ray.shutdown()
@@ -89,7 +97,7 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
         # tasks that run beside Spark (from_spark's fetch and Ray Data's metadata tasks).
         "spark.ray.raydp_spark_executor.actor.resource.cpu": str(cfg.executor_ray_cpus),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.enabled": "false",
+        "spark.ui.enabled": str(bool(cfg.spark_ui)).lower(),
         # Spark's own per-task metrics, read back by spark_stats.py once Spark has stopped.
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": (log_dir / EVENT_LOG_DIR).resolve().as_uri(),
@@ -106,7 +114,13 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     configs.update({str(k): str(v) for k, v in (cfg.spark_conf or {}).items()})
     ensure_java()
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("SPARK_LOCAL_IP", ray.util.get_node_ip_address())
+    # The address Spark's driver (and its web UI) listens on: the loopback when the UI is on in the embedded mode
+    # (executors run on this machine), else this node's address; a SPARK_LOCAL_IP the user set wins.
+    loopback = cfg.spark_ui and cfg.address == "local"
+    os.environ["SPARK_LOCAL_IP"] = USER_SPARK_LOCAL_IP or ("127.0.0.1" if loopback else ray.util.get_node_ip_address())
+    if loopback:  # RayDP would set the node's address
+        configs.setdefault("spark.driver.host", "127.0.0.1")
+        configs.setdefault("spark.driver.bindAddress", "127.0.0.1")
     # Executors run Python UDFs with this interpreter, not whatever `python3` is first on their PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
@@ -124,6 +138,8 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
             # The driver JVM starts here and keeps the stderr it inherits.
             spark = pool.submit(raydp.init_spark, **init).result()
         spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
+        if cfg.spark_ui:
+            log.info("Spark UI: %s (while the ETL runs)", spark.sparkContext.uiWebUrl)
         _wait_for_executors(spark, cfg.executors)
         _start_python_workers(spark, cfg.executors * cfg.executor_cores)
         yield spark
@@ -175,6 +191,7 @@ def quiet_python_logs() -> None:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="DataFrame.sql_ctx is an internal property")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.data\.")  # Ray's own defaults
 
 
 def _stop_driver_jvm() -> None:

@@ -142,7 +142,11 @@ class ClusterSettings:
                                     "(auto, ray://host:10001, host:6379)")
     num_cpus: Optional[int] = setting(None, "CPUs the embedded Ray may use; null = all")
     object_store_mb: Optional[int] = setting(1024, "embedded Ray object store size, MiB; null = Ray's default")
-    dashboard: bool = setting(False, "start the Ray dashboard (127.0.0.1) with the embedded Ray")
+    dashboard: bool = setting(True, "start the Ray dashboard with the embedded Ray (token authentication on)")
+    dashboard_host: str = setting("127.0.0.1", "address the embedded Ray's dashboard listens on; 127.0.0.1 = this "
+                                               "machine only (from elsewhere: an SSH tunnel)")
+    dashboard_port: Optional[int] = setting(None, "the dashboard's port; null = 8265, or the next free one")
+    spark_ui: bool = setting(False, "start Spark's web UI during the ETL and print its URL")
     verbose: bool = setting(False, "show Ray, Spark and Java logs on the console")
     executors: int = setting(2, "Spark executors (Ray actors)")
     executor_cores: int = setting(1, "Spark task slots per executor")
@@ -258,6 +262,7 @@ RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_
     "cluster.executors": _at_least(1),
     "cluster.executor_cores": _at_least(1),
     "cluster.executor_ray_cpus": (lambda v: v > 0, "a number > 0"),
+    "cluster.dashboard_port": _optional((lambda v: 0 < v < 65536, "a port number, 1-65535")),
     "sample.max_new_tokens": _at_least(0),
     "sample.temperature": _at_least(0),
     "sample.top_k": _optional(_at_least(1)),

@@ -21,6 +21,7 @@ import logging
 import math
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -361,10 +362,16 @@ def check_files(files: dict[str, dict], data: DictConfig) -> list[str]:
 
 
 def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: DictConfig, block_size: int,
-            seed: int) -> EtlOutput:
-    """Run the whole ETL on ``spark``; returns the cached window DataFrames and the manifest."""
+            seed: int, on_phase: Callable[[str, float], None] | None = None) -> EtlOutput:
+    """Run the whole ETL on ``spark``; returns the cached window DataFrames and the manifest. ``on_phase(name,
+    seconds)`` is called as each phase ends (read, tokenizer, encode)."""
     strides = {"train": data.stride or block_size, "val": data.val_stride or block_size}
     phase_s: dict[str, float] = {}
+
+    def done(phase: str, start: float) -> None:
+        phase_s[phase] = time.perf_counter() - start
+        if on_phase:
+            on_phase(phase, phase_s[phase])
 
     t = time.perf_counter()
     lines = read_lines(spark, corpus, data)  # read again by each pass: cheaper than Spark's cache
@@ -377,11 +384,11 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     if sum(f["nonblank"] for f in files.values()) == 0:
         raise InputError(f"data.path: the corpus {corpus.name} ({len(corpus.files)} files) holds no text, only "
                          "whitespace or nothing; point data.path at text files")
-    phase_s["read"] = time.perf_counter() - t
+    done("read", t)
 
     t = time.perf_counter()
     tokenizer = build_tokenizer(lines, files, data, tok_cfg, seed)
-    phase_s["tokenizer"] = time.perf_counter() - t
+    done("tokenizer", t)
 
     t = time.perf_counter()
     document_split = "line" if data.format == "parquet" else data.document_split  # a row is a document
@@ -389,7 +396,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     head_bytes = block_size * tokenizer.token_dtype.itemsize
     pieces = sorted((r.src, r.block, r.part, r.n, r.docs, bytes(r.head)) for r in encoded.select(
         "src", "block", "part", "n", "docs", F.substring("tokens", 1, head_bytes).alias("head")).collect())
-    phase_s["encode"] = time.perf_counter() - t
+    done("encode", t)
 
     n_tokens = sum(p[3] for p in pieces)
     offsets = np.concatenate([[0], np.cumsum([p[3] for p in pieces], dtype=np.int64)[:-1]]).tolist()

@@ -94,7 +94,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     start, timings = time.perf_counter(), {}
     model = load_model(cfg)
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
-    with ray_session(cfg.cluster):
+    with ray_session(cfg.cluster, cfg.name):
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=False, store=dataset_store(cfg, out_dir))
     m = data.manifest
     t = time.perf_counter()

@@ -1,17 +1,14 @@
-"""Run metrics: ``metrics.csv`` written live on the driver's node by a Ray Train callback, and ``summary.json``."""
+"""Run metrics: ``metrics.csv`` and TensorBoard events written live on the driver's node by a Ray Train callback,
+and ``summary.json``."""
 
 from __future__ import annotations
 
 import csv
 import json
-import logging
 import math
-import threading
 from pathlib import Path
 
 from ray.train import UserCallback
-
-log = logging.getLogger(__name__)
 
 # One row per evaluation. Losses are mean cross-entropy per token (nats); ppl = exp(val_loss); bpc = bits per
 # character (val_loss / ln 2 / characters per token); acc = top-1 next-token accuracy; grad_norm = mean total
@@ -24,14 +21,15 @@ COLUMNS = ["step", "epoch", "tokens", "lr", "train_loss", "val_loss", "val_ppl",
            "gpu_mem_mb", "elapsed_s"]
 
 
-class MetricsCsv(UserCallback):
-    """Appends rank 0's report to ``path`` after each ``ray.train.report``.
+class MetricsWriter(UserCallback):
+    """After each ``ray.train.report``: rank 0's metrics as a row of ``csv_path`` and as TensorBoard scalars in
+    ``tensorboard_dir`` (``tensorboard --logdir <run dir>/tensorboard``), against the step.
 
     Runs in the Ray Train controller, which Ray places on the driver's node.
     """
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, csv_path: Path, tensorboard_dir: Path):
+        self.path, self.tensorboard_dir, self._events = Path(csv_path), Path(tensorboard_dir), None
 
     def after_report(self, run_context, metrics, checkpoint):
         row = {k: metrics[0].get(k) for k in COLUMNS}  # None: not measured (e.g. GPU memory on CPU)
@@ -41,32 +39,14 @@ class MetricsCsv(UserCallback):
             if new:
                 writer.writeheader()
             writer.writerow(row)
+        if self._events is None:
+            from torch.utils.tensorboard import SummaryWriter
 
-
-class MetricsFollower(threading.Thread):
-    """Logs each new row of ``metrics.csv`` on the driver while training runs (a ``tail -f``)."""
-
-    def __init__(self, path: Path, max_steps: int, interval_s: float = 0.5):
-        super().__init__(daemon=True)
-        self.path, self.max_steps, self.interval_s = Path(path), max_steps, interval_s
-        self._done, self._seen = threading.Event(), 0
-
-    def run(self) -> None:
-        while not self._done.wait(self.interval_s):
-            self.poll()
-
-    def poll(self) -> None:
-        rows = read_metrics(self.path) if self.path.exists() else []
-        for row in rows[self._seen:]:
-            log.info("step %d/%d | train loss %.4f | val loss %.4f | val acc %.3f | %s tok/s | %.0fs", row["step"],
-                     self.max_steps, row["train_loss"], row["val_loss"], row["val_acc"],
-                     f"{row['tokens_per_s']:,.0f}", row["elapsed_s"])
-        self._seen = len(rows)
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join()
-        self.poll()
+            self._events = SummaryWriter(str(self.tensorboard_dir))
+        for key, value in row.items():
+            if key != "step" and value is not None:
+                self._events.add_scalar(key, value, global_step=int(row["step"]))
+        self._events.flush()
 
 
 def read_metrics(path: Path) -> list[dict]:

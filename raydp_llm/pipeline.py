@@ -22,6 +22,8 @@ from raydp_llm.corpus import Corpus, resolve_corpus
 from raydp_llm.errors import InputError
 from raydp_llm.etl import run_etl, to_ray_datasets
 from raydp_llm.model import check_model_spec
+from raydp_llm.monitoring import RunGauges
+from raydp_llm.progress import PhaseBar, console_bar
 from raydp_llm.spark_stats import read_event_log
 from raydp_llm.tokenizer import Tokenizer
 
@@ -110,29 +112,38 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     kept = keep is not None and cfg.cluster.keep_executors
     if kept:
         check_cpus_for_kept_executors(cfg)
+    phases = ["spark start", "read", "tokenizer", "encode"] + ["write"] * (store is not None) + ["convert"] * to_ray
     t = time.perf_counter()
-    with contextlib.ExitStack() as local:
+    with contextlib.ExitStack() as local, console_bar(len(phases), "ETL", "phase") as bar:
+        progress = PhaseBar(bar)
         scope = keep if kept else local
         spark = scope.enter_context(spark_session(cfg.cluster, app_name=cfg.name, log_dir=out_dir))
         timings["spark_start_s"] = time.perf_counter() - t
+        progress.done("spark start", timings["spark_start_s"])
         t = time.perf_counter()
         try:
-            out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed)
+            out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed,
+                          on_phase=progress.done)
         except PythonException as err:  # raised in the executors: the user gets one line, not their traceback
             raise unknown_characters(err, tok_cfg) or err
         m = out.manifest
-        log.info("ETL: %d files, %d documents, %d tokens, vocab %d (%s), windows train %d / val %d",
-                 m["files"], m["documents"], m["tokens"], m["vocab_size"], m["tokenizer"], m["windows_train"],
-                 m["windows_val"])
         if store is not None:
             t_write = time.perf_counter()
             entry = cache.write_entry(out, store, key)
             out.phase_s["write"] = time.perf_counter() - t_write
+            progress.done("write", out.phase_s["write"])
         datasets = None
         if to_ray:
             t_convert = time.perf_counter()
             datasets = to_ray_datasets(out)
             out.phase_s["convert"] = time.perf_counter() - t_convert
+            progress.done("convert", out.phase_s["convert"])
+    log.info("ETL: %d files, %d documents, %d tokens, vocab %d (%s), windows train %d / val %d",
+             m["files"], m["documents"], m["tokens"], m["vocab_size"], m["tokenizer"], m["windows_train"],
+             m["windows_val"])
+    gauges = RunGauges(cfg.name)
+    gauges.set_tagged("etl_phase_s", "phase", out.phase_s)
+    gauges.set_tagged("etl_windows", "split", {"train": m["windows_train"], "val": m["windows_val"]})
     timings["etl_s"] = time.perf_counter() - t
     stats = {"phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
              "spark_start_s": round(timings["spark_start_s"], 3), **read_event_log(out_dir / EVENT_LOG_DIR)}

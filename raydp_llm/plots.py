@@ -1,5 +1,5 @@
-"""Loss curves as PNGs: a run's train and validation loss (``loss.png``), a sweep's validation curves (``sweep.png``),
-both against tokens seen, from ``metrics.csv`` rows."""
+"""A run's curves as PNGs, from ``metrics.csv`` rows: its train and validation loss (``loss.png``) and its
+throughput (``throughput.png``) against tokens seen; and a sweep's validation curves (``sweep.png``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ def plot_loss(metrics_csv: Path, out_png: Path, title: str | None = None) -> Pat
                  title or metrics_csv.resolve().parent.name, out_png)
 
 
+def plot_throughput(metrics_csv: Path, out_png: Path) -> Path:
+    """``metrics_csv``'s training tokens/s (over all workers, between evaluations) against tokens seen."""
+    rows = read_metrics(metrics_csv)
+    return _draw({"tokens/s": _points(rows, "tokens_per_s")}, Path(metrics_csv).resolve().parent.name, out_png,
+                 ylabel="training tokens/s")
+
+
 def plot_sweep(runs: dict[str, list[dict]], out_png: Path, title: str) -> Path:
     """One validation loss curve per job (label → its metrics rows) into ``out_png``; returns ``out_png``."""
     return _draw({label: _points(rows, "val_loss") for label, rows in runs.items()}, title, out_png)
@@ -33,8 +40,8 @@ def _points(rows: list[dict], key: str) -> list[tuple[float, float]]:
     return [(r["tokens"], r[key]) for r in rows if r[key] is not None and not math.isnan(r[key])]
 
 
-def _draw(curves: dict[str, list[tuple[float, float]]], title: str, out_png: Path) -> Path:
-    """Loss against tokens, one line per curve. matplotlib's Agg canvas: no display, no pyplot state."""
+def _draw(curves: dict[str, list[tuple[float, float]]], title: str, out_png: Path, ylabel: str = "loss") -> Path:
+    """``ylabel`` against tokens, one line per curve. matplotlib's Agg canvas: no display, no pyplot state."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -44,7 +51,7 @@ def _draw(curves: dict[str, list[tuple[float, float]]], title: str, out_png: Pat
     for label, points in curves.items():
         if points:
             ax.plot(*zip(*points), marker="o", markersize=3, label=label)
-    ax.set(xlabel="tokens", ylabel="loss", title=title)
+    ax.set(xlabel="tokens", ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     ax.legend()
     out_png = Path(out_png)

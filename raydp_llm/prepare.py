@@ -28,7 +28,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     start, timings = time.perf_counter(), {}
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
-    with ray_session(cfg.cluster):
+    with ray_session(cfg.cluster, cfg.name):
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=False, store=dataset_store(cfg, out_dir))
     m = data.manifest | {"cache_hit": data.cache_hit, "dataset": str(data.entry)}
     write_json(out_dir / "manifest.json", m)

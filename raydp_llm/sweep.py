@@ -37,7 +37,7 @@ class SweepSummary(Callback):
         self.job_start = 0.0
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self.ray.enter_context(ray_session(config.cluster))
+        self.ray.enter_context(ray_session(config.cluster, f"{config.name} sweep"))
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         self.job_start = time.perf_counter()

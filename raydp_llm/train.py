@@ -20,7 +20,7 @@ from raydp_llm.config import documented_output
 from raydp_llm.errors import InputError, cli_errors
 from raydp_llm.metrics import read_metrics, write_summary
 from raydp_llm.pipeline import PreparedData, check_inputs, prepare_data, write_json
-from raydp_llm.plots import plot_loss
+from raydp_llm.plots import plot_loss, plot_throughput
 from raydp_llm.trainer import TrainSpec, fit, steps_per_epoch
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     timings: dict[str, float] = {}
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
     out_dir.mkdir(parents=True, exist_ok=True)
-    with ray_session(cfg.cluster), contextlib.ExitStack() as kept_spark:
+    with ray_session(cfg.cluster, cfg.name), contextlib.ExitStack() as kept_spark:
         timings["ray_start_s"] = time.perf_counter() - start
         store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else None
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=True, store=store, keep=kept_spark)
@@ -90,6 +90,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / "samples.txt").write_text(text + "\n")
     timings["total_s"] = time.perf_counter() - start
     plot_loss(out_dir / "metrics.csv", out_dir / "loss.png")
+    plot_throughput(out_dir / "metrics.csv", out_dir / "throughput.png")
     summary = write_summary(out_dir / "summary.json", read_metrics(out_dir / "metrics.csv"),
                             num_params=model.num_params(), flops_per_token=model.flops_per_token(),
                             resumed_from=str(resume_from) if resume_from else None,

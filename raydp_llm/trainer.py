@@ -30,8 +30,9 @@ from ray.train import Checkpoint, CheckpointConfig, DataConfig, RunConfig, Scali
 from ray.train.torch import TorchTrainer
 
 from raydp_llm.checkpoint import load_train_checkpoint, save_train_checkpoint
-from raydp_llm.metrics import MetricsCsv, MetricsFollower
+from raydp_llm.metrics import MetricsWriter
 from raydp_llm.model import LanguageModel, build_model
+from raydp_llm.progress import LivePosts, ProgressBoard, TrainingProgress
 from raydp_llm.tokenizer import tokenizer_from_json
 
 
@@ -65,6 +66,8 @@ class TrainSpec:
     peak_flops: float | None  # one worker's peak FLOP/s, for MFU
     fingerprint: str  # identifies runs that may resume each other's checkpoints
     resume_from: str | None = None  # a training checkpoint directory to start from
+    run_name: str = ""  # the Ray Train run's name, which tags its Ray metrics
+    board: object = None  # the driver's ProgressBoard actor (progress.py), which rank 0 posts to
 
 
 def steps_per_epoch(windows: int, micro_batch: int, world: int, grad_accum: int) -> int:
@@ -227,6 +230,7 @@ def train_loop(spec_dict: dict) -> None:
 
     step, epoch, elapsed = state["step"], state["epoch"], state["elapsed_s"]
     interval, run_start = Interval(), time.perf_counter() - elapsed
+    live = LivePosts(spec.board, spec.run_name) if rank == 0 else None
     while step < spec.max_steps:
         for group in epoch_steps(train_shard, spec, epoch, state["step_in_epoch"], rank, world):
             t = time.perf_counter()
@@ -250,8 +254,10 @@ def train_loop(spec_dict: dict) -> None:
             step, state["step_in_epoch"] = step + 1, state["step_in_epoch"] + 1
             interval.add(loss_sum / len(group), hits, y.numel() * len(group), grad_norm.item(),
                          time.perf_counter() - t)
+            now = time.perf_counter()
+            if live:
+                live.step(now, step, loss_sum / len(group), interval.steps * tokens_per_step / (now - interval.start))
             if report_now:
-                now = time.perf_counter()
                 train_loss, train_hits, train_count = _all_reduce_sum(interval.loss, interval.hits, interval.count)
                 val_loss, val_acc = evaluate(model, val_shard, collate, spec, rank, world, autocast)
                 tokens_per_s = interval.steps * tokens_per_step / (now - interval.start)
@@ -267,6 +273,8 @@ def train_loop(spec_dict: dict) -> None:
                     **system_stats(process, device), "elapsed_s": now - run_start,
                 }
                 state.update(step=step, epoch=epoch, elapsed_s=metrics["elapsed_s"])
+                if live:
+                    live.evaluation(val_loss)
                 keep = step == spec.max_steps or (spec.checkpoint_interval and step % spec.checkpoint_interval == 0)
                 _report(metrics, model, optimizer, spec, state if keep else None, rank)
                 interval = Interval()
@@ -296,7 +304,10 @@ def _in_order():
 def fit(spec: TrainSpec, datasets: dict, num_workers: int, use_gpu: bool, out_dir: Path, run_name: str,
         keep_checkpoints: int) -> Checkpoint:
     """Train on the Ray datasets ``{"train", "val"}`` (from ``spec.resume_from`` if set); returns the final
-    checkpoint."""
+    checkpoint. The console follows it live (progress.py); ``metrics.csv`` and TensorBoard events go to
+    ``out_dir``."""
+    spec.run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # unique: never Ray's silent resume
+    spec.board = ProgressBoard.remote()
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=vars(spec),
@@ -305,20 +316,20 @@ def fit(spec: TrainSpec, datasets: dict, num_workers: int, use_gpu: bool, out_di
         datasets=datasets,
         # Every worker reads the whole stream, in order, and takes its own micro-batches (see epoch_steps).
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_in_order()),
-        run_config=RunConfig(name=f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}",  # never Ray's silent resume
-                             storage_path=str(out_dir / "ray_results"),
+        run_config=RunConfig(name=spec.run_name, storage_path=str(out_dir / "ray_results"),
                              checkpoint_config=CheckpointConfig(num_to_keep=keep_checkpoints),
-                             callbacks=[MetricsCsv(out_dir / "metrics.csv")]),
+                             callbacks=[MetricsWriter(out_dir / "metrics.csv", out_dir / "tensorboard")]),
     )
-    follower = MetricsFollower(out_dir / "metrics.csv", spec.max_steps)
-    follower.start()
+    progress = TrainingProgress(spec.board, out_dir / "metrics.csv", spec.max_steps)
+    progress.start()
     sigint_handler = signal.getsignal(signal.SIGINT)
     try:
         result = trainer.fit()
     except SystemExit as err:  # Ray Train's SIGINT handler aborts the run, then exits with status 0
         raise KeyboardInterrupt from err
     finally:
-        follower.stop()
+        progress.stop()
+        ray.kill(spec.board)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, sigint_handler)
     if result.checkpoint is None:

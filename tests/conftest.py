@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+import raydp_llm.config  # noqa: F401 - registers the config schemas with Hydra's ConfigStore
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -40,7 +42,7 @@ def ray_cluster():
     """An embedded Ray started once per test session (Spark is started per test on it)."""
     from raydp_llm.cluster import ray_session
 
-    with ray_session(make_config().cluster):
+    with ray_session(make_config().cluster, "tests"):
         yield
 
 

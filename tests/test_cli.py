@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT, start_like_a_terminal
+from raydp_llm.errors import cli_errors
 
 RAY_LATEST = "/tmp/ray/session_latest"
 
@@ -136,3 +138,24 @@ def test_ctrl_c_stops_spark_and_ray(tmp_path, moment):
     assert "interrupted: Spark and Ray are stopped" in output
     time.sleep(2)
     assert engine_processes_started_after(t0) == []
+
+
+def test_an_unexpected_error_is_one_line_pointing_at_the_log_file(tmp_path, caplog):
+    log_file = tmp_path / "train.log"
+    handler = logging.FileHandler(log_file)
+    logging.getLogger().addHandler(handler)
+
+    @cli_errors
+    def main():
+        raise RuntimeError("boom\nthe rest of a long message")
+
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert exit_.value.code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"error: RuntimeError: boom (full log: {log_file})"]
+    assert "Traceback" in log_file.read_text() and "the rest of a long message" in log_file.read_text()

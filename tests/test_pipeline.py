@@ -8,6 +8,8 @@ import math
 import os
 import subprocess
 import sys
+import urllib.request
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,7 +36,8 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
                       "sample.max_new_tokens=80", "sample.prompt=ROMEO:")
     summary = run(cfg, tmp_path)
 
-    for name in ("metrics.csv", "summary.json", "manifest.json", "samples.txt", "loss.png", "model/model.safetensors",
+    for name in ("metrics.csv", "summary.json", "manifest.json", "samples.txt", "loss.png", "throughput.png",
+                 "model/model.safetensors",
                  "model/config.json", "model/tokenizer.json"):
         assert (tmp_path / name).is_file(), name
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -106,11 +109,16 @@ def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_
     from pyspark import SparkContext
 
     cfg = make_config(f"data.path={corpus_dir}", "data.cache=false", "cluster.keep_executors=true",
-                      "train.num_workers=1")
+                      "train.num_workers=1", "cluster.spark_ui=true")
     with contextlib.ExitStack() as keep:
         data = prepare_data(cfg, check_inputs(cfg), tmp_path, {}, to_ray=True, store=None, keep=keep)
         assert data.datasets["val"].count() == data.manifest["windows_val"]
         assert SparkContext._active_spark_context is not None  # Spark is still running
+        ui = SparkContext._active_spark_context.uiWebUrl  # cluster.spark_ui=true: on the loopback only
+        assert urlsplit(ui).hostname == "127.0.0.1" and urllib.request.urlopen(f"{ui}/jobs/", timeout=10).status == 200
+        if ray.util.get_node_ip_address() != "127.0.0.1":
+            with pytest.raises(OSError):  # not on the machine's network address
+                urllib.request.urlopen(ui.replace("127.0.0.1", ray.util.get_node_ip_address()), timeout=10)
         total = ray.cluster_resources()["CPU"]
         assert ray.available_resources().get("CPU", 0) <= total - 2 * 0.5  # the executors keep their CPUs
     assert SparkContext._active_spark_context is None

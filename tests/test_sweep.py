@@ -1,4 +1,5 @@
-"""A real ``-m`` sweep: every job on one Ray, the ETL once, a failed job recorded, the summary and the plot."""
+"""A real ``-m`` sweep: every job on one Ray, the ETL once, a failed job recorded, the summary and the plot; and
+what its console shows."""
 
 from __future__ import annotations
 
@@ -48,3 +49,8 @@ def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_
     assert any(line.startswith(f"*  {best} ") for line in table.splitlines())
     assert "job 2 failed: error: model.n_embd=32 is not divisible by model.n_head=3" in table
     assert "sweep: 2 of 3 jobs completed" in out.stdout
+
+    # The console: the progress bars of the ETL and of training, evaluation lines, and no Java stack traces.
+    console = out.stdout + out.stderr
+    assert "ETL: 100%" in console and "train: 100%" in console and "step 20/20 | train loss" in console
+    assert "Exception in thread" not in console and "\tat org." not in console and "\tat java." not in console

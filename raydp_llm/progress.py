@@ -1,0 +1,114 @@
+"""The live console display on the driver: a tqdm bar over the ETL's phases, then one over the training steps
+(loss, validation loss, tokens/s, ETA) with a concise line per evaluation.
+
+Training runs in Ray Train workers: rank 0 posts its step to a ``ProgressBoard`` actor every half second, and
+``TrainingProgress`` (a thread on the driver) reads the board and the new rows of ``metrics.csv``. Log lines go
+through tqdm (``logging_redirect_tqdm``), so they never tear the bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import ray
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from raydp_llm.metrics import read_metrics
+
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:24}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+
+@contextlib.contextmanager
+def console_bar(total: int, desc: str, unit: str) -> Iterator[tqdm]:
+    """A tqdm bar on stderr with the log lines routed around it."""
+    with logging_redirect_tqdm(), tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, bar_format=BAR_FORMAT,
+                                       dynamic_ncols=True, mininterval=0.5) as bar:
+        yield bar
+
+
+class PhaseBar:
+    """The ETL's phases on a bar: each ``done(phase, seconds)`` moves it on and names what finished."""
+
+    def __init__(self, bar: tqdm):
+        self.bar = bar
+
+    def done(self, phase: str, seconds: float) -> None:
+        self.bar.set_postfix_str(f"{phase} {seconds:.1f}s", refresh=False)
+        self.bar.update()
+
+
+@ray.remote(num_cpus=0)
+class ProgressBoard:
+    """Rank 0's latest step, loss and throughput, for the driver's display."""
+
+    def __init__(self):
+        self.latest: dict = {}
+
+    def post(self, latest: dict) -> None:
+        self.latest = latest
+
+    def read(self) -> dict:
+        return self.latest
+
+
+class TrainingProgress(threading.Thread):
+    """Follows a training run on the driver: the bar from the board, a line per new ``metrics.csv`` row."""
+
+    def __init__(self, board, metrics_csv: Path, max_steps: int, interval_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.board, self.metrics_csv, self.max_steps, self.interval_s = board, Path(metrics_csv), max_steps, interval_s
+        self._done, self._rows, self._val = threading.Event(), 0, None
+        self._bar_cm = console_bar(max_steps, "train", "step")
+
+    def run(self) -> None:
+        with self._bar_cm as bar:
+            while not self._done.wait(self.interval_s):
+                self._refresh(bar)
+            self._refresh(bar)
+
+    def _refresh(self, bar: tqdm) -> None:
+        rows = read_metrics(self.metrics_csv) if self.metrics_csv.exists() else []
+        for row in rows[self._rows:]:
+            self._val = row["val_loss"]
+            bar.write(f"step {row['step']:.0f}/{self.max_steps} | train loss {row['train_loss']:.4f} | val loss "
+                      f"{row['val_loss']:.4f} | val acc {row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")
+            bar.update(max(0, int(row["step"]) - bar.n))  # the last steps may come after the last post
+        self._rows = len(rows)
+        try:
+            latest = ray.get(self.board.read.remote(), timeout=5)
+        except (ray.exceptions.RayError, TimeoutError):  # the run is ending: keep the last figures
+            return
+        if latest:
+            bar.update(max(0, latest["step"] - bar.n))
+            bar.set_postfix_str(f"loss {latest['loss']:.3f}"
+                                + (f", val {self._val:.3f}" if self._val is not None else "")
+                                + f", {latest['tokens_per_s']:,.0f} tok/s", refresh=False)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+class LivePosts:
+    """Rank 0's live figures, at most every ``interval_s``: to the driver's board and to Ray's metrics."""
+
+    def __init__(self, board, run: str, interval_s: float = 0.5):
+        from raydp_llm.monitoring import RunGauges
+
+        self.board, self.gauges, self.interval_s, self.last = board, RunGauges(run), interval_s, 0.0
+
+    def step(self, now: float, step: int, loss: float, tokens_per_s: float) -> None:
+        if now - self.last < self.interval_s:
+            return
+        self.last = now
+        if self.board is not None:
+            self.board.post.remote({"step": step, "loss": loss, "tokens_per_s": tokens_per_s})
+        self.gauges.set(step=step, train_loss=loss, tokens_per_s=tokens_per_s)
+
+    def evaluation(self, val_loss: float) -> None:
+        self.gauges.set(val_loss=val_loss)
