@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Submits a training run to the Ray cluster as a Ray job:
+#   ray job submit -- python -m raydp_llm.train +experiment=emr [overrides...]
+# through an SSH tunnel to the head node's dashboard (opened and closed here with --head/--key, or one that
+# launch/tunnel.sh or `ray dashboard launch/ray/cluster.yaml` keeps open), authenticated with the cluster's
+# token (RAY_AUTH_TOKEN, or the token file). Everything after `--` goes to the run as Hydra overrides:
+#   launch/submit.sh --head <primary-dns> --key key.pem -- data.path=s3://bucket/corpus/ train.num_workers=4
+# It follows the job's log until the job ends; Ctrl-C stops following, not the job.
+set -euo pipefail
+
+prog=submit.sh
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+usage() {
+  cat <<'EOF'
+usage: submit.sh [--head DNS --key KEY.pem] [options] [-- HYDRA_OVERRIDES...]
+
+  --head DNS           the head node; with --key, a tunnel is opened for the submission and closed after
+                       (without them: a tunnel must already be open on --port)
+  --key FILE           SSH private key of the cluster's key pair
+  --user NAME          SSH user (default hadoop; ec2-user for launch/ray/cluster.yaml)
+  --port N             local port of the tunnel to the dashboard (default 8265)
+  --token-file FILE    the cluster's token (default ~/.ray/raydp_llm_cluster_token); RAY_AUTH_TOKEN, when
+                       set, is used instead
+  --experiment NAME    the Hydra experiment (default emr)
+  --submission-id ID   the job's id (default: Ray makes one)
+  --no-wait            return once the job is submitted (then: ray job logs --follow ID)
+  --dry-run            print the commands, one per line, run nothing
+EOF
+}
+die() { echo "$prog: error: $*" >&2; exit 2; }
+show() {
+  local out="" a
+  for a in "$@"; do
+    if [[ $a =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=" $a"; else out+=" '${a//\'/\'\\\'\'}'"; fi
+  done
+  printf '%s\n' "${out# }"
+}
+run() { if [[ $dry_run == 1 ]]; then show "$@"; else "$@"; fi; }
+
+head_dns="" key="" user=hadoop port=8265 token_file=$HOME/.ray/raydp_llm_cluster_token experiment=emr
+submission_id="" no_wait=0 dry_run=0 overrides=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --head) head_dns=${2:?}; shift 2 ;;
+    --key) key=${2:?}; shift 2 ;;
+    --user) user=${2:?}; shift 2 ;;
+    --port) port=${2:?}; shift 2 ;;
+    --token-file) token_file=${2:?}; shift 2 ;;
+    --experiment) experiment=${2:?}; shift 2 ;;
+    --submission-id) submission_id=${2:?}; shift 2 ;;
+    --no-wait) no_wait=1; shift ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; overrides=("$@"); break ;;
+    *) die "unknown argument: $1 (Hydra overrides go after --; see -h)" ;;
+  esac
+done
+[[ -n $head_dns && -z $key ]] && die "--head needs --key (see -h)"
+[[ -z $head_dns && -n $key ]] && die "--key needs --head (see -h)"
+
+# Ray's clients send the token only in token mode; they read it from RAY_AUTH_TOKEN (or ~/.ray/auth_token).
+if [[ $dry_run == 0 && -z ${RAY_AUTH_TOKEN:-} ]]; then
+  [[ -r $token_file ]] || die "no token: set RAY_AUTH_TOKEN or pass --token-file (missing: $token_file)"
+  RAY_AUTH_TOKEN=$(<"$token_file")
+fi
+export RAY_AUTH_TOKEN
+
+dry=()
+[[ $dry_run == 1 ]] && dry=(--dry-run)
+if [[ -n $head_dns ]]; then
+  "$here/tunnel.sh" --head "$head_dns" --key "$key" --user "$user" --port "$port" --background ${dry[@]+"${dry[@]}"}
+  trap '"$here/tunnel.sh" --stop --port "$port" ${dry[@]+"${dry[@]}"}' EXIT
+fi
+
+job=(ray job submit --address "http://127.0.0.1:$port")
+[[ -n $submission_id ]] && job+=(--submission-id "$submission_id")
+[[ $no_wait == 1 ]] && job+=(--no-wait)
+run env RAY_AUTH_MODE=token "${job[@]}" -- python -m raydp_llm.train "+experiment=$experiment" \
+  ${overrides[@]+"${overrides[@]}"}
