@@ -1,6 +1,7 @@
 """Training speed: this Ray Train trainer against a bare PyTorch loop of the same model, on the same machine.
 
     python benchmarks/train_speed.py [--steps 1000] [--repeats 3] [--corpus ../shared/data/tinyshakespeare.txt]
+                                     [--kinds bare,trainer-1,trainer-2] [--set cluster.dashboard=false ...]
 
 The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd 128, dropout 0).
   bare       one process, all cores for torch, nanoGPT-style random batches from a numpy array (bare_loop.py)
@@ -9,7 +10,8 @@ The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers,
 Tokens/s are steady-state training throughput: start-up, ETL and evaluations excluded (the trainer's figure is
 its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh process; the three
 are taken in turn ``--repeats`` times, so that a slow spell of a shared machine hits all of them, and the table
-shows the median of each (and its ratio to the bare loop's median) with the spread.
+shows the median of each (and its ratio to the bare loop's median) with the spread. ``--set`` passes Hydra
+overrides to the trainer runs (e.g. the dashboard off), ``--kinds`` picks the measurements.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bare_loop import BATCH, MODEL, train_bare  # noqa: E402
 
 
-def measure_trainer(corpus: Path, steps: int, workers: int, out: Path) -> dict:
+def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
 
     from raydp_llm.metrics import read_metrics
@@ -41,16 +43,17 @@ def measure_trainer(corpus: Path, steps: int, workers: int, out: Path) -> dict:
             "+experiment=shakespeare_char", f"data.path={corpus}", f"data.cache_dir={out / 'cache'}",
             f"train.num_workers={workers}", f"train.cpus_per_worker={cpus}", f"train.max_steps={steps}",
             f"train.eval_interval={steps // 4}", "train.eval_batches=2", f"train.checkpoint_interval={steps}",
-            "sample.max_new_tokens=1"])
+            "sample.max_new_tokens=1", *extra])
     summary = run(cfg, out / "run")
     rows = read_metrics(out / "run" / "metrics.csv")[1:]  # the first interval includes warm-up
     return {"tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows), "train_s": summary["train_s"]}
 
 
-def run_one(kind: str, corpus: Path, steps: int) -> dict:
+def run_one(kind: str, corpus: Path, steps: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run([sys.executable, __file__, "--measure", kind, "--corpus", str(corpus),
-                               "--steps", str(steps), "--out", tmp], capture_output=True, text=True, cwd=ROOT)
+                               "--steps", str(steps), "--out", tmp, *[f"--set={o}" for o in extra]],
+                              capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         raise RuntimeError(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -61,27 +64,31 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the three measurements")
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
+    parser.add_argument("--kinds", default="bare,trainer-1,trainer-2", help="the measurements, comma-separated")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for the trainer runs, e.g. --set cluster.dashboard=false")
     parser.add_argument("--measure", choices=["bare", "trainer-1", "trainer-2"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         result = (train_bare(args.corpus, args.steps, evaluate=False) if args.measure == "bare"
-                  else measure_trainer(args.corpus, args.steps, int(args.measure[-1]), args.out))
+                  else measure_trainer(args.corpus, args.steps, int(args.measure[-1]), args.out, args.set))
         print(json.dumps(result))
         return
 
-    runs = {kind: [] for kind in ("bare", "trainer-1", "trainer-2")}
+    runs = {kind: [] for kind in args.kinds.split(",")}
     for repeat in range(args.repeats):
         for kind, results in runs.items():
-            results.append(run_one(kind, args.corpus, args.steps)["tokens_per_s"])
+            results.append(run_one(kind, args.corpus, args.steps, args.set)["tokens_per_s"])
             print(f"  round {repeat + 1}: {kind:9} {results[-1]:,.0f} tokens/s", file=sys.stderr, flush=True)
-    bare = statistics.median(runs["bare"])
+    bare = statistics.median(runs["bare"]) if "bare" in runs else None
     print(f"\n{os.cpu_count()} cores, {args.steps} steps of batch {BATCH} × block {MODEL['block_size']}, "
           f"median of {args.repeats}\n")
     print("| pipeline | tokens/s (median) | vs bare | runs |\n|---|---:|---:|---|")
     for kind, results in runs.items():
         median = statistics.median(results)
-        print(f"| {kind} | {median:,.0f} | {median / bare:.2f}× | {', '.join(f'{r:,.0f}' for r in results)} |")
+        ratio = f"{median / bare:.2f}×" if bare else "-"
+        print(f"| {kind} | {median:,.0f} | {ratio} | {', '.join(f'{r:,.0f}' for r in results)} |")
 
 
 if __name__ == "__main__":
