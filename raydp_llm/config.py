@@ -215,9 +215,8 @@ def _one_of(*choices):
     return lambda v: v in choices, " | ".join(choices)
 
 
-def _within(low, high, closed_high=False):
-    return (lambda v: low <= v <= high) if closed_high else (lambda v: low <= v < high), \
-        f"a number in [{low}, {high}{']' if closed_high else ')'}"
+def _within(low, high):
+    return lambda v: low <= v < high, f"a number in [{low}, {high})"
 
 
 RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_head of an LSTM) are skipped
