@@ -80,8 +80,8 @@ def ray_session(cfg: DictConfig, run_name: str) -> Iterator[None]:
 def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     """A RayDP Spark session with ``cfg.executors`` executors; always stopped on exit.
 
-    Unless ``cfg.verbose``, the Spark driver JVM writes its stderr to ``log_dir/spark-driver.log``; Spark's
-    event log goes to ``log_dir/spark-events/``.
+    Unless ``cfg.verbose``, the Spark driver JVM writes its stdout and stderr to ``log_dir/spark-driver.log``;
+    Spark's event log goes to ``log_dir/spark-events/``.
     """
     import raydp
 
@@ -130,12 +130,12 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
                 executor_memory=cfg.executor_memory, fault_tolerant_mode=True,  # from_spark needs fault tolerance
                 configs=configs)
     try:
-        with contextlib.nullcontext() if cfg.verbose else _stderr_to(log_dir / "spark-driver.log"), \
+        with contextlib.nullcontext() if cfg.verbose else _output_to(log_dir / "spark-driver.log"), \
                 ThreadPoolExecutor(1) as pool:
             # Spark starts off the main thread so that PySpark installs no SIGINT handler: its handler calls
             # py4j from inside the handler, on the connection the interrupted call is using; py4j retries and
             # the KeyboardInterrupt is lost. Python's own handler stays, and the finally below stops Spark.
-            # The driver JVM starts here and keeps the stderr it inherits.
+            # The driver JVM starts here and keeps the stdout and stderr it inherits.
             spark = pool.submit(raydp.init_spark, **init).result()
         spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
         if cfg.spark_ui:
@@ -171,19 +171,24 @@ def _start_python_workers(spark, slots: int) -> None:
 
 
 @contextlib.contextmanager
-def _stderr_to(path: Path) -> Iterator[None]:
-    """Point file descriptor 2 at ``path`` for the duration (child processes started meanwhile keep it)."""
+def _output_to(path: Path) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at ``path`` for the duration: child processes started meanwhile (the Spark
+    driver JVM) keep writing there, whether they log to stderr or print to stdout."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = [os.dup(1), os.dup(2)]
     with path.open("ab") as f:
+        os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
     try:
         yield
     finally:
+        sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def quiet_python_logs() -> None:

@@ -171,13 +171,13 @@ def etl_tokenizer(tok: DictConfig) -> DictConfig:
 
 def unknown_characters(err: PythonException, tok_cfg: DictConfig) -> InputError | None:
     """The one-line error for a corpus with characters a given char tokenizer lacks (``CharTokenizer``'s
-    ValueError in the executors), or None for any other failure."""
+    ValueError in the executors: those of the first batch that failed), or None for any other failure."""
     found = re.search(r"^ValueError: characters not in the vocabulary: (.*)$", str(err), re.MULTILINE)
     if found is None:
         return None
     chars = found[1] if len(found[1]) <= 60 else found[1][:60] + "…"
-    return InputError(f"data.path: the corpus has characters that tokenizer.path={tok_cfg.path} lacks: {chars}; "
-                      "remove them from the corpus or use a tokenizer (a model) whose vocabulary has them")
+    return InputError(f"data.path: the corpus has characters that tokenizer.path={tok_cfg.path} lacks, among them "
+                      f"{chars}; remove them from the corpus or use a tokenizer (a model) whose vocabulary has them")
 
 
 def check_cpus_for_kept_executors(cfg: DictConfig) -> None:
