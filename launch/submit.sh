@@ -27,15 +27,8 @@ usage: submit.sh [--head DNS --key KEY.pem] [options] [-- HYDRA_OVERRIDES...]
   --dry-run            print the commands, one per line, run nothing
 EOF
 }
-die() { echo "$prog: error: $*" >&2; exit 2; }
-show() {
-  local out="" a
-  for a in "$@"; do
-    if [[ $a =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=" $a"; else out+=" '${a//\'/\'\\\'\'}'"; fi
-  done
-  printf '%s\n' "${out# }"
-}
-run() { if [[ $dry_run == 1 ]]; then show "$@"; else "$@"; fi; }
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # die, show, run
 
 head_dns="" key="" user=hadoop port=8265 token_file=$HOME/.ray/raydp_llm_cluster_token experiment=emr
 submission_id="" no_wait=0 dry_run=0 overrides=()

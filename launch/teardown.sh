@@ -20,15 +20,8 @@ usage: teardown.sh (--cluster-id ID | --ray-config FILE) [--region REGION] [--wa
   --dry-run           print the commands, one per line, run nothing
 EOF_USAGE
 }
-die() { echo "$prog: error: $*" >&2; exit 2; }
-show() {
-  local out="" a
-  for a in "$@"; do
-    if [[ $a =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=" $a"; else out+=" '${a//\'/\'\\\'\'}'"; fi
-  done
-  printf '%s\n' "${out# }"
-}
-run() { if [[ $dry_run == 1 ]]; then show "$@"; else "$@"; fi; }
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # die, show, run
 
 cluster_id="" ray_config="" region="" wait=0 port=8265 dry_run=0
 while [[ $# -gt 0 ]]; do

@@ -22,16 +22,8 @@ usage: tunnel.sh --head DNS --key KEY.pem [--user hadoop] [--port 8265] [--backg
   --dry-run       print the command, run nothing
 EOF
 }
-die() { echo "$prog: error: $*" >&2; exit 2; }
-# Print a command as one line that a shell reads back as the same words.
-show() {
-  local out="" a
-  for a in "$@"; do
-    if [[ $a =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=" $a"; else out+=" '${a//\'/\'\\\'\'}'"; fi
-  done
-  printf '%s\n' "${out# }"
-}
-run() { if [[ $dry_run == 1 ]]; then show "$@"; else "$@"; fi; }
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # die, show, run
 
 head_dns="" key="" user=hadoop port=8265 mode=foreground dry_run=0
 while [[ $# -gt 0 ]]; do

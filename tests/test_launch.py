@@ -67,8 +67,9 @@ def shellcheck_binary() -> str:
 
 
 def test_shellcheck_clean():
-    p = subprocess.run([shellcheck_binary(), "--severity=style", *map(str, SCRIPTS)], capture_output=True,
-                       text=True, timeout=120)
+    # -x: follow each client script into launch/common.sh, which it sources (and so checks that too)
+    p = subprocess.run([shellcheck_binary(), "--severity=style", "-x", "--source-path=SCRIPTDIR",
+                        *map(str, SCRIPTS)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
 
 

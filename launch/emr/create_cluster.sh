@@ -37,15 +37,8 @@ usage: create_cluster.sh --name NAME --bucket BUCKET --key-name KEY [options]
   --dry-run              print the commands, one per line, call nothing
 EOF
 }
-die() { echo "$prog: error: $*" >&2; exit 2; }
-show() {
-  local out="" a
-  for a in "$@"; do
-    if [[ $a =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=" $a"; else out+=" '${a//\'/\'\\\'\'}'"; fi
-  done
-  printf '%s\n' "${out# }"
-}
-run() { if [[ $dry_run == 1 ]]; then show "$@"; else "$@"; fi; }
+# shellcheck source=../common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"  # die, show, run
 
 name="" bucket="" key_name="" prefix=raydp_llm release=emr-7.13.0 region="" subnet=""
 primary_type=m7i.xlarge core_type=m7i.2xlarge core_count=2 task_type="" task_count=0 idle_timeout=7200
