@@ -44,13 +44,18 @@ def _load_weights(directory: Path, model: LanguageModel, device: str) -> None:
     model.load_state_dict(state)
 
 
+def read_model_spec(directory: Path) -> dict:
+    """A model directory's ``config.json`` as a ``build_model`` spec: ``kind`` and the config fields."""
+    config = json.loads((Path(directory) / CONFIG_FILE).read_text())
+    return {"kind": config.pop("model"), **config}
+
+
 def load_model_dir(directory: Path, device: str = "cpu") -> tuple[LanguageModel, Tokenizer]:
     """The model (in eval mode) and tokenizer of a model directory; safetensors and JSON only, nothing unpickled."""
     directory = Path(directory)
     if not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE}; give the model/ directory of a finished run")
-    config = json.loads((directory / CONFIG_FILE).read_text())
-    model = build_model({"kind": config.pop("model"), **config})
+    model = build_model(read_model_spec(directory))
     _load_weights(directory, model, device)
     return model.to(device).eval(), load_tokenizer(directory)
 

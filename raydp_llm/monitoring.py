@@ -46,14 +46,14 @@ class RunGauges:
         "etl_phase_s": "seconds an ETL phase took (tag phase)",
         "etl_windows": "training and validation windows the ETL cut (tag split)",
     }
+    TAGS = {"etl_phase_s": "phase", "etl_windows": "split"}  # a second tag beside ``run``
 
     def __init__(self, run: str):
         from ray.util.metrics import Gauge
 
         self.run = run
         self.gauges = {name: Gauge(f"raydp_llm_{name}", description=text,
-                                   tag_keys=("run", "phase") if name == "etl_phase_s"
-                                   else ("run", "split") if name == "etl_windows" else ("run",))
+                                   tag_keys=("run", self.TAGS[name]) if name in self.TAGS else ("run",))
                        for name, text in self.NAMES.items()}
 
     def set(self, **values: float | None) -> None:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from pyspark.errors import PythonException
 
 from raydp_llm import cache
-from raydp_llm.checkpoint import CONFIG_FILE, STATE_JSON
+from raydp_llm.checkpoint import STATE_JSON, read_model_spec
 from raydp_llm.cluster import EVENT_LOG_DIR, spark_session
 from raydp_llm.config import validate
 from raydp_llm.corpus import Corpus, resolve_corpus
@@ -73,8 +73,7 @@ def check_resume_checkpoint(path: Path, cfg: DictConfig) -> None:
     if not (path / STATE_JSON).is_file():
         raise InputError(f"train.resume={cfg.train.resume}: not a training checkpoint (no {STATE_JSON}); give a "
                          "checkpoint_* directory under an earlier run's ray_results/, or auto | never")
-    saved = json.loads((path / CONFIG_FILE).read_text())
-    saved["kind"] = saved.pop("model")
+    saved = read_model_spec(path)
     differ = [key for key, value in cfg.model.items() if key in saved and saved[key] != value]
     if differ:
         raise InputError(f"train.resume={cfg.train.resume}: the checkpoint's model has "

@@ -51,8 +51,8 @@ class SweepSummary(Callback):
         self.jobs.append({
             "job": config.hydra.job.num, "overrides": list(config.hydra.overrides.task),
             "status": "completed" if ok else "failed",
-            **{k: summary.get(k) if ok else None for k in ("best_val_loss", "final_val_loss", "tokens_per_s")},
-            "final_val_bpc": summary.get("final_val_bpc") if ok else None,
+            **{k: summary.get(k) if ok else None
+               for k in ("best_val_loss", "final_val_loss", "final_val_bpc", "tokens_per_s")},
             "wall_s": round(time.perf_counter() - self.job_start, 1), "output_dir": str(out_dir),
             "error": None if ok else _last_error(out_dir / f"{config.hydra.job.name}.log"),
         })
