@@ -26,7 +26,7 @@ ETL_VERSION = 2  # bump when the ETL's output changes for the same inputs and se
 
 def cache_key(corpus: Corpus, data: DictConfig, tok_cfg: DictConfig, block_size: int, seed: int) -> str:
     settings = OmegaConf.to_container(data, resolve=True)
-    for irrelevant in ("cache", "cache_dir", "path", "max_files", "require_path"):  # the inputs are in the fingerprints
+    for irrelevant in ("cache", "cache_dir", "path", "max_files"):  # the inputs are in the fingerprints
         settings.pop(irrelevant, None)
     tokenizer = OmegaConf.to_container(tok_cfg, resolve=True)
     if tok_cfg.get("path"):

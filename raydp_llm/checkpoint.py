@@ -1,19 +1,24 @@
 """The model directory (``model.safetensors`` + ``config.json`` + ``tokenizer.json``; loads without Ray or Spark)
 and training checkpoints: a model directory plus ``train_state.json`` (step, data position, run fingerprint) and
 ``train_state.pt`` (optimizer and RNG state, loaded with ``weights_only=True``: nothing arbitrary is unpickled).
+Both may live on S3 (``s3://...``): they are read from there directly, or fetched to a temporary directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 
+from raydp_llm import storage
 from raydp_llm.model import LanguageModel, build_model
+from raydp_llm.storage import S3Options
 from raydp_llm.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -44,17 +49,28 @@ def _load_weights(directory: Path, model: LanguageModel, device: str) -> None:
     model.load_state_dict(state)
 
 
-def read_model_spec(directory: Path) -> dict:
-    """A model directory's ``config.json`` as a ``build_model`` spec: ``kind`` and the config fields."""
-    config = json.loads((Path(directory) / CONFIG_FILE).read_text())
+def read_model_spec(directory: str | Path, s3: S3Options = S3Options()) -> dict:
+    """A model directory's (or checkpoint's, local or S3) ``config.json`` as a ``build_model`` spec: ``kind`` and
+    the config fields."""
+    config = storage.read_json(storage.join(str(directory), CONFIG_FILE), s3)
     return {"kind": config.pop("model"), **config}
 
 
-def load_model_dir(directory: Path, device: str = "cpu") -> tuple[LanguageModel, Tokenizer]:
-    """The model (in eval mode) and tokenizer of a model directory; safetensors and JSON only, nothing unpickled."""
-    directory = Path(directory)
+def load_model_dir(directory: str | Path, device: str = "cpu",
+                   s3: S3Options = S3Options()) -> tuple[LanguageModel, Tokenizer]:
+    """The model (in eval mode) and tokenizer of a model directory, local or on S3 (fetched to a temporary
+    directory); safetensors and JSON only, nothing unpickled."""
+    if storage.is_s3(str(directory)):
+        with tempfile.TemporaryDirectory() as local:
+            with contextlib.suppress(FileNotFoundError):  # nothing there: reported as the missing weights
+                storage.copy(directory, local, s3)
+            return _load_local(Path(local), device, shown_as=str(directory))
+    return _load_local(Path(directory), device, shown_as=str(directory))
+
+
+def _load_local(directory: Path, device: str, shown_as: str) -> tuple[LanguageModel, Tokenizer]:
     if not (directory / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE}; give the model/ directory of a finished run")
+        raise FileNotFoundError(f"{shown_as}: no {WEIGHTS_FILE}; give the model/ directory of a finished run")
     model = build_model(read_model_spec(directory))
     _load_weights(directory, model, device)
     return model.to(device).eval(), load_tokenizer(directory)
@@ -106,15 +122,21 @@ def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> d
     return json.loads((directory / STATE_JSON).read_text())
 
 
-def find_checkpoint(root: Path, fingerprint: str, max_steps: int) -> Path | None:
-    """The latest unfinished training checkpoint under ``root`` whose run had the same ``fingerprint``
-    (the same model, data, optimizer and training settings), or None."""
-    found = []
-    for path in Path(root).glob(f"**/{STATE_JSON}"):
-        state = json.loads(path.read_text())
-        if state.get("fingerprint") == fingerprint and state["step"] < max_steps:
-            found.append((state["step"], path.stat().st_mtime, path.parent))
-    return max(found)[2] if found else None
+def find_checkpoint(root: str | Path, fingerprint: str, max_steps: int, s3: S3Options = S3Options(),
+                    run_prefix: str = "") -> str | None:
+    """The latest training checkpoint under ``root`` (local or S3) of an unfinished run with the same
+    ``fingerprint`` (the same model, data, optimizer and training settings) whose path below ``root`` starts with
+    ``run_prefix``, or None. A run that reached ``max_steps`` is finished: its checkpoints are not resumed."""
+    found, finished = [], set()
+    for path, relative, info in storage.find_files(root, STATE_JSON, s3):
+        state = storage.read_json(path, s3)
+        if relative.startswith(run_prefix) and state.get("fingerprint") == fingerprint:
+            run_dir, checkpoint_dir = path.rsplit("/", 2)[0], path.rsplit("/", 1)[0]
+            found.append((state["step"], info.mtime, checkpoint_dir, run_dir))
+            if state["step"] >= max_steps:
+                finished.add(run_dir)
+    unfinished = [f for f in found if f[3] not in finished]
+    return max(unfinished)[2] if unfinished else None
 
 
 def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:

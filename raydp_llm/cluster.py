@@ -22,6 +22,7 @@ import ray.data
 from omegaconf import DictConfig
 from ray.job_config import JobConfig
 
+from raydp_llm.errors import InputError
 from raydp_llm.java import JVM_FLAGS, ensure_java
 from raydp_llm.monitoring import announce_dashboard
 
@@ -126,9 +127,10 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     cpus_before = ray.available_resources().get("CPU", 0.0)
+    placement = executor_placement_group(cfg)
     init = dict(app_name=app_name, num_executors=cfg.executors, executor_cores=cfg.executor_cores,
                 executor_memory=cfg.executor_memory, fault_tolerant_mode=True,  # from_spark needs fault tolerance
-                configs=configs)
+                placement_group=placement, configs=configs)
     try:
         with contextlib.nullcontext() if cfg.verbose else _output_to(log_dir / "spark-driver.log"), \
                 ThreadPoolExecutor(1) as pool:
@@ -149,7 +151,26 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
         except Exception as err:  # an interrupted py4j call can leave the gateway unusable
             log.warning("Spark did not stop cleanly (%s); ending its driver JVM", type(err).__name__)
         _stop_driver_jvm()
+        if placement is not None:
+            ray.util.remove_placement_group(placement)
         _wait_for_cpus(cpus_before)
+
+
+def executor_placement_group(cfg: DictConfig, timeout_s: float = 180.0):
+    """With ``cluster.placement``: a placement group of one bundle per executor (its Ray CPUs and heap) placed by
+    that strategy, for RayDP to start the executors in; None without."""
+    if not cfg.placement:
+        return None
+    from raydp.utils import parse_memory_size
+
+    bundle = {"CPU": cfg.executor_ray_cpus, "memory": parse_memory_size(cfg.executor_memory)}
+    group = ray.util.placement_group([bundle] * cfg.executors, strategy=cfg.placement)
+    if not group.wait(timeout_seconds=timeout_s):
+        ray.util.remove_placement_group(group)
+        raise InputError(f"cluster.placement={cfg.placement}: Ray could not place {cfg.executors} executors of "
+                         f"{cfg.executor_ray_cpus:g} CPUs and {cfg.executor_memory} within {timeout_s:.0f}s; lower "
+                         "cluster.executors or cluster.executor_memory, or add nodes")
+    return group
 
 
 def _wait_for_executors(spark, executors: int, timeout_s: float = 180.0) -> None:

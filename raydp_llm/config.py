@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -31,9 +31,8 @@ def setting(default: Any, help: str) -> Any:  # noqa: A002 - the name Hydra user
 
 @dataclass
 class DataSettings:
-    path: Any = setting(None, "file, directory, glob or URI (hdfs://, s3a://), or a list of them; "
-                              "null = the built-in sample corpus")
-    require_path: bool = setting(False, "true = fail unless data.path is given (corpora not shipped here)")
+    path: Any = setting(None, "file, directory, glob or URI (s3:// or s3a:// object, prefix or glob; hdfs://), or a "
+                              "list of them; null = the built-in sample corpus")
     markdown: bool = setting(False, "strip markdown markup from data.path files (the sample is always stripped)")
     max_files: Optional[int] = setting(None, "use only the first N files (sorted by path); null = all")
     document_split: str = setting("file", "where documents end: file | blank_line | line "
@@ -127,7 +126,10 @@ class TrainSettings:
                                              "0 = only the final one")
     keep_checkpoints: int = setting(2, "checkpoints kept per run (the latest ones)")
     resume: str = setting("auto", "auto = continue the latest unfinished checkpoint of an identical run | "
-                                  "never | a checkpoint dir")
+                                  "never | a checkpoint dir (local or s3://)")
+    storage_path: Optional[str] = setting(None, "where Ray Train writes checkpoints, and the run's outputs are "
+                                                "copied when it ends (<storage_path>/<run>/): a directory or "
+                                                "s3://bucket/prefix; null = ray_results/ in the run directory")
     shuffle_buffer: int = setting(2000, "windows permuted together per epoch (seeded), on top of the ETL's "
                                         "global shuffle; 0 = none")
     precision: str = setting("auto", "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16")
@@ -157,6 +159,21 @@ class ClusterSettings:
                                           "false = stop it after the hand-off")
     driver_memory: str = setting("1g", "Spark driver JVM heap")
     spark_conf: Dict[str, Any] = setting({}, "extra Spark settings, e.g. {spark.sql.shuffle.partitions: 8}")
+    placement: Optional[str] = setting(None, "where Ray puts the Spark executors and the DDP workers: null = Ray's "
+                                             "default | PACK | SPREAD (over the nodes, as far as possible) | "
+                                             "STRICT_SPREAD (each on a node of its own)")
+    worker_nodes: int = setting(1, "nodes that run executors and DDP workers; conf/cluster/emr.yaml sizes the job "
+                                   "per node from it")
+    node_cpus: Optional[int] = setting(None, "Ray CPUs of each such node (EMR: the instance's vCPUs - 1); "
+                                             "conf/cluster/emr.yaml sizes the job per node from it")
+
+
+@dataclass
+class S3Settings:
+    endpoint_url: Optional[str] = setting(None, "an S3-compatible service instead of AWS, e.g. "
+                                                "http://127.0.0.1:9000 (MinIO); null = AWS")
+    region: Optional[str] = setting(None, "the buckets' AWS region; null = from AWS_REGION, ~/.aws/config or the "
+                                          "instance")
 
 
 @dataclass
@@ -170,6 +187,8 @@ class SampleSettings:
 @dataclass
 class Settings:
     name: str = setting("raydp_llm", "run name: the Spark app, the Ray Train run and the output folder carry it")
+    required: List[str] = setting([], "settings this configuration cannot run without, e.g. [data.path] for a "
+                                      "corpus not shipped here; each must be given")
     seed: int = setting(1337, "seeds model init, data order, window shuffle and sampling")
     data: DataSettings = setting(DataSettings(), "the corpus and how the ETL cuts it into training windows")
     tokenizer: Any = setting(MISSING, "char | bpe: how text becomes token ids")
@@ -179,7 +198,8 @@ class Settings:
                                                     "checkpoints")
     cluster: ClusterSettings = setting(ClusterSettings(), "Ray, and Spark on it with RayDP")
     sample: SampleSettings = setting(SampleSettings(), "text generated into samples.txt after training")
-    unavailable: Optional[str] = setting(None, "set by placeholder experiments: why they cannot run yet")
+    s3: S3Settings = setting(S3Settings(), "S3 access for s3:// data, storage and checkpoints; credentials come "
+                                           "from the standard AWS chain (environment, ~/.aws, instance role)")
 
 
 @dataclass
@@ -262,6 +282,10 @@ RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_
     "cluster.executor_cores": _at_least(1),
     "cluster.executor_ray_cpus": (lambda v: v > 0, "a number > 0"),
     "cluster.dashboard_port": _optional((lambda v: 0 < v < 65536, "a port number, 1-65535")),
+    "cluster.placement": _optional(_one_of("PACK", "SPREAD", "STRICT_SPREAD")),
+    "cluster.worker_nodes": _at_least(1),
+    "cluster.node_cpus": _optional(_at_least(1)),
+    "s3.endpoint_url": _optional((lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL")),
     "sample.max_new_tokens": _at_least(0),
     "sample.temperature": _at_least(0),
     "sample.top_k": _optional(_at_least(1)),
@@ -271,14 +295,15 @@ RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_
 def validate(cfg: DictConfig) -> None:
     """Raise ``InputError`` (key, bad value, what is allowed) for the first setting out of range, the first pair
     that disagrees, or a cluster too small for the job. Needs no engine: runs before Ray or Spark start."""
+    for key in cfg.required:
+        if OmegaConf.select(cfg, key) is None:
+            raise InputError(f"{key} is missing: the {cfg.name} configuration needs it; add {key}=...")
     missing = object()
     for key, (test, allowed) in RULES.items():
         value = OmegaConf.select(cfg, key, default=missing)
         if value is not missing and not test(value):
             raise InputError(f"{key}={value} is not allowed: use {allowed}")
     t, o = cfg.train, cfg.optim
-    if cfg.unavailable:
-        raise InputError(f"{cfg.name}: {cfg.unavailable}")
     if o.min_lr > o.lr:
         raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at min_lr ≤ lr")
     if t.batch_size % (t.num_workers * t.grad_accum):

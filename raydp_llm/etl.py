@@ -17,6 +17,7 @@ tokens of each piece of the stream.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -31,9 +32,10 @@ from omegaconf import DictConfig
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from raydp_llm import raydp_fixes, windows
+from raydp_llm import raydp_fixes, s3_reader, windows
 from raydp_llm.corpus import Corpus
 from raydp_llm.errors import InputError
+from raydp_llm.storage import S3Options, is_s3
 from raydp_llm.tokenizer import (
     CharTokenizer,
     IdsTokenizer,
@@ -72,26 +74,39 @@ class EtlOutput:
     phase_s: dict = field(default_factory=dict)
 
 
-def read_lines(spark: SparkSession, corpus: Corpus, data: DictConfig) -> DataFrame:
+def read_lines(spark: SparkSession, corpus: Corpus, data: DictConfig, s3: S3Options) -> DataFrame:
     """``src, block, raw``: one row per line (text, ids) or per row (Parquet's ``data.text_column``), as bytes,
-    tagged with its file and the start of its input split.
+    tagged with its file and the start of its input split. Spark's readers read local files and the URIs Hadoop
+    knows; ``s3://`` objects are read in the executors with pyarrow (``s3_reader``).
 
     Lines stay bytes until the executors decode them (``decode``): Spark does not check UTF-8.
     """
+    local = [f for f in corpus.files if not is_s3(f)]
+    remote = [(f, corpus.sizes[f]) for f in corpus.files if is_s3(f)]
+    parts = ([spark_read(spark, local, data, corpus.name)] if local else []) + \
+            ([s3_reader.read_corpus(spark, remote, data, s3)] if remote else [])
+    lines = functools.reduce(DataFrame.unionByName, parts)
+    text = F.col("text")
+    if corpus.markdown:
+        text = text.cast("string")
+        for pattern, replacement in _MARKDOWN_RULES:
+            text = F.regexp_replace(text, pattern, replacement)
+    return lines.select("src", "block", text.cast("binary").alias("raw"))
+
+
+def spark_read(spark: SparkSession, files: list[str], data: DictConfig, name: str) -> DataFrame:
+    """``src, block, text``: what Spark's own readers (text, Parquet) make of local files and Hadoop URIs."""
     if data.format == "parquet":
-        df = spark.read.parquet(*corpus.files)
+        df = spark.read.parquet(*files)
         if data.text_column not in df.columns:
-            raise InputError(f"data.text_column={data.text_column}: no such column in {corpus.name}; its columns "
+            raise InputError(f"data.text_column={data.text_column}: no such column in {name}; its columns "
                              f"are {', '.join(df.columns)}")
         text = F.col(data.text_column)
     else:
-        df = spark.read.text(corpus.files)
+        df = spark.read.text(files)
         text = F.col("value")
-    if corpus.markdown:
-        for pattern, replacement in _MARKDOWN_RULES:
-            text = F.regexp_replace(text, pattern, replacement)
     return df.select(F.input_file_name().alias("src"), F.input_file_block_start().alias("block"),
-                     text.cast("binary").alias("raw"))
+                     text.cast("binary").alias("text"))
 
 
 def decode(raw: bytes) -> tuple[str, int]:
@@ -362,9 +377,10 @@ def check_files(files: dict[str, dict], data: DictConfig) -> list[str]:
 
 
 def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: DictConfig, block_size: int,
-            seed: int, on_phase: Callable[[str, float], None] | None = None) -> EtlOutput:
+            seed: int, on_phase: Callable[[str, float], None] | None = None,
+            s3: S3Options = S3Options()) -> EtlOutput:
     """Run the whole ETL on ``spark``; returns the cached window DataFrames and the manifest. ``on_phase(name,
-    seconds)`` is called as each phase ends (read, tokenizer, encode)."""
+    seconds)`` is called as each phase ends (read, tokenizer, encode); ``s3`` reaches ``s3://`` inputs."""
     strides = {"train": data.stride or block_size, "val": data.val_stride or block_size}
     phase_s: dict[str, float] = {}
 
@@ -374,7 +390,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
             on_phase(phase, phase_s[phase])
 
     t = time.perf_counter()
-    lines = read_lines(spark, corpus, data)  # read again by each pass: cheaper than Spark's cache
+    lines = read_lines(spark, corpus, data, s3)  # read again by each pass: cheaper than Spark's cache
     files = scan_files(lines, want_charset=tok_cfg.kind == "char" and data.format != "ids",
                        id_file=data.format == "ids")
     skipped = check_files(files, data)

@@ -24,24 +24,34 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
+from raydp_llm import storage
 from raydp_llm.checkpoint import MODEL_FILES, load_model_dir
 from raydp_llm.cluster import ray_session
 from raydp_llm.config import documented_output
 from raydp_llm.errors import InputError, cli_errors
 from raydp_llm.model import LanguageModel
-from raydp_llm.pipeline import check_inputs, dataset_store, prepare_data, write_json
+from raydp_llm.pipeline import absolute, check_inputs, dataset_store, prepare_data, write_json
+from raydp_llm.storage import S3Options
 from raydp_llm.tokenizer import TOKENIZER_FILE
 from raydp_llm.trainer import WindowBatch
 
 log = logging.getLogger(__name__)
 
 
-def load_model(cfg: DictConfig) -> LanguageModel:
-    """The model of ``model_dir``; points the ETL at its tokenizer and block size (``cfg`` is changed)."""
+def load_model(cfg: DictConfig, out_dir: Path) -> LanguageModel:
+    """The model of ``model_dir`` (an s3:// one is fetched to ``out_dir/model``); points the ETL at its tokenizer
+    and block size (``cfg`` is changed)."""
     if not cfg.model_dir:
         raise InputError("model_dir is required: give the model/ directory of a finished run, "
                          "e.g. model_dir=outputs/raydp_llm/<run>/model")
-    model_dir = Path(to_absolute_path(cfg.model_dir))
+    if storage.is_s3(cfg.model_dir):  # fetched into the run directory: the ETL reads its tokenizer from there
+        model_dir = out_dir / "model"
+        try:
+            storage.copy(cfg.model_dir, model_dir, S3Options.of(cfg.s3))
+        except OSError as err:
+            raise storage.unreachable("model_dir", cfg.model_dir, err) from None
+    else:
+        model_dir = Path(to_absolute_path(cfg.model_dir))
     missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
     if missing:
         raise InputError(f"model_dir={cfg.model_dir}: no {', '.join(missing)} there; give the model/ directory of "
@@ -92,7 +102,7 @@ def metrics(totals: dict, chars_per_token: float | None) -> dict:
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """Evaluate ``cfg.model_dir`` on ``cfg.data`` into ``out_dir``; returns what ``evaluation.json`` holds."""
     start, timings = time.perf_counter(), {}
-    model = load_model(cfg)
+    model = load_model(cfg, out_dir)
     corpus = check_inputs(cfg)  # bad input fails here, before Ray starts
     with ray_session(cfg.cluster, cfg.name):
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=False, store=dataset_store(cfg, out_dir))
@@ -103,7 +113,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     collate = WindowBatch(m["token_dtype"], model.config.block_size, torch.device("cpu"))
     result = metrics(score(model, batches, collate), m["chars_per_token"])
     timings |= {"eval_s": time.perf_counter() - t, "total_s": time.perf_counter() - start}
-    evaluation = {"model_dir": str(Path(to_absolute_path(cfg.model_dir))), **result, "dataset": str(data.entry),
+    evaluation = {"model_dir": absolute(cfg.model_dir), **result, "dataset": str(data.entry),
                   **{k: round(v, 2) for k, v in timings.items()}, "etl": m | {"cache_hit": data.cache_hit}}
     write_json(out_dir / "evaluation.json", evaluation)
     bpc = result["bits_per_char"]

@@ -14,7 +14,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from pyspark.errors import PythonException
 
-from raydp_llm import cache
+from raydp_llm import cache, storage
 from raydp_llm.checkpoint import STATE_JSON, read_model_spec
 from raydp_llm.cluster import EVENT_LOG_DIR, spark_session
 from raydp_llm.config import validate
@@ -25,6 +25,7 @@ from raydp_llm.model import check_model_spec
 from raydp_llm.monitoring import RunGauges
 from raydp_llm.progress import PhaseBar, console_bar
 from raydp_llm.spark_stats import read_event_log
+from raydp_llm.storage import S3Options
 from raydp_llm.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -47,33 +48,39 @@ def check_inputs(cfg: DictConfig) -> Corpus:
     corpus, before any engine starts."""
     validate(cfg)
     t, d = cfg.train, cfg.data
-    if d.require_path and d.path is None:
-        raise InputError(f"data.path is missing: the {cfg.name} configuration needs a corpus the project does not "
-                         "ship; add data.path=/path/to/it")
     check_model_spec(OmegaConf.to_container(cfg.model, resolve=True))
     if t.resume not in ("auto", "never"):
-        check_resume_checkpoint(Path(to_absolute_path(str(t.resume))), cfg)
+        check_resume_checkpoint(absolute(str(t.resume)), cfg)
+    if t.storage_path and storage.is_s3(t.storage_path):
+        storage.check_bucket("train.storage_path", t.storage_path, S3Options.of(cfg.s3))
     if cfg.tokenizer.get("path") and not Path(to_absolute_path(cfg.tokenizer.path)).is_file():
         raise InputError(f"tokenizer.path={cfg.tokenizer.path}: no such file; give a tokenizer.json")
-
-    def absolute(p: str) -> str:  # relative to where the user ran the command; URIs stay as they are
-        return p if "://" in p else to_absolute_path(p)
-
     path = d.path if d.path is None else absolute(d.path) if isinstance(d.path, str) else [absolute(p) for p in d.path]
-    corpus = resolve_corpus(path, markdown=d.markdown)
+    corpus = resolve_corpus(path, markdown=d.markdown, s3=S3Options.of(cfg.s3))
     if d.max_files:
         corpus = Corpus(files=corpus.files[: d.max_files], markdown=corpus.markdown, name=corpus.name,
                         fingerprints=corpus.fingerprints[: d.max_files])
     return corpus
 
 
-def check_resume_checkpoint(path: Path, cfg: DictConfig) -> None:
-    """``train.resume=<dir>`` must be a training checkpoint of a model with the configured shape (block size,
-    layers, widths): its weights would not load into another."""
-    if not (path / STATE_JSON).is_file():
+def absolute(path: str) -> str:
+    """A path the user gave, relative to where they ran the command; URIs stay as they are."""
+    return path if "://" in path else to_absolute_path(path)
+
+
+def check_resume_checkpoint(location: str, cfg: DictConfig) -> None:
+    """``train.resume=<dir>`` (local or s3://) must be a training checkpoint of a model with the configured shape
+    (block size, layers, widths): its weights would not load into another."""
+    s3 = S3Options.of(cfg.s3)
+    try:
+        found = storage.exists(storage.join(location, STATE_JSON), s3)
+        saved = read_model_spec(location, s3) if found else {}
+    except OSError as err:
+        raise storage.unreachable("train.resume", cfg.train.resume, err) from None
+    if not found:
         raise InputError(f"train.resume={cfg.train.resume}: not a training checkpoint (no {STATE_JSON}); give a "
-                         "checkpoint_* directory under an earlier run's ray_results/, or auto | never")
-    saved = read_model_spec(path)
+                         "checkpoint_* directory of an earlier run (under its ray_results/ or train.storage_path), "
+                         "or auto | never")
     differ = [key for key, value in cfg.model.items() if key in saved and saved[key] != value]
     if differ:
         raise InputError(f"train.resume={cfg.train.resume}: the checkpoint's model has "
@@ -111,6 +118,8 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     kept = keep is not None and cfg.cluster.keep_executors
     if kept:
         check_cpus_for_kept_executors(cfg)
+    if store is not None:
+        check_store_is_shared(store)
     phases = ["spark start", "read", "tokenizer", "encode"] + ["write"] * (store is not None) + ["convert"] * to_ray
     t = time.perf_counter()
     with contextlib.ExitStack() as local, console_bar(len(phases), "ETL", "phase") as bar:
@@ -122,7 +131,7 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
         t = time.perf_counter()
         try:
             out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed,
-                          on_phase=progress.done)
+                          on_phase=progress.done, s3=S3Options.of(cfg.s3))
         except PythonException as err:  # raised in the executors: the user gets one line, not their traceback
             raise unknown_characters(err, tok_cfg) or err
         m = out.manifest
@@ -190,6 +199,18 @@ def check_cpus_for_kept_executors(cfg: DictConfig) -> None:
         raise InputError(f"cluster.keep_executors=true needs {need:g} Ray CPUs (cluster.executors × "
                          f"cluster.executor_ray_cpus + train.num_workers × train.cpus_per_worker) but the cluster "
                          f"has {have:g}: set cluster.keep_executors=false or lower those numbers")
+
+
+def check_store_is_shared(store: Path) -> None:
+    """Spark's executors write the dataset's Parquet files where they run: on a cluster of several nodes a local
+    directory would end up scattered over the nodes' disks."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+    if len(nodes) > 1:
+        raise InputError(f"{store}: Spark's executors would write the dataset to this directory on each of the "
+                         f"cluster's {len(nodes)} nodes; on a cluster set data.cache=false (training then takes the "
+                         "windows from Spark directly), and run prepare and evaluate on one machine")
 
 
 def write_json(path: Path, content: dict) -> Path:

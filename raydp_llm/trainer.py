@@ -33,6 +33,7 @@ from raydp_llm.checkpoint import load_train_checkpoint, save_train_checkpoint
 from raydp_llm.metrics import MetricsWriter
 from raydp_llm.model import LanguageModel, build_model
 from raydp_llm.progress import LivePosts, ProgressBoard, TrainingProgress
+from raydp_llm.storage import S3Options, resolve
 from raydp_llm.tokenizer import tokenizer_from_json
 
 
@@ -65,7 +66,8 @@ class TrainSpec:
     compile: bool
     peak_flops: float | None  # one worker's peak FLOP/s, for MFU
     fingerprint: str  # identifies runs that may resume each other's checkpoints
-    resume_from: str | None = None  # a training checkpoint directory to start from
+    resume_from: str | None = None  # a training checkpoint directory (local or s3://) to start from
+    s3: S3Options = S3Options()  # how to reach s3:// paths
     run_name: str = ""  # the Ray Train run's name, which tags its Ray metrics
     board: object = None  # the driver's ProgressBoard actor (progress.py), which rank 0 posts to
 
@@ -216,8 +218,10 @@ def train_loop(spec_dict: dict) -> None:
     optimizer = make_optimizer(model, spec)
     state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "elapsed_s": 0.0}
     # Ray's own checkpoint when it restarts failed workers; else the one this run resumes, if any.
-    checkpoint = ray.train.get_checkpoint() or (Checkpoint.from_directory(spec.resume_from) if spec.resume_from
-                                                else None)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and spec.resume_from:
+        filesystem, path = resolve(spec.resume_from, spec.s3)
+        checkpoint = Checkpoint(path, filesystem=filesystem)
     if checkpoint:
         with checkpoint.as_directory() as d:
             state = load_train_checkpoint(Path(d), model, optimizer)
@@ -302,21 +306,23 @@ def _in_order():
 
 
 def fit(spec: TrainSpec, datasets: dict, num_workers: int, use_gpu: bool, out_dir: Path, run_name: str,
-        keep_checkpoints: int) -> Checkpoint:
+        keep_checkpoints: int, storage: str, placement: str | None) -> Checkpoint:
     """Train on the Ray datasets ``{"train", "val"}`` (from ``spec.resume_from`` if set); returns the final
-    checkpoint. The console follows it live (progress.py); ``metrics.csv`` and TensorBoard events go to
+    checkpoint. Checkpoints go to ``storage/<run>/`` (a directory or s3://), the workers are placed by ``placement``
+    (PACK when None). The console follows it live (progress.py); ``metrics.csv`` and TensorBoard events go to
     ``out_dir``."""
     spec.run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # unique: never Ray's silent resume
     spec.board = ProgressBoard.remote()
+    filesystem, storage_path = resolve(storage, spec.s3)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=vars(spec),
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, placement_strategy=placement or "PACK",
                                      resources_per_worker={"CPU": spec.cpus_per_worker}),
         datasets=datasets,
         # Every worker reads the whole stream, in order, and takes its own micro-batches (see epoch_steps).
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_in_order()),
-        run_config=RunConfig(name=spec.run_name, storage_path=str(out_dir / "ray_results"),
+        run_config=RunConfig(name=spec.run_name, storage_path=storage_path, storage_filesystem=filesystem,
                              checkpoint_config=CheckpointConfig(num_to_keep=keep_checkpoints),
                              callbacks=[MetricsWriter(out_dir / "metrics.csv", out_dir / "tensorboard")]),
     )
@@ -333,5 +339,5 @@ def fit(spec: TrainSpec, datasets: dict, num_workers: int, use_gpu: bool, out_di
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, sigint_handler)
     if result.checkpoint is None:
-        raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
+        raise RuntimeError(f"training finished without a checkpoint; see {storage}/{spec.run_name}")
     return result.checkpoint

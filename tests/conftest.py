@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +20,12 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
 CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")  # tests never touch the user's ETL cache
+
+# Credentials for the local S3 stand-in (tests/test_s3.py), where the standard AWS chain looks first, set before any
+# Ray, Spark or Ray Train worker starts so that all of them inherit it; no instance metadata lookups.
+for _key, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    os.environ.setdefault(_key, _value)
 
 
 def make_config(*overrides: str, config_name: str = "config"):

@@ -51,8 +51,12 @@ def test_bad_input_is_one_line_before_any_engine_starts(module, override, messag
     ("train.checkpoint_interval=300", "train.checkpoint_interval=300 is not a multiple of train.eval_interval=250"),
     ("train.resume=/no/checkpoint", "train.resume=/no/checkpoint: not a training checkpoint (no train_state.json)"),
     ("train.precision=fp8", "train.precision=fp8 is not allowed: use auto | fp32 | bf16"),
-    ("+experiment=shakespeare_char", "data.path is missing: the shakespeare_char configuration needs a corpus"),
-    ("+experiment=emr", "emr: running on AWS EMR is not available yet (conf/experiment/emr.yaml is a placeholder)"),
+    ("+experiment=shakespeare_char", "data.path is missing: the shakespeare_char configuration needs it; add "
+     "data.path=..."),
+    ("+experiment=emr data.path=s3://b/corpus/", "train.storage_path is missing: the emr configuration needs it"),
+    ("s3.endpoint_url=127.0.0.1:9000", "s3.endpoint_url=127.0.0.1:9000 is not allowed: use null or an http:// or "
+     "https:// URL"),
+    ("cluster.placement=spread", "cluster.placement=spread is not allowed: use null or PACK | SPREAD | STRICT_SPREAD"),
     ("optim.lr=0", "optim.lr=0.0 is not allowed: use a number > 0"),
     ("optim.min_lr=0.01", "optim.min_lr=0.01 is above optim.lr=0.001; the decay ends at min_lr ≤ lr"),
     ("data.stride=0", "data.stride=0 is not allowed: use null or a number ≥ 1"),

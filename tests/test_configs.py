@@ -29,14 +29,11 @@ def test_every_group_option_composes_and_checks(group, option):
 def test_every_experiment_composes_and_checks(experiment, shakespeare):
     cfg = make_config(f"+experiment={experiment}")
     assert cfg.name == experiment
-    if experiment == "emr":  # a placeholder until the cluster-launch work: it refuses to run
-        with pytest.raises(InputError, match="emr: running on AWS EMR is not available yet"):
-            check_inputs(cfg)
-        return
-    if cfg.data.require_path:  # a corpus the project does not ship: refused without data.path
-        with pytest.raises(InputError, match="data.path is missing"):
-            check_inputs(cfg)
-        cfg = make_config(f"+experiment={experiment}", f"data.path={shakespeare}")
+    given = {"data.path": str(shakespeare), "train.storage_path": "/tmp/raydp_llm_test_storage"}
+    for i, key in enumerate(cfg.required):  # settings it cannot run without: refused until each is given
+        with pytest.raises(InputError, match=f"{key} is missing: the {experiment} configuration needs it"):
+            check_inputs(make_config(f"+experiment={experiment}", *(f"{k}={given[k]}" for k in cfg.required[:i])))
+    cfg = make_config(f"+experiment={experiment}", *(f"{k}={given[k]}" for k in cfg.required))
     assert check_inputs(cfg).files
 
 
