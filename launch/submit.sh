@@ -4,7 +4,7 @@
 # through an SSH tunnel to the head node's dashboard (opened and closed here with --head/--key, or one that
 # launch/tunnel.sh or `ray dashboard launch/ray/cluster.yaml` keeps open), authenticated with the cluster's
 # token (RAY_AUTH_TOKEN, or the token file). Everything after `--` goes to the run as Hydra overrides:
-#   launch/submit.sh --head <primary-dns> --key key.pem -- data.path=s3://bucket/corpus/ train.num_workers=4
+#   launch/submit.sh --head <primary-dns> --key key.pem -- data.path=s3://bucket/corpus/ train.storage_path=s3://bucket/runs
 # It follows the job's log until the job ends; Ctrl-C stops following, not the job.
 set -euo pipefail
 
