@@ -12,6 +12,7 @@ import sys
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, make_config
@@ -110,14 +111,23 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         return out.manifest, {n: sorted((r.start, bytes(r.tokens)) for r in df.collect())
                               for n, df in (("train", out.train), ("val", out.val))}, blocks
 
+    rows = [line for f in sorted(corpus_dir.iterdir()) for line in f.read_text().split("\n\n") if line.strip()]
+    (tmp_path / "parquet").mkdir()
+    pq.write_table(pa.table({"id": range(len(rows)), "text": rows}), tmp_path / "parquet" / "docs.parquet",
+                   row_group_size=20)  # several row groups: several splits
+    upload(tmp_path / "parquet", f"s3://{BUCKET}/parquet", s3)
     with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
         from_s3, from_disk = windows(f"s3://{BUCKET}/etl/"), windows(str(local))
+        cfg.data.format = "parquet"
+        parquet_from_s3, parquet_from_disk = windows(f"s3://{BUCKET}/parquet/"), windows(str(tmp_path / "parquet"))
     assert max(block for _, block in from_s3[2]) > 0  # files were read as several byte ranges
     assert from_s3[2] == from_disk[2]  # ... the same ones as Spark's reader cuts
     assert from_s3[1] == from_disk[1]  # the same windows, token for token
     same = ("files", "documents", "characters", "bytes", "tokens", "windows_train", "windows_val", "vocab_size")
     assert {k: from_s3[0][k] for k in same} == {k: from_disk[0][k] for k in same}
     assert from_s3[0]["bytes"] == sum(f.stat().st_size for f in local.iterdir())
+    assert len(parquet_from_s3[2]) > 1 and parquet_from_s3[0]["documents"] == len(rows)  # a document per row
+    assert parquet_from_s3[1] == parquet_from_disk[1]
 
 
 @pytest.mark.integration
