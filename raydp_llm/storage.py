@@ -8,6 +8,7 @@ Credentials come from the standard AWS chain (environment, ``~/.aws`` profile, t
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class S3Options:
     def of(cls, cfg) -> S3Options:
         return cls(endpoint_url=cfg.endpoint_url, region=cfg.region)
 
+    @functools.cache  # one S3 client per process and settings (an executor reads many splits)
     def filesystem(self) -> pafs.S3FileSystem:
         kwargs = {}
         if self.endpoint_url:
