@@ -201,6 +201,23 @@ def check_cpus_for_kept_executors(cfg: DictConfig) -> None:
                          f"has {have:g}: set cluster.keep_executors=false or lower those numbers")
 
 
+def check_workers_fit(cfg: DictConfig) -> None:
+    """Every DDP worker (``train.cpus_per_worker`` CPUs, a GPU with ``train.use_gpu``) must fit on one of the running
+    cluster's nodes, or Ray Train would wait for them forever."""
+    import ray
+
+    t = cfg.train
+    need = {"CPU": t.cpus_per_worker} | ({"GPU": 1} if t.use_gpu else {})
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    fits = sum(min(int(node.get(k, 0) // v) for k, v in need.items()) for node in nodes)
+    if fits < t.num_workers:
+        have = ", ".join(f"{node.get('CPU', 0):g} CPUs/{node.get('GPU', 0):g} GPUs" for node in nodes)
+        raise InputError(f"train.num_workers={t.num_workers} workers of {t.cpus_per_worker:g} CPUs"
+                         f"{' and 1 GPU' if t.use_gpu else ''}: the Ray cluster's nodes ({have}) hold only {fits}; "
+                         "lower train.num_workers or train.cpus_per_worker (cluster=emr: cluster.worker_nodes, "
+                         "cluster.node_cpus), or add nodes")
+
+
 def check_store_is_shared(store: Path) -> None:
     """Spark's executors write the dataset's Parquet files where they run: on a cluster of several nodes a local
     directory would end up scattered over the nodes' disks."""

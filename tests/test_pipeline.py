@@ -20,7 +20,7 @@ from raydp_llm import cache
 from raydp_llm.checkpoint import load_model_dir
 from raydp_llm.errors import InputError
 from raydp_llm.metrics import COLUMNS, read_metrics
-from raydp_llm.pipeline import check_inputs, prepare_data
+from raydp_llm.pipeline import check_inputs, check_workers_fit, prepare_data
 
 pytestmark = pytest.mark.integration
 
@@ -132,6 +132,11 @@ def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_
     with contextlib.ExitStack() as keep, pytest.raises(InputError, match=r"cluster.keep_executors=true needs 129 "
                                                                          r"Ray CPUs .* but the cluster has"):
         prepare_data(greedy, check_inputs(cfg), tmp_path, {}, to_ray=True, store=None, keep=keep)
+    # DDP workers wider than any node would wait forever: refused before the ETL.
+    with pytest.raises(InputError, match=r"train.num_workers=2 workers of 64 CPUs: the Ray cluster's nodes \(\d+ "
+                                         r"CPUs/0 GPUs\) hold only 0; lower train.num_workers"):
+        check_workers_fit(greedy)
+    check_workers_fit(cfg)
 
 
 def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
