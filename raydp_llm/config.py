@@ -280,7 +280,8 @@ RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_
     "cluster.num_cpus": _optional((lambda v: v > 0, "a number > 0")),
     "cluster.executors": _at_least(1),
     "cluster.executor_cores": _at_least(1),
-    "cluster.executor_ray_cpus": (lambda v: v > 0, "a number > 0"),
+    "cluster.executor_ray_cpus": (lambda v: 0 < v <= 1 or v == int(v), "a number in (0, 1] or a whole number "
+                                  "(Ray's Java actors take no other fractions)"),
     "cluster.dashboard_port": _optional((lambda v: 0 < v < 65536, "a port number, 1-65535")),
     "cluster.placement": _optional(_one_of("PACK", "SPREAD", "STRICT_SPREAD")),
     "cluster.worker_nodes": _at_least(1),

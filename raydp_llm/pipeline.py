@@ -218,16 +218,31 @@ def check_workers_fit(cfg: DictConfig) -> None:
                          "cluster.node_cpus), or add nodes")
 
 
+def working_nodes() -> int:
+    """The running cluster's live nodes with CPUs: those that run executors and DDP workers."""
+    import ray
+
+    return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+
+
 def check_store_is_shared(store: Path) -> None:
     """Spark's executors write the dataset's Parquet files where they run: on a cluster of several nodes a local
     directory would end up scattered over the nodes' disks."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
-    if len(nodes) > 1:
+    nodes = working_nodes()
+    if nodes > 1:
         raise InputError(f"{store}: Spark's executors would write the dataset to this directory on each of the "
-                         f"cluster's {len(nodes)} nodes; on a cluster set data.cache=false (training then takes the "
+                         f"cluster's {nodes} nodes; on a cluster set data.cache=false (training then takes the "
                          "windows from Spark directly), and run prepare and evaluate on one machine")
+
+
+def check_checkpoint_storage(cfg: DictConfig) -> None:
+    """Ray Train's workers write checkpoints on their own nodes: on a cluster of several nodes they need storage
+    every node reaches, which the default (the run directory) is not."""
+    nodes = working_nodes()
+    if nodes > 1 and not cfg.train.storage_path:
+        raise InputError(f"train.storage_path is not set: on a cluster of {nodes} nodes the DDP workers' checkpoints "
+                         "need storage every node reaches; set train.storage_path=s3://bucket/prefix (or a shared "
+                         "filesystem's mount)")
 
 
 def write_json(path: Path, content: dict) -> Path:

@@ -20,7 +20,15 @@ from raydp_llm.cluster import ray_session
 from raydp_llm.config import documented_output
 from raydp_llm.errors import InputError, cli_errors
 from raydp_llm.metrics import read_metrics, write_summary
-from raydp_llm.pipeline import PreparedData, absolute, check_inputs, check_workers_fit, prepare_data, write_json
+from raydp_llm.pipeline import (
+    PreparedData,
+    absolute,
+    check_checkpoint_storage,
+    check_inputs,
+    check_workers_fit,
+    prepare_data,
+    write_json,
+)
 from raydp_llm.plots import plot_loss, plot_throughput
 from raydp_llm.storage import S3Options
 from raydp_llm.trainer import TrainSpec, fit, steps_per_epoch
@@ -80,6 +88,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     with ray_session(cfg.cluster, cfg.name), contextlib.ExitStack() as kept_spark:
         timings["ray_start_s"] = time.perf_counter() - start
         check_workers_fit(cfg)  # a joined cluster's nodes are known now, before the ETL
+        check_checkpoint_storage(cfg)
         store = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache else None
         data = prepare_data(cfg, corpus, out_dir, timings, to_ray=True, store=store, keep=kept_spark)
         write_json(out_dir / "manifest.json", data.manifest)

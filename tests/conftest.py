@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ CONF_DIR = ROOT / "conf"
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
+BUCKET = "raydp-llm-test"  # in the s3 fixture's server
 CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")  # tests never touch the user's ETL cache
 
 # Credentials for the local S3 stand-in (tests/test_s3.py), where the standard AWS chain looks first, set before any
@@ -42,6 +44,24 @@ def shakespeare() -> Path:
     if not SHAKESPEARE.is_file():
         pytest.fail(f"benchmark corpus missing: {SHAKESPEARE} (the shared/ folder beside the checkout)")
     return SHAKESPEARE
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A local S3 stand-in: a moto server on 127.0.0.1 with the bucket ``BUCKET``; its endpoint as ``S3Options``.
+    The credentials are the fake ``AWS_*`` environment above, which Ray's and Spark's workers inherit."""
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    from raydp_llm.storage import S3Options
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", allow_bucket_creation=True).create_dir(BUCKET)
+    yield S3Options(endpoint_url=f"http://{host}:{port}")
+    server.stop()
 
 
 @pytest.fixture(scope="session")

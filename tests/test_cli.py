@@ -56,6 +56,8 @@ def test_bad_input_is_one_line_before_any_engine_starts(module, override, messag
     ("+experiment=emr data.path=s3://b/corpus/", "train.storage_path is missing: the emr configuration needs it"),
     ("s3.endpoint_url=127.0.0.1:9000", "s3.endpoint_url=127.0.0.1:9000 is not allowed: use null or an http:// or "
      "https:// URL"),
+    ("cluster.executor_ray_cpus=1.5", "cluster.executor_ray_cpus=1.5 is not allowed: use a number in (0, 1] or a "
+     "whole number"),
     ("cluster.placement=spread", "cluster.placement=spread is not allowed: use null or PACK | SPREAD | STRICT_SPREAD"),
     ("optim.lr=0", "optim.lr=0.0 is not allowed: use a number > 0"),
     ("optim.min_lr=0.01", "optim.min_lr=0.01 is above optim.lr=0.001; the decay ends at min_lr ≤ lr"),

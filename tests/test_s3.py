@@ -1,11 +1,10 @@
-"""S3 without AWS: a local S3-compatible server (moto, bound to 127.0.0.1) stands in for it. The ETL reads
-``s3://`` input in the executors, Ray Train writes checkpoints to ``storage_path=s3://...``, runs resume from
-them, and models are generated from and evaluated from S3."""
+"""S3 without AWS: a local S3-compatible server (moto, bound to 127.0.0.1; conftest's ``s3``) stands in for it.
+The ETL reads ``s3://`` input in the executors, Ray Train writes checkpoints to ``storage_path=s3://...``, runs
+resume from them, and text is generated from a model on S3."""
 
 from __future__ import annotations
 
 import json
-import logging
 import random
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, make_config
+from conftest import BUCKET, ROOT, make_config
 from raydp_llm import s3_reader, storage
 from raydp_llm.cluster import spark_session
 from raydp_llm.errors import InputError
@@ -25,28 +24,6 @@ from raydp_llm.pipeline import PreparedData, check_inputs
 from raydp_llm.storage import S3Options
 from raydp_llm.tokenizer import load_tokenizer
 from raydp_llm.train import resume_checkpoint, run, train_spec
-
-BUCKET = "raydp-llm-test"
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on 127.0.0.1 with one bucket; its endpoint as ``S3Options``. The credentials are the test
-    session's fake ``AWS_*`` environment (conftest), which Ray's and Spark's workers inherit."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = S3Options(endpoint_url=f"http://{host}:{port}")
-    pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", allow_bucket_creation=True).create_dir(BUCKET)
-    yield options
-    server.stop()
-
-
-def upload(local, uri: str, s3: S3Options) -> None:
-    storage.copy(local, uri, s3)
 
 
 def reference_lines(data: bytes) -> list[bytes]:
@@ -67,9 +44,9 @@ def test_byte_range_splits_read_every_line_exactly_once(monkeypatch):
 
 
 def test_s3_corpora_are_listed_with_sizes_and_times(s3, corpus_dir):
-    upload(corpus_dir, f"s3://{BUCKET}/listed", s3)
+    storage.copy(corpus_dir, f"s3://{BUCKET}/listed", s3)
     (corpus_dir.parent / "_SUCCESS").write_text("")  # Hadoop's marker objects are no input
-    upload(corpus_dir.parent / "_SUCCESS", f"s3://{BUCKET}/listed/_SUCCESS", s3)
+    storage.copy(corpus_dir.parent / "_SUCCESS", f"s3://{BUCKET}/listed/_SUCCESS", s3)
     endpoint = f"s3.endpoint_url={s3.endpoint_url}"
     names = [f"s3://{BUCKET}/listed/part{i}.txt" for i in range(3)]
     for path in (f"s3://{BUCKET}/listed/", f"s3a://{BUCKET}/listed", f"s3://{BUCKET}/listed/part*.txt"):
@@ -99,7 +76,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     for f in corpus_dir.iterdir():
         (local / f.name).write_bytes(f.read_bytes())
     (local / "part3.txt").write_bytes((corpus_dir / "part0.txt").read_bytes().replace(b"\n", b"\r\n"))  # Windows
-    upload(local, f"s3://{BUCKET}/etl", s3)
+    storage.copy(local, f"s3://{BUCKET}/etl", s3)
     cfg = make_config("model.block_size=16", "data.stride=5", "data.cache=false", f"s3.endpoint_url={s3.endpoint_url}")
     cfg.cluster.spark_conf = {"spark.sql.files.maxPartitionBytes": "8k"}  # several input splits per file
 
@@ -115,7 +92,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     (tmp_path / "parquet").mkdir()
     pq.write_table(pa.table({"id": range(len(rows)), "text": rows}), tmp_path / "parquet" / "docs.parquet",
                    row_group_size=20)  # several row groups: several splits
-    upload(tmp_path / "parquet", f"s3://{BUCKET}/parquet", s3)
+    storage.copy(tmp_path / "parquet", f"s3://{BUCKET}/parquet", s3)
     with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
         from_s3, from_disk = windows(f"s3://{BUCKET}/etl/"), windows(str(local))
         cfg.data.format = "parquet"
@@ -132,7 +109,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
 
 @pytest.mark.integration
 def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus_dir, tmp_path):
-    upload(corpus_dir, f"s3://{BUCKET}/corpus", s3)
+    storage.copy(corpus_dir, f"s3://{BUCKET}/corpus", s3)
     runs = f"s3://{BUCKET}/runs"
     overrides = ["name=s3run", f"data.path=s3://{BUCKET}/corpus/", f"train.storage_path={runs}",
                  f"s3.endpoint_url={s3.endpoint_url}", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
