@@ -6,7 +6,6 @@ Both may live on S3 (``s3://...``): they are read from there directly, or fetche
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import tempfile
@@ -62,8 +61,7 @@ def load_model_dir(directory: str | Path, device: str = "cpu",
     directory); safetensors and JSON only, nothing unpickled."""
     if storage.is_s3(str(directory)):
         with tempfile.TemporaryDirectory() as local:
-            with contextlib.suppress(FileNotFoundError):  # nothing there: reported as the missing weights
-                storage.copy(directory, local, s3)
+            storage.fetch(str(directory), local, s3)
             return _load_local(Path(local), device, shown_as=str(directory))
     return _load_local(Path(directory), device, shown_as=str(directory))
 

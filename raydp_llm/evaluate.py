@@ -47,7 +47,7 @@ def load_model(cfg: DictConfig, out_dir: Path) -> LanguageModel:
     if storage.is_s3(cfg.model_dir):  # fetched into the run directory: the ETL reads its tokenizer from there
         model_dir = out_dir / "model"
         try:
-            storage.copy(cfg.model_dir, model_dir, S3Options.of(cfg.s3))
+            storage.fetch(cfg.model_dir, model_dir, S3Options.of(cfg.s3))
         except OSError as err:
             raise storage.unreachable("model_dir", cfg.model_dir, err) from None
     else:

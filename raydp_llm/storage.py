@@ -7,6 +7,7 @@ Credentials come from the standard AWS chain (environment, ``~/.aws`` profile, t
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import json
@@ -131,3 +132,10 @@ def copy(source: str | Path, destination: str | Path, s3: S3Options) -> None:
     src_fs, src = resolve(source, s3)
     dst_fs, dst = resolve(destination, s3)
     pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs)
+
+
+def fetch(source: str, directory: str | Path, s3: S3Options) -> None:
+    """Copy the files under ``source`` (an S3 prefix) into the local ``directory``; a prefix with nothing under it
+    copies nothing, and the caller names the files it then lacks."""
+    with contextlib.suppress(FileNotFoundError):
+        copy(source, directory, s3)
