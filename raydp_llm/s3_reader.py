@@ -78,19 +78,25 @@ def read_corpus(spark: SparkSession, objects: list[tuple[str, int]], data, s3: S
     else:
         splits = text_splits(objects, spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes())
 
+    def read_split(uri: str, start: int, end: int):
+        fs, path = resolve(uri, s3)
+        if parquet:
+            file = pq.ParquetFile(fs.open_input_file(path))
+            for rows in file.iter_batches(LINES_PER_BATCH, row_groups=[start], columns=[text_column]):
+                yield _rows(uri, start, rows.column(0).cast(pa.binary()))
+            return
+        with fs.open_input_file(path) as f:
+            lines = lines_in_range(f, f.size(), start, end)
+        for i in range(0, len(lines), LINES_PER_BATCH):
+            yield _rows(uri, start, pa.array(lines[i:i + LINES_PER_BATCH], pa.binary()))
+
     def read(batches):
         for batch in batches:
             for uri, start, end in zip(*(batch.column(c).to_pylist() for c in ("src", "start", "end"))):
-                fs, path = resolve(uri, s3)
-                if parquet:
-                    file = pq.ParquetFile(fs.open_input_file(path))
-                    for rows in file.iter_batches(LINES_PER_BATCH, row_groups=[start], columns=[text_column]):
-                        yield _rows(uri, start, rows.column(0).cast(pa.binary()))
-                    continue
-                with fs.open_input_file(path) as f:
-                    lines = lines_in_range(f, f.size(), start, end)
-                for i in range(0, len(lines), LINES_PER_BATCH):
-                    yield _rows(uri, start, pa.array(lines[i:i + LINES_PER_BATCH], pa.binary()))
+                try:
+                    yield from read_split(uri, start, end)
+                except OSError as err:  # pyarrow's message may not name the object (a failed GetObject)
+                    raise OSError(f"{uri}: {str(err).splitlines()[0]}") from err
 
     slices = max(1, min(len(splits), spark.sparkContext.defaultParallelism * 4))
     table = spark.createDataFrame(spark.sparkContext.parallelize(splits, slices), "src string, start long, end long")

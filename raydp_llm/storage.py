@@ -2,7 +2,9 @@
 neither Spark nor Ray Train needs Hadoop's S3 connector jars.
 
 Credentials come from the standard AWS chain (environment, ``~/.aws`` profile, the instance role);
-``s3.endpoint_url`` points at an S3-compatible service (MinIO, moto, ...) instead of AWS.
+``s3.endpoint_url`` points at an S3-compatible service (MinIO, moto, ...) instead of AWS. Every S3 request is
+retried with exponential backoff (``s3.max_attempts`` attempts): S3 answers ``SlowDown`` or 5xx under load, and the
+ETL's reads, Ray Train's checkpoint uploads and the final copy all go through this one client.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import fnmatch
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -28,14 +31,17 @@ class S3Options:
 
     endpoint_url: str | None = None  # http(s)://host:port of an S3-compatible service; None = AWS
     region: str | None = None  # None = from the environment, the profile or the instance
+    max_attempts: int = 10  # per request, with exponential backoff (25 ms, doubling)
 
     @classmethod
     def of(cls, cfg) -> S3Options:
-        return cls(endpoint_url=cfg.endpoint_url, region=cfg.region)
+        return cls(endpoint_url=cfg.endpoint_url, region=cfg.region, max_attempts=cfg.max_attempts)
 
     @functools.cache  # one S3 client per process and settings (an executor reads many splits)
     def filesystem(self) -> pafs.S3FileSystem:
-        kwargs = {}
+        # The SDK's legacy ("default") retry mode: its "standard" mode stops retrying once its retry quota is spent
+        # (about 100 failures a client), which a long ETL on a throttled bucket reaches.
+        kwargs = {"retry_strategy": pafs.AwsDefaultS3RetryStrategy(max_attempts=self.max_attempts)}
         if self.endpoint_url:
             url = urlparse(self.endpoint_url)
             kwargs.update(endpoint_override=url.netloc, scheme=url.scheme)
@@ -122,6 +128,21 @@ def read_json(uri: str | Path, s3: S3Options) -> dict:
     return json.loads(read_text(uri, s3))
 
 
+def write_text(uri: str | Path, text: str, s3: S3Options) -> None:
+    """Write a small file whole: locally through a temporary file and a rename, so that a reader never sees half
+    of it; on S3 a PUT is whole already."""
+    if is_s3(str(uri)):
+        fs, path = resolve(uri, s3)
+        with fs.open_output_stream(path) as f:
+            f.write(text.encode())
+        return
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def exists(uri: str | Path, s3: S3Options) -> bool:
     fs, path = resolve(uri, s3)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
@@ -132,6 +153,20 @@ def copy(source: str | Path, destination: str | Path, s3: S3Options) -> None:
     src_fs, src = resolve(source, s3)
     dst_fs, dst = resolve(destination, s3)
     pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs)
+
+
+def publish(directory: Path, destination: str, s3: S3Options) -> None:
+    """Copy the local tree ``directory`` to ``destination`` (local or S3), each ``complete.json`` marker after
+    the files beside it: S3 has no rename, so a reader that finds a marker finds every file it lists
+    (``integrity``)."""
+    dst_fs, dst = resolve(destination, s3)
+    files = sorted((p for p in Path(directory).rglob("*") if p.is_file()), key=lambda p: p.name == "complete.json")
+    local = pafs.LocalFileSystem()
+    for path in files:
+        target = f"{dst}/{path.relative_to(directory).as_posix()}"
+        if not is_s3(destination):  # S3 has no directories
+            dst_fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        pafs.copy_files(str(path), target, source_filesystem=local, destination_filesystem=dst_fs)
 
 
 def fetch(source: str, directory: str | Path, s3: S3Options) -> None:
