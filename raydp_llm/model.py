@@ -262,11 +262,12 @@ def build_model(spec: dict) -> LanguageModel:
     return model
 
 
-def read_embeddings(path: str, vocab_size: int, n_embd: int) -> tuple[torch.Tensor, torch.Tensor]:
+def read_embeddings(path: str, vocab_size: int | None, n_embd: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (N,) and their vectors (N, n_embd) from ``path``, checked against the model.
 
     A ``.npy`` file holds an array (vocab_size, n_embd), row i for id i, or (rows, 1 + n_embd), the id first. Any
-    other file is a CSV, one token per line: the id, then n_embd numbers; the first line may be a header.
+    other file is a CSV, one token per line: the id, then n_embd numbers; the first line may be a header. With
+    ``vocab_size`` None (not known before the ETL) only the widths and the values are checked.
     """
     npy = str(path).endswith(".npy")
     fix = ("save an array of shape (vocab_size, n_embd) or (rows, 1 + n_embd) with numpy.save" if npy
@@ -286,13 +287,14 @@ def read_embeddings(path: str, vocab_size: int, n_embd: int) -> tuple[torch.Tens
         raise _embeddings_error(path, f"not a table of numbers ({str(err).split(';')[0]})", fix) from None
     if table.size == 0:
         raise _embeddings_error(path, "no rows", fix)
-    if npy and table.shape == (vocab_size, n_embd):
-        ids, vectors = np.arange(vocab_size), table
+    if npy and table.ndim == 2 and table.shape[1] == n_embd and vocab_size in (None, table.shape[0]):
+        ids, vectors = np.arange(table.shape[0]), table
     elif table.ndim == 2 and table.shape[1] == n_embd + 1:
         ids, vectors = table[:, 0], table[:, 1:]
     elif npy:
-        raise _embeddings_error(path, f"an array of shape {table.shape} is neither (vocab_size, n_embd) = "
-                                f"({vocab_size}, {n_embd}) nor (rows, 1 + n_embd) = (rows, {n_embd + 1})", fix)
+        full = f"({vocab_size or 'vocab_size'}, {n_embd})"
+        raise _embeddings_error(path, f"an array of shape {table.shape} is neither (vocab_size, n_embd) = {full} "
+                                f"nor (rows, 1 + n_embd) = (rows, {n_embd + 1})", fix)
     else:
         raise _embeddings_error(path, f"rows hold {table.shape[1] - 1} vector values but model.n_embd={n_embd}",
                                 "give vectors of n_embd values or change model.n_embd")
@@ -300,7 +302,7 @@ def read_embeddings(path: str, vocab_size: int, n_embd: int) -> tuple[torch.Tens
         raise _embeddings_error(path, f"ids are not integers (e.g. {ids[ids != np.round(ids)][0]})",
                                 "put integer token ids in the first column")
     ids = ids.astype(np.int64)
-    outside = ids[(ids < 0) | (ids >= vocab_size)]
+    outside = ids[(ids < 0) | (ids >= (vocab_size or np.iinfo(np.int64).max))]
     if outside.size:
         raise _embeddings_error(path, f"ids {outside[:5].tolist()} lie outside [0, vocab_size={vocab_size})",
                                 "use the ids of this run's tokenizer")

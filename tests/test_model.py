@@ -56,19 +56,19 @@ def test_causality_future_tokens_never_change_the_past():
 
 def test_generation_is_deterministic_with_a_seed(tmp_path):
     torch.manual_seed(0)
-    tok = CharTokenizer("abcdefghij ")
-    save_model_dir(tmp_path, GPT(CFG), tok)
+    tok = CharTokenizer("abcdefghij ")  # 11 characters + the end-of-document token
+    save_model_dir(tmp_path, GPT(GPTConfig(**CFG.to_dict() | {"vocab_size": tok.vocab_size})), tok)
     model, tok2 = load_model_dir(tmp_path)
     a = sample_text(model, tok2, "abc", 40, temperature=1.0, top_k=5, seed=7)
     b = sample_text(model, tok2, "abc", 40, temperature=1.0, top_k=5, seed=7)
     c = sample_text(model, tok2, "abc", 40, temperature=1.0, top_k=5, seed=8)
-    assert a == b and a != c and a.startswith("abc") and len(a) == 43
+    assert a == b and a != c and a.startswith("abc") and len(a) >= 43  # 40 tokens of one character or more
 
 
 def test_model_dir_round_trip_keeps_outputs(tmp_path):
     torch.manual_seed(1)
     model = GPT(CFG).eval()
-    save_model_dir(tmp_path, model, CharTokenizer("abcdefghij "))
+    save_model_dir(tmp_path, model, TOKENIZER)
     loaded, _ = load_model_dir(tmp_path)
     x = torch.randint(0, 11, (2, 16))
     with torch.no_grad():
@@ -241,3 +241,62 @@ def test_every_model_preset_composes_and_builds(preset, vocab_size, params):
     with torch.device("meta"):  # shapes only: no memory, no init time
         model = build_model({**cfg.model, "vocab_size": vocab_size})
     assert model.kind == cfg.model.kind and model.num_params() == params
+
+
+def _truncate(path):
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def _unseal_and(change):
+    def damage(d):
+        (d / "complete.json").unlink()  # as a model directory made by hand, or by an older version, has none
+        change(d)
+    return damage
+
+
+def _other_width(d):
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(config | {"n_embd": 64}))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda d: _truncate(d / "model.safetensors"), r"damaged, model.safetensors has \d+ bytes, \d+ were written"),
+    (lambda d: (d / "tokenizer.json").write_text('{"kind": "char", "chars": "xyz"}'),
+     r"damaged, tokenizer.json has \d+ bytes, \d+ were written"),
+    (_unseal_and(lambda d: _truncate(d / "model.safetensors")), r"model.safetensors is damaged \("),
+    (_unseal_and(_other_width), r"model.safetensors does not fit its config.json \(wte.weight is \(11, 32\) in the "
+                                r"file, \(11, 64\) in the model\)"),
+    (_unseal_and(lambda d: (d / "tokenizer.json").write_text("{not json")), r"tokenizer.json is unreadable \("),
+    (_unseal_and(lambda d: (d / "tokenizer.json").write_text('{"kind": "char", "chars": "xyz"}')),
+     r"tokenizer.json has 4 ids but config.json says vocab_size=11; give the tokenizer of the run"),
+    (_unseal_and(lambda d: (d / "config.json").write_text("[]")), r"config.json is not a model config"),
+])
+def test_a_damaged_or_mismatched_model_dir_is_one_line(tmp_path, damage, message):
+    save_model_dir(tmp_path, GPT(CFG), TOKENIZER)
+    damage(tmp_path)
+    with pytest.raises(InputError, match=rf"^{tmp_path}: {message}"):
+        load_model_dir(tmp_path)
+
+
+def test_generate_refuses_a_damaged_model_with_one_line(tmp_path, capsys):
+    save_model_dir(tmp_path, GPT(CFG), TOKENIZER)
+    _truncate(tmp_path / "model.safetensors")
+    assert generate_main([f"model_dir={tmp_path}", "prompt=abc"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path}: damaged, model.safetensors has")
+
+
+def test_init_embeddings_of_the_wrong_width_are_refused_before_any_engine(tmp_path):
+    from conftest import make_config
+    from raydp_llm.pipeline import check_inputs
+
+    vectors = tmp_path / "vectors.csv"
+    vectors.write_text("0,0.1,0.2\n1,0.3,0.4\n")
+    with pytest.raises(InputError, match=rf"model.init_embeddings={vectors}: rows hold 2 vector values but "
+                                         r"model.n_embd=128"):
+        check_inputs(make_config(f"model.init_embeddings={vectors}"))
+    np.save(tmp_path / "table.npy", np.zeros((7, 16)))
+    with pytest.raises(InputError, match=r"an array of shape \(7, 16\) is neither \(vocab_size, n_embd\) = "
+                                         r"\(vocab_size, 128\)"):
+        check_inputs(make_config(f"model.init_embeddings={tmp_path / 'table.npy'}"))
