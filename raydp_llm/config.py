@@ -12,6 +12,7 @@ import dataclasses
 import io
 import os
 import re
+import secrets
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, Iterator, List, Optional
@@ -111,7 +112,12 @@ class OptimSettings:
 
 @dataclass
 class TrainSettings:
-    num_workers: int = setting(2, "DDP workers (Ray Train actors)")
+    num_workers: int = setting(2, "DDP workers (Ray Train actors); with min_workers, the most")
+    min_workers: Optional[int] = setting(None, "elastic training: the fewest DDP workers to train with (Ray Train "
+                                               "starts as many as fit, up to num_workers, and grows the group as "
+                                               "nodes come back); null = exactly num_workers")
+    max_failures: int = setting(3, "lost workers (a crash, a lost node) a run survives: Ray Train restarts the "
+                                   "worker group from the last checkpoint; 0 = fail at the first")
     cpus_per_worker: int = setting(1, "Ray CPUs per worker; also its torch thread count")
     use_gpu: bool = setting(False, "one GPU per worker")
     batch_size: int = setting(12, "windows per optimizer step, over all workers and accumulation steps")
@@ -174,6 +180,8 @@ class S3Settings:
                                                 "http://127.0.0.1:9000 (MinIO); null = AWS")
     region: Optional[str] = setting(None, "the buckets' AWS region; null = from AWS_REGION, ~/.aws/config or the "
                                           "instance")
+    max_attempts: int = setting(10, "attempts per S3 request (exponential backoff from 25 ms) before it fails: "
+                                    "S3 answers SlowDown or 5xx under load")
 
 
 @dataclass
@@ -208,6 +216,10 @@ class EvaluateSettings(Settings):
     model_dir: Optional[str] = setting(None, "the model/ directory of a finished run (required)")
     eval_batch_size: int = setting(32, "windows per forward pass")
 
+
+# ``${uid:}``: six random hex digits, the same wherever one config reads it (the resolver's cache). It ends the
+# run and sweep directory names (conf/config.yaml): two runs started in the same second get their own.
+OmegaConf.register_new_resolver("uid", lambda: secrets.token_hex(3), use_cache=True, replace=True)
 
 SCHEMAS = {  # ConfigStore (group, name) → schema; conf/ files name them in their defaults lists
     (None, "base_config"): Settings,
@@ -265,6 +277,8 @@ RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_
     "optim.beta2": _within(0, 1),
     "optim.grad_clip": _at_least(0),
     "train.num_workers": _at_least(1),
+    "train.min_workers": _optional(_at_least(1)),
+    "train.max_failures": (lambda v: v >= -1, "-1 (no limit) or a number ≥ 0"),
     "train.cpus_per_worker": (lambda v: v > 0, "a number > 0"),
     "train.batch_size": _at_least(1),
     "train.grad_accum": _at_least(1),
@@ -286,6 +300,7 @@ RULES = {  # key → (test, what is allowed); keys a config lacks (e.g. model.n_
     "cluster.placement": _optional(_one_of("PACK", "SPREAD", "STRICT_SPREAD")),
     "cluster.worker_nodes": _at_least(1),
     "cluster.node_cpus": _optional(_at_least(1)),
+    "s3.max_attempts": _at_least(1),
     "s3.endpoint_url": _optional((lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL")),
     "sample.max_new_tokens": _at_least(0),
     "sample.temperature": _at_least(0),
@@ -307,14 +322,26 @@ def validate(cfg: DictConfig) -> None:
     t, o = cfg.train, cfg.optim
     if o.min_lr > o.lr:
         raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at min_lr ≤ lr")
-    if t.batch_size % (t.num_workers * t.grad_accum):
-        raise InputError(f"train.batch_size={t.batch_size} is not divisible by train.num_workers={t.num_workers} × "
-                         f"train.grad_accum={t.grad_accum}; it is the global batch, split evenly over the workers "
-                         "and accumulation steps")
+    _check_batch(t)
     if t.checkpoint_interval % t.eval_interval:
         raise InputError(f"train.checkpoint_interval={t.checkpoint_interval} is not a multiple of "
                          f"train.eval_interval={t.eval_interval}; checkpoints are taken at evaluations")
     _check_cpus(cfg.cluster, t)
+
+
+def _check_batch(t: DictConfig) -> None:
+    """The global batch splits evenly over the workers and accumulation steps, for every number of workers an
+    elastic group (``min_workers``) may have."""
+    if t.min_workers is not None and t.min_workers > t.num_workers:
+        raise InputError(f"train.min_workers={t.min_workers} is above train.num_workers={t.num_workers}; it is the "
+                         "fewest workers of an elastic group, num_workers the most")
+    for world in range(t.min_workers or t.num_workers, t.num_workers + 1):
+        if t.batch_size % (world * t.grad_accum):
+            workers = (f"train.num_workers={world}" if world == t.num_workers
+                       else f"{world} workers (train.min_workers={t.min_workers})")
+            raise InputError(f"train.batch_size={t.batch_size} is not divisible by {workers} × "
+                             f"train.grad_accum={t.grad_accum}; it is the global batch, split evenly over the "
+                             "workers and accumulation steps")
 
 
 def _check_cpus(c: DictConfig, t: DictConfig) -> None:
@@ -323,12 +350,14 @@ def _check_cpus(c: DictConfig, t: DictConfig) -> None:
     if c.address != "local":
         return
     cpus = c.num_cpus or os.cpu_count()
-    spark, train = c.executors * c.executor_ray_cpus, t.num_workers * t.cpus_per_worker
+    workers = t.min_workers or t.num_workers  # an elastic group starts with as many as fit
+    workers_key = "train.min_workers" if t.min_workers else "train.num_workers"
+    spark, train = c.executors * c.executor_ray_cpus, workers * t.cpus_per_worker
     need = spark + train if c.keep_executors else max(spark, train)
     if need > cpus:
         raise InputError(f"the embedded Ray has {cpus:g} CPUs (cluster.num_cpus) but the job needs {need:g}: "
                          f"cluster.executors={c.executors} × cluster.executor_ray_cpus={c.executor_ray_cpus:g} "
-                         f"{'+' if c.keep_executors else 'and'} train.num_workers={t.num_workers} × "
+                         f"{'+' if c.keep_executors else 'and'} {workers_key}={workers} × "
                          f"train.cpus_per_worker={t.cpus_per_worker:g}; lower them")
 
 

@@ -15,16 +15,24 @@ from hydra.types import RunMode
 log = logging.getLogger("raydp_llm")
 
 
-class InputError(ValueError):
-    """Bad input: a path, a corpus or a setting. The message is the whole report."""
+class OneLineError(Exception):
+    """An error whose message is the whole report: what, where, what to do."""
+
+
+class InputError(OneLineError, ValueError):
+    """Bad input: a path, a corpus or a setting."""
+
+
+class RunFailure(OneLineError):
+    """A run that cannot go on or end well (it diverged; its outputs could not be copied); what it wrote stays."""
 
 
 def cli_errors(main):
-    """Wrap an entry point: an ``InputError`` becomes one logged line and exit status 1; any other error one line
+    """Wrap an entry point: a ``OneLineError`` becomes one logged line and exit status 1; any other error one line
     (its type and first line) pointing at the log file, which gets the traceback, and exit status 1; Ctrl-C exits
     with 130.
 
-    In a Hydra sweep (``-m``) any error is logged (one line for an ``InputError``, with its traceback otherwise)
+    In a Hydra sweep (``-m``) any error is logged (one line for a ``OneLineError``, with its traceback otherwise)
     and the job returns NaN, so that the sweep goes on and records the job as failed (``sweep.SweepSummary``).
     Spark and Ray are already stopped by then: their context managers end on any exception.
     """
@@ -35,9 +43,9 @@ def cli_errors(main):
             return main(*args, **kwargs)
         except Exception as err:
             if _in_sweep():
-                log.error("error: %s", err, exc_info=not isinstance(err, InputError))
+                log.error("error: %s", err, exc_info=not isinstance(err, OneLineError))
                 return float("nan")
-            if isinstance(err, InputError):
+            if isinstance(err, OneLineError):
                 log.error("error: %s", err)
             else:  # the traceback goes to the log file only
                 log_file = _traceback_to_log_file()

@@ -2,8 +2,9 @@
 (loss, validation loss, tokens/s, ETA) with a concise line per evaluation.
 
 Training runs in Ray Train workers: rank 0 posts its step to a ``ProgressBoard`` actor every half second, and
-``TrainingProgress`` (a thread on the driver) reads the board and the new rows of ``metrics.csv``. Log lines go
-through tqdm (``logging_redirect_tqdm``), so they never tear the bar.
+``TrainingProgress`` (a thread on the driver) reads the board, the new rows of ``metrics.csv`` and the restarts
+the controller records (``events.jsonl``), a line each. Log lines go through tqdm (``logging_redirect_tqdm``), so
+they never tear the bar.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import ray
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from raydp_llm.metrics import read_metrics
+from raydp_llm.metrics import METRICS_FILE, read_events, read_metrics
 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:24}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
@@ -57,12 +58,14 @@ class ProgressBoard:
 
 
 class TrainingProgress(threading.Thread):
-    """Follows a training run on the driver: the bar from the board, a line per new ``metrics.csv`` row."""
+    """Follows a training run on the driver: the bar from the board, a line per new ``metrics.csv`` row and per
+    restart of the worker group."""
 
-    def __init__(self, board, metrics_csv: Path, max_steps: int, interval_s: float = 0.5):
+    def __init__(self, board, out_dir: Path, max_steps: int, max_failures: int, interval_s: float = 0.5):
         super().__init__(daemon=True)
-        self.board, self.metrics_csv, self.max_steps, self.interval_s = board, Path(metrics_csv), max_steps, interval_s
-        self._done, self._rows, self._val = threading.Event(), 0, None
+        self.board, self.out_dir, self.max_steps, self.interval_s = board, Path(out_dir), max_steps, interval_s
+        self.max_failures = max_failures
+        self._done, self._step, self._events, self._val = threading.Event(), 0, 0, None
         self._bar_cm = console_bar(max_steps, "train", "step")
 
     def run(self) -> None:
@@ -72,13 +75,15 @@ class TrainingProgress(threading.Thread):
             self._refresh(bar)
 
     def _refresh(self, bar: tqdm) -> None:
-        rows = read_metrics(self.metrics_csv) if self.metrics_csv.exists() else []
-        for row in rows[self._rows:]:
-            self._val = row["val_loss"]
+        self._report_events(bar)
+        path = self.out_dir / METRICS_FILE
+        for row in read_metrics(path) if path.exists() else []:
+            if row["step"] <= self._step:  # shown already (a restart reports steps again: shown once)
+                continue
+            self._step, self._val = row["step"], row["val_loss"]
             bar.write(f"step {row['step']:.0f}/{self.max_steps} | train loss {row['train_loss']:.4f} | val loss "
                       f"{row['val_loss']:.4f} | val acc {row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")
             bar.update(max(0, int(row["step"]) - bar.n))  # the last steps may come after the last post
-        self._rows = len(rows)
         try:
             latest = ray.get(self.board.read.remote(), timeout=5)
         except (ray.exceptions.RayError, TimeoutError):  # the run is ending: keep the last figures
@@ -89,9 +94,30 @@ class TrainingProgress(threading.Thread):
                                 + (f", val {self._val:.3f}" if self._val is not None else "")
                                 + f", {latest['tokens_per_s']:,.0f} tok/s", refresh=False)
 
+    def _report_events(self, bar: tqdm) -> None:
+        events = read_events(self.out_dir)
+        for i, event in enumerate(events[self._events:], start=self._events):
+            restarts = sum(1 for e in events[:i + 1] if e["event"] == "restart")
+            bar.write(event_line(event, restarts, self.max_failures))
+        self._events = len(events)
+
     def stop(self) -> None:
         self._done.set()
         self.join()
+
+
+def event_line(event: dict, restarts: int, max_failures: int) -> str:
+    """The console line of a restart or an elastic resize (``metrics.RestartRecorder``'s events)."""
+    where = (f"the checkpoint at step {event['from_step']}" if event["from_step"] is not None
+             else "the run's starting point")
+    if event["event"] == "resize":
+        return f"elastic: the worker group becomes {event['workers']} workers, going on from {where}"
+    lost, errors = event["lost"], event["errors"]
+    if lost:
+        failed = f"worker{'s' * (len(lost) > 1)} {', '.join(map(str, lost))} lost ({errors[str(lost[0])]})"
+    else:
+        failed = "; ".join(f"worker {rank}: {what}" for rank, what in errors.items())
+    return f"restart {restarts} of at most {max_failures}: {failed}; going on from {where}"
 
 
 class LivePosts:

@@ -1,12 +1,19 @@
 """Training with Ray Train: a ``TorchTrainer`` runs ``train_loop`` on every DDP worker.
 
-Data order is fixed by the seed, whatever the dataset's blocks: every worker reads the whole (ETL-shuffled)
-window stream in order, permutes each ``shuffle_buffer`` windows with a seed from (seed, epoch, chunk), and
-takes micro-batch ``j`` when ``j % world == rank``. A checkpoint stores the step and the epoch, so a resumed
-run skips exactly the micro-batches already trained on and continues as if never stopped.
+Data order is fixed by the seed, whatever the dataset's blocks and the number of workers: every worker reads the
+whole (ETL-shuffled) window stream in order, permutes each ``shuffle_buffer`` windows with a seed from (seed,
+epoch, chunk), and takes micro-batch ``j`` when ``j % world == rank``. Optimizer step ``s`` thus trains on windows
+``s·batch_size`` to ``(s+1)·batch_size - 1`` of that stream with any number of workers. A checkpoint stores the step
+and the epoch, so a resumed run, with the same or another number of workers, skips exactly the micro-batches
+already trained on and continues as if never stopped.
 
 Every ``eval_interval`` steps all ranks report metrics (``ray.train.report`` is a barrier); every
 ``checkpoint_interval`` steps and at the end rank 0 attaches a training checkpoint (see checkpoint.py).
+
+Faults: Ray Train restarts a worker group that lost a worker (``max_failures``), from the last checkpoint. A
+non-finite gradient norm, loss or weight ends the run at once: every rank sees it at the same step (the
+gradients are all-reduced, the losses summed over the ranks), reports it, and returns; nothing non-finite is
+ever checkpointed.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,26 +33,26 @@ import ray
 import ray.train
 import torch
 import torch.distributed as dist
-from ray.train import Checkpoint, CheckpointConfig, DataConfig, RunConfig, ScalingConfig
+from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raydp_llm.checkpoint import load_train_checkpoint, save_train_checkpoint
-from raydp_llm.metrics import MetricsWriter
-from raydp_llm.model import LanguageModel, build_model
+from raydp_llm.metrics import MetricsWriter, RestartRecorder, read_divergence, read_events
+from raydp_llm.model import build_model
 from raydp_llm.progress import LivePosts, ProgressBoard, TrainingProgress
 from raydp_llm.storage import S3Options, resolve
 from raydp_llm.tokenizer import tokenizer_from_json
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSpec:
-    """Everything a worker needs, as plain values (workers do not see Hydra)."""
+    """What the workers train, as plain values (workers do not see Hydra); the same for any number of workers."""
 
     model: dict  # build_model's spec: kind, config fields (vocab_size included), init/freeze embeddings
     tokenizer_json: str
     token_dtype: str
     chars_per_token: float | None  # for bits per character; None for pre-tokenized ids
-    micro_batch: int  # windows per forward pass on one worker
+    batch_size: int  # windows per optimizer step, over all workers and accumulation steps
     grad_accum: int  # micro-batches per optimizer step on each worker
     max_steps: int
     steps_per_epoch: int
@@ -66,15 +73,41 @@ class TrainSpec:
     compile: bool
     peak_flops: float | None  # one worker's peak FLOP/s, for MFU
     fingerprint: str  # identifies runs that may resume each other's checkpoints
-    resume_from: str | None = None  # a training checkpoint directory (local or s3://) to start from
     s3: S3Options = S3Options()  # how to reach s3:// paths
-    run_name: str = ""  # the Ray Train run's name, which tags its Ray metrics
-    board: object = None  # the driver's ProgressBoard actor (progress.py), which rank 0 posts to
+
+    def micro_batch(self, world: int) -> int:
+        """Windows per forward pass on each of ``world`` workers."""
+        return self.batch_size // (world * self.grad_accum)
 
 
-def steps_per_epoch(windows: int, micro_batch: int, world: int, grad_accum: int) -> int:
+@dataclass(frozen=True)
+class RunContext:
+    """What a run adds beside the spec: its Ray Train name (which tags its Ray metrics), the driver's progress
+    board (progress.py) that rank 0 posts to, and the checkpoint it starts from (local or s3://), if any."""
+
+    run_name: str
+    board: object = None
+    resume_from: str | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the driver runs the workers: their number (``min_workers``: an elastic group), placement and GPUs, how
+    many worker losses a run survives, and where checkpoints (``storage``) and metrics (``out_dir``) go."""
+
+    num_workers: int
+    out_dir: Path
+    storage: str
+    keep_checkpoints: int
+    max_failures: int = 3
+    min_workers: int | None = None
+    use_gpu: bool = False
+    placement: str | None = None
+
+
+def steps_per_epoch(windows: int, batch_size: int) -> int:
     """Optimizer steps in one pass over ``windows`` (an incomplete last step is dropped)."""
-    return windows // micro_batch // (world * grad_accum)
+    return windows // batch_size
 
 
 def lr_at(step: int, spec: TrainSpec) -> float:
@@ -109,10 +142,11 @@ class WindowBatch:
 
 def shuffled_micro_batches(shard, micro_batch: int, buffer: int, seed: int, epoch: int):
     """The epoch's window stream in micro-batches: read in order, each ``buffer`` windows permuted by a seeded
-    RNG. Only row order matters, not how Ray cut the dataset into blocks. No prefetching: a chunk lasts many
-    steps, and a prefetch thread steals CPU from torch's threads (0.73× → 0.95× a bare loop's speed on 2 cores)."""
+    RNG. Only row order matters, not how Ray cut the dataset into blocks, nor the micro-batch size. No
+    prefetching: a chunk lasts many steps, and a prefetch thread steals CPU from torch's threads (0.73× → 0.95× a
+    bare loop's speed on 2 cores)."""
     pending, chunk = np.empty(0, dtype=object), 0
-    for batch in shard.iter_batches(batch_size=max(buffer, micro_batch), batch_format="numpy", prefetch_batches=0):
+    for batch in shard.iter_batches(batch_size=buffer or micro_batch, batch_format="numpy", prefetch_batches=0):
         windows = batch["tokens"]
         if buffer:
             windows = windows[np.random.default_rng([seed, epoch, chunk]).permutation(len(windows))]
@@ -128,8 +162,8 @@ def epoch_steps(shard, spec: TrainSpec, epoch: int, first_step: int, rank: int, 
     per_step = world * spec.grad_accum
     first, end = first_step * per_step, spec.steps_per_epoch * per_step
     group = []
-    for j, windows in enumerate(shuffled_micro_batches(shard, spec.micro_batch, spec.shuffle_buffer, spec.seed,
-                                                       epoch)):
+    stream = shuffled_micro_batches(shard, spec.micro_batch(world), spec.shuffle_buffer, spec.seed, epoch)
+    for j, windows in enumerate(stream):
         if j >= end:
             return
         if j >= first and j % world == rank:
@@ -155,12 +189,12 @@ def _loss_and_hits(model, x: torch.Tensor, y: torch.Tensor, autocast) -> tuple[t
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, shard, collate: WindowBatch, spec: TrainSpec, rank: int, world: int,
              autocast) -> tuple[float, float]:
-    """Validation loss (per token) and top-1 accuracy over ``eval_batches`` micro-batches per worker (all if
-    None), always the same ones, summed over the workers."""
+    """Validation loss (per token) and top-1 accuracy over the first ``eval_batches × batch_size / grad_accum``
+    windows (all if None: the same windows with any number of workers), summed over the workers."""
     model.eval()
     loss_sum = hits = count = 0
     limit = None if spec.eval_batches is None else spec.eval_batches * world
-    for i, batch in enumerate(shard.iter_batches(batch_size=spec.micro_batch, batch_format="numpy")):
+    for i, batch in enumerate(shard.iter_batches(batch_size=spec.micro_batch(world), batch_format="numpy")):
         if limit is not None and i >= limit:
             break
         if i % world == rank:
@@ -179,9 +213,9 @@ class Interval:
         self.loss = self.hits = self.count = self.grad_norm = self.step_s = 0.0
         self.steps, self.start = 0, time.perf_counter()
 
-    def add(self, loss: float, hits: int, count: int, grad_norm: float, step_s: float) -> None:
-        self.loss, self.hits, self.count = self.loss + loss, self.hits + hits, self.count + count
-        self.grad_norm, self.step_s, self.steps = self.grad_norm + grad_norm, self.step_s + step_s, self.steps + 1
+    def add(self, step: StepResult, step_s: float) -> None:
+        self.loss, self.hits, self.count = self.loss + step.loss, self.hits + step.hits, self.count + step.count
+        self.grad_norm, self.step_s, self.steps = self.grad_norm + step.grad_norm, self.step_s + step_s, self.steps + 1
 
 
 def grad_stats(model: torch.nn.Module) -> dict:
@@ -202,85 +236,141 @@ def system_stats(process: psutil.Process, device: torch.device) -> dict:
     }
 
 
-def train_loop(spec_dict: dict) -> None:
-    spec = TrainSpec(**spec_dict)
-    torch.set_num_threads(spec.cpus_per_worker)
-    torch.manual_seed(spec.seed)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
-    bf16 = spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda")
-    autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 and device.type == "cuda"
-                else contextlib.nullcontext)
+def non_finite_weights(model: torch.nn.Module) -> int:
+    """How many parameter tensors hold a NaN or an infinity (the same on every rank: DDP keeps them equal)."""
+    return sum(1 for p in model.parameters() if not torch.isfinite(p).all())
 
-    model = build_model(spec.model)
-    ddp_model = ray.train.torch.prepare_model(model)  # on the device; DDP when world > 1
-    optimizer = make_optimizer(model, spec)
-    state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "elapsed_s": 0.0}
-    # Ray's own checkpoint when it restarts failed workers; else the one this run resumes, if any.
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None and spec.resume_from:
-        filesystem, path = resolve(spec.resume_from, spec.s3)
-        checkpoint = Checkpoint(path, filesystem=filesystem)
-    if checkpoint:
+
+@dataclass
+class StepResult:
+    loss: float  # this worker's mean loss over its micro-batches
+    hits: int  # correct top-1 predictions
+    count: int  # predicted tokens
+    grad_norm: float  # total gradient norm before clipping: the same on every rank
+
+
+class Worker:
+    """One DDP worker's model, optimizer and data, and the optimizer step (nanoGPT's inner loop)."""
+
+    def __init__(self, spec: TrainSpec, run: RunContext):
+        self.spec, self.run = spec, run
+        torch.set_num_threads(spec.cpus_per_worker)
+        torch.manual_seed(spec.seed)
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        bf16 = spec.precision == "bf16" or (spec.precision == "auto" and self.device.type == "cuda")
+        cuda_bf16 = bf16 and self.device.type == "cuda"
+        self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda_bf16 else contextlib.nullcontext
+        self.model = build_model(spec.model)
+        self.ddp_model = ray.train.torch.prepare_model(self.model)  # on the device; DDP when world > 1
+        self.optimizer = make_optimizer(self.model, spec)
+        self.forward = torch.compile(self.ddp_model) if spec.compile else self.ddp_model
+        self.collate = WindowBatch(spec.token_dtype, self.model.config.block_size, self.device)
+        self.tokens_per_step = spec.batch_size * self.model.config.block_size
+        self.process = psutil.Process()
+        self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
+
+    def restore(self) -> dict:
+        """The training state to start from: Ray's latest checkpoint when it restarts this run's workers, else the
+        checkpoint the run resumes, else step 0."""
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None and self.run.resume_from:
+            filesystem, path = resolve(self.run.resume_from, self.spec.s3)
+            checkpoint = Checkpoint(path, filesystem=filesystem)
+        if checkpoint is None:
+            return {"step": 0, "epoch": 0, "step_in_epoch": 0, "elapsed_s": 0.0}
         with checkpoint.as_directory() as d:
-            state = load_train_checkpoint(Path(d), model, optimizer)
-    forward = torch.compile(ddp_model) if spec.compile else ddp_model
-    collate = WindowBatch(spec.token_dtype, model.config.block_size, device)
-    train_shard, val_shard = ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val")
-    tokens_per_step = spec.micro_batch * spec.grad_accum * world * model.config.block_size
-    flops_per_token, process = model.flops_per_token(), psutil.Process()
-    process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
+            return load_train_checkpoint(Path(d), self.model, self.optimizer)
+
+    def train_step(self, group: list[np.ndarray], lr: float) -> StepResult:
+        """Forward and backward over this worker's ``grad_accum`` micro-batches (DDP all-reduces the gradients on
+        the last), clip, and step the optimizer unless the gradient norm is not finite."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        loss_sum, hits = 0.0, 0
+        for i, windows in enumerate(group):
+            x, y = self.collate(windows)
+            sync = i == len(group) - 1 or not hasattr(self.ddp_model, "no_sync")
+            with contextlib.nullcontext() if sync else self.ddp_model.no_sync():
+                loss, h = _loss_and_hits(self.forward, x, y, self.autocast)
+                (loss / self.spec.grad_accum).backward()
+            loss_sum, hits = loss_sum + loss.item(), hits + h
+        max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        return StepResult(loss_sum / len(group), hits, y.numel() * len(group), grad_norm)
+
+    def metrics(self, interval: Interval, step: int, epoch: int, lr: float, elapsed_s: float) -> dict:
+        """The metrics.csv row of an evaluation: the interval's training figures (summed over the workers), the
+        validation loss and accuracy, gradient statistics and system load."""
+        spec, world = self.spec, self.world
+        train_loss, train_hits, train_count = _all_reduce_sum(interval.loss, interval.hits, interval.count)
+        val_loss, val_acc = evaluate(self.model, ray.train.get_dataset_shard("val"), self.collate, spec,
+                                     self.rank, world, self.autocast)
+        tokens_per_s = interval.steps * self.tokens_per_step / (time.perf_counter() - interval.start)
+        flops_per_token = self.model.flops_per_token()
+        return {
+            "step": step, "epoch": epoch, "tokens": step * self.tokens_per_step, "lr": lr,
+            "train_loss": train_loss / world / interval.steps, "val_loss": val_loss,
+            "val_ppl": math.exp(min(val_loss, 700)) if math.isfinite(val_loss) else val_loss,
+            "val_bpc": val_loss / math.log(2) / spec.chars_per_token if spec.chars_per_token else None,
+            "train_acc": train_hits / max(train_count, 1), "val_acc": val_acc,
+            "grad_norm": interval.grad_norm / interval.steps,
+            "tokens_per_s": tokens_per_s, "step_time_s": interval.step_s / interval.steps,
+            "mfu": (flops_per_token * tokens_per_s / (spec.peak_flops * world)) if spec.peak_flops else None,
+            **system_stats(self.process, self.device), "elapsed_s": elapsed_s, "workers": world,
+        }
+
+
+def divergence(metrics: dict, model: torch.nn.Module) -> str | None:
+    """What is not finite at an evaluation (the training or validation loss, the weights), or None. Every rank
+    finds the same: the losses are summed over the ranks and the weights are equal."""
+    bad = [f"{key} {metrics[key]:.4g}" for key in ("train_loss", "val_loss") if not math.isfinite(metrics[key])]
+    tensors = non_finite_weights(model)
+    if tensors:
+        bad.append(f"{tensors} weight tensors with NaN or infinite values")
+    return ", ".join(bad) or None
+
+
+def train_loop(config: dict) -> None:
+    spec = TrainSpec(**config["spec"] | {"s3": S3Options(**config["spec"]["s3"])})
+    run = RunContext(**config["run"])
+    worker = Worker(spec, run)
+    state = worker.restore()
+    train_shard = ray.train.get_dataset_shard("train")
 
     step, epoch, elapsed = state["step"], state["epoch"], state["elapsed_s"]
     interval, run_start = Interval(), time.perf_counter() - elapsed
-    live = LivePosts(spec.board, spec.run_name) if rank == 0 else None
+    live = LivePosts(run.board, run.run_name) if worker.rank == 0 else None
     while step < spec.max_steps:
-        for group in epoch_steps(train_shard, spec, epoch, state["step_in_epoch"], rank, world):
+        for group in epoch_steps(train_shard, spec, epoch, state["step_in_epoch"], worker.rank, worker.world):
             t = time.perf_counter()
             lr = lr_at(step, spec)
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            loss_sum = hits = 0.0
-            for i, windows in enumerate(group):
-                x, y = collate(windows)
-                sync = i == len(group) - 1 or not hasattr(ddp_model, "no_sync")
-                with contextlib.nullcontext() if sync else ddp_model.no_sync():
-                    loss, h = _loss_and_hits(forward, x, y, autocast)
-                    (loss / spec.grad_accum).backward()
-                loss_sum, hits = loss_sum + loss.item(), hits + h
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                       spec.grad_clip if spec.grad_clip > 0 else math.inf)
-            report_now = (step + 1) % spec.eval_interval == 0 or step + 1 == spec.max_steps
-            grads = grad_stats(model) if report_now else {}
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            result = worker.train_step(group, lr)
             step, state["step_in_epoch"] = step + 1, state["step_in_epoch"] + 1
-            interval.add(loss_sum / len(group), hits, y.numel() * len(group), grad_norm.item(),
-                         time.perf_counter() - t)
-            now = time.perf_counter()
+            if not math.isfinite(result.grad_norm):  # every rank: the gradients were all-reduced
+                _report_divergence(step, f"loss {result.loss:.4g}, gradient norm {result.grad_norm:.4g}")
+                return
+            report_now = step % spec.eval_interval == 0 or step == spec.max_steps
+            grads = grad_stats(worker.model) if report_now else {}
+            worker.optimizer.zero_grad(set_to_none=True)
+            interval.add(result, time.perf_counter() - t)
             if live:
-                live.step(now, step, loss_sum / len(group), interval.steps * tokens_per_step / (now - interval.start))
+                now = time.perf_counter()
+                live.step(now, step, result.loss, interval.steps * worker.tokens_per_step / (now - interval.start))
             if report_now:
-                train_loss, train_hits, train_count = _all_reduce_sum(interval.loss, interval.hits, interval.count)
-                val_loss, val_acc = evaluate(model, val_shard, collate, spec, rank, world, autocast)
-                tokens_per_s = interval.steps * tokens_per_step / (now - interval.start)
-                metrics = {
-                    "step": step, "epoch": epoch, "tokens": step * tokens_per_step, "lr": lr,
-                    "train_loss": train_loss / world / interval.steps, "val_loss": val_loss,
-                    "val_ppl": math.exp(min(val_loss, 700)),
-                    "val_bpc": val_loss / math.log(2) / spec.chars_per_token if spec.chars_per_token else None,
-                    "train_acc": train_hits / max(train_count, 1), "val_acc": val_acc,
-                    "grad_norm": interval.grad_norm / interval.steps, **grads,
-                    "tokens_per_s": tokens_per_s, "step_time_s": interval.step_s / interval.steps,
-                    "mfu": (flops_per_token * tokens_per_s / (spec.peak_flops * world)) if spec.peak_flops else None,
-                    **system_stats(process, device), "elapsed_s": now - run_start,
-                }
+                metrics = worker.metrics(interval, step, epoch, lr, time.perf_counter() - run_start) | grads
+                bad = divergence(metrics, worker.model)
+                if bad:
+                    _report_divergence(step, bad)
+                    return
                 state.update(step=step, epoch=epoch, elapsed_s=metrics["elapsed_s"])
                 if live:
-                    live.evaluation(val_loss)
+                    live.evaluation(metrics["val_loss"])
                 keep = step == spec.max_steps or (spec.checkpoint_interval and step % spec.checkpoint_interval == 0)
-                _report(metrics, model, optimizer, spec, state if keep else None, rank)
+                _report(metrics, worker, state if keep else None)
                 interval = Interval()
             if step >= spec.max_steps:
                 break
@@ -288,14 +378,21 @@ def train_loop(spec_dict: dict) -> None:
             epoch, state["step_in_epoch"] = epoch + 1, 0
 
 
-def _report(metrics: dict, model: LanguageModel, optimizer, spec: TrainSpec, state: dict | None, rank: int) -> None:
+def _report_divergence(step: int, what: str) -> None:
+    """Every rank reports the divergence (a barrier) and the run ends without another checkpoint."""
+    ray.train.report({"step": step, "diverged": what})
+
+
+def _report(metrics: dict, worker: Worker, state: dict | None) -> None:
     """``ray.train.report`` on every rank (it is a barrier); with ``state``, rank 0 attaches a checkpoint."""
-    if state is None or rank != 0:
+    if state is None or worker.rank != 0:
         ray.train.report(metrics)
         return
+    spec = worker.spec
     with tempfile.TemporaryDirectory() as tmp:
-        save_train_checkpoint(Path(tmp), model, tokenizer_from_json(spec.tokenizer_json), optimizer,
-                              {**state, "fingerprint": spec.fingerprint, "max_steps": spec.max_steps})
+        save_train_checkpoint(Path(tmp), worker.model, tokenizer_from_json(spec.tokenizer_json), worker.optimizer,
+                              {**state, "fingerprint": spec.fingerprint, "max_steps": spec.max_steps,
+                               "world": worker.world})
         ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
 
@@ -305,28 +402,37 @@ def _in_order():
     return options
 
 
-def fit(spec: TrainSpec, datasets: dict, num_workers: int, use_gpu: bool, out_dir: Path, run_name: str,
-        keep_checkpoints: int, storage: str, placement: str | None) -> Checkpoint:
-    """Train on the Ray datasets ``{"train", "val"}`` (from ``spec.resume_from`` if set); returns the final
-    checkpoint. Checkpoints go to ``storage/<run>/`` (a directory or s3://), the workers are placed by ``placement``
-    (PACK when None). The console follows it live (progress.py); ``metrics.csv`` and TensorBoard events go to
-    ``out_dir``."""
-    spec.run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # unique: never Ray's silent resume
-    spec.board = ProgressBoard.remote()
-    filesystem, storage_path = resolve(storage, spec.s3)
+@dataclass
+class FitResult:
+    checkpoint: Checkpoint | None  # the last one Ray Train registered
+    diverged: dict | None  # {"step", "what", "last_checkpoint"} when the run diverged (metrics.read_divergence)
+    restarts: int  # worker-group restarts after lost workers
+    resumed_from: str | None  # the checkpoint the run started from (RunContext.resume_from)
+
+
+def fit(spec: TrainSpec, run: RunContext, datasets: dict, launch: Launch) -> FitResult:
+    """Train on the Ray datasets ``{"train", "val"}`` (from ``run.resume_from`` if set). Checkpoints go to
+    ``launch.storage/<run>/`` (a directory or s3://). The console follows it live (progress.py); ``metrics.csv``,
+    TensorBoard events and the restarts (``events.jsonl``) go to ``launch.out_dir``."""
+    run = RunContext(run.run_name, ProgressBoard.remote(), run.resume_from)
+    filesystem, storage_path = resolve(launch.storage, spec.s3)
+    recorder = MetricsWriter(launch.out_dir)
+    workers = (launch.min_workers, launch.num_workers) if launch.min_workers else launch.num_workers
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config=vars(spec),
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, placement_strategy=placement or "PACK",
+        train_loop_config={"spec": asdict(spec), "run": asdict(run)},
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=launch.use_gpu,
+                                     placement_strategy=launch.placement or "PACK",
                                      resources_per_worker={"CPU": spec.cpus_per_worker}),
         datasets=datasets,
         # Every worker reads the whole stream, in order, and takes its own micro-batches (see epoch_steps).
         dataset_config=DataConfig(datasets_to_split=[], execution_options=_in_order()),
-        run_config=RunConfig(name=spec.run_name, storage_path=storage_path, storage_filesystem=filesystem,
-                             checkpoint_config=CheckpointConfig(num_to_keep=keep_checkpoints),
-                             callbacks=[MetricsWriter(out_dir / "metrics.csv", out_dir / "tensorboard")]),
+        run_config=RunConfig(name=run.run_name, storage_path=storage_path, storage_filesystem=filesystem,
+                             checkpoint_config=CheckpointConfig(num_to_keep=launch.keep_checkpoints),
+                             failure_config=FailureConfig(max_failures=launch.max_failures),
+                             callbacks=[recorder, RestartRecorder(recorder)]),
     )
-    progress = TrainingProgress(spec.board, out_dir / "metrics.csv", spec.max_steps)
+    progress = TrainingProgress(run.board, launch.out_dir, spec.max_steps, launch.max_failures)
     progress.start()
     sigint_handler = signal.getsignal(signal.SIGINT)
     try:
@@ -335,9 +441,11 @@ def fit(spec: TrainSpec, datasets: dict, num_workers: int, use_gpu: bool, out_di
         raise KeyboardInterrupt from err
     finally:
         progress.stop()
-        ray.kill(spec.board)
+        ray.kill(run.board)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, sigint_handler)
-    if result.checkpoint is None:
-        raise RuntimeError(f"training finished without a checkpoint; see {storage}/{spec.run_name}")
-    return result.checkpoint
+    diverged = read_divergence(launch.out_dir)
+    if result.checkpoint is None and diverged is None:
+        raise RuntimeError(f"training finished without a checkpoint; see {launch.storage}/{run.run_name}")
+    restarts = sum(1 for event in read_events(launch.out_dir) if event["event"] == "restart")
+    return FitResult(result.checkpoint, diverged, restarts, run.resume_from)

@@ -30,22 +30,24 @@ BLOCK = 16
 def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
     from raydp_llm.train import run
 
-    cfg = make_config(f"data.path={corpus_dir}", "model.n_layer=2", "model.n_head=2", "model.n_embd=64",
+    cfg = make_config(f"data.path={corpus_dir}", f"data.cache_dir={tmp_path / 'cache'}",  # a Spark ETL here
+                      "model.n_layer=2", "model.n_head=2", "model.n_embd=64",
                       "model.block_size=32", "train.batch_size=16", "train.max_steps=150",
                       "train.eval_interval=50", "train.eval_batches=null", "optim.lr=3e-3",
                       "sample.max_new_tokens=80", "sample.prompt=ROMEO:")
-    summary = run(cfg, tmp_path)
+    run_dir = tmp_path / "run"
+    summary = run(cfg, run_dir)
 
     for name in ("metrics.csv", "summary.json", "manifest.json", "samples.txt", "loss.png", "throughput.png",
                  "model/model.safetensors",
                  "model/config.json", "model/tokenizer.json"):
-        assert (tmp_path / name).is_file(), name
-    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     vocab = summary["etl"]["vocab_size"]
     assert summary["final_val_loss"] < 0.8 * math.log(vocab), summary
     assert summary["final_val_loss"] < summary["first_val_loss"]
     assert summary["steps"] == 150 and summary["tokens"] == 150 * 16 * 32
-    rows = read_metrics(tmp_path / "metrics.csv")
+    rows = read_metrics(run_dir / "metrics.csv")
     assert [r["step"] for r in rows] == [50, 100, 150] and list(rows[0]) == COLUMNS
     for r in rows:
         assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
@@ -59,15 +61,15 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
     for key in ("etl_s", "train_s", "total_s", "spark_start_s", "num_params"):
         assert summary[key] > 0, key
     assert summary["ray_start_s"] >= 0  # Ray is shared by the test session, so ~0 here
-    assert (tmp_path / "samples.txt").read_text().startswith("ROMEO:")
+    assert (run_dir / "samples.txt").read_text().startswith("ROMEO:")
 
     # The model directory loads and generates without Ray or Spark, in a fresh process.
-    out = subprocess.run([sys.executable, "-m", "raydp_llm.generate", f"model_dir={tmp_path / 'model'}",
+    out = subprocess.run([sys.executable, "-m", "raydp_llm.generate", f"model_dir={run_dir / 'model'}",
                           "prompt=JULIET:", "max_new_tokens=50", "seed=3"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("JULIET:") and len(out.stdout) > len("JULIET:") + 20
-    model, _ = load_model_dir(tmp_path / "model")
+    model, _ = load_model_dir(run_dir / "model")
     assert model.num_params() == summary["num_params"]
 
 

@@ -64,8 +64,9 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
     # train.resume=never ignores the checkpoint that auto found; a path names one.
     spec = train_spec(cfg, data)
     assert resume_checkpoint(make_config(*overrides, "train.resume=never"), spec, runs / "new") is None
-    found = resume_checkpoint(make_config(*overrides, "train.resume=auto"), spec, runs / "new")
-    assert found is not None
+    # The resumed run continued the interrupted one and finished: auto continues neither again.
+    assert resume_checkpoint(make_config(*overrides, "train.resume=auto"), spec, runs / "new") is None
+    found = summary["resumed_from"]
     assert check_inputs(make_config(*overrides, f"train.resume={found}")).files
     # A checkpoint of another model shape is refused before any engine starts.
     with pytest.raises(InputError, match=r"the checkpoint's model has n_layer=2, block_size=32, the config asks "
