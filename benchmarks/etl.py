@@ -50,7 +50,7 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
             t = time.perf_counter()
             result = run_etl(spark, corpus, cfg.data, cfg.tokenizer, block_size=BLOCK, seed=cfg.seed)
             t_write = time.perf_counter()
-            cache.write_entry(result, out / "cache", "bench")
+            cache.commit(cache.stage(result, out / "cache", "bench"), stats={})
             result.phase_s["write"] = time.perf_counter() - t_write
             etl_s = time.perf_counter() - t
     return {"start_s": start_s, "etl_s": etl_s, "tokens": result.manifest["tokens"],

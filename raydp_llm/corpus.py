@@ -10,6 +10,10 @@ import glob
 import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import pyarrow.fs as pafs
 
 from raydp_llm.errors import InputError
 from raydp_llm.storage import S3Options, check_bucket, is_s3, list_objects, s3_uri, unreachable
@@ -24,8 +28,13 @@ class Corpus:
 
     @property
     def sizes(self) -> dict[str, int]:
-        """Bytes per file, keyed as the ETL's ``src`` column names it (``input_file_name()``, S3 URIs)."""
-        return {f["path"] if "://" in f["path"] else Path(f["path"]).as_uri(): f["size"] for f in self.fingerprints}
+        """Bytes per file: local paths and URIs as listed."""
+        return {f["path"]: f["size"] for f in self.fingerprints}
+
+    def size_of(self, src: str) -> int | None:
+        """Bytes of an input file named as the ETL's ``src`` column names it: Spark's ``input_file_name()`` (a
+        ``file:`` URI, percent-encoded by Java's rules) or an S3 URI."""
+        return self.sizes.get(local_path(src) if src.startswith("file:") else src)
 
 
 def _fingerprints(files: list[str], listed: dict[str, dict]) -> list[dict]:
@@ -63,12 +72,13 @@ def _list_s3(path: str, s3: S3Options) -> dict[str, dict]:
 
 
 def _expand(path: str) -> list[str]:
-    """One local ``data.path`` entry (or another URI, passed to Spark as it is) → the files it names."""
+    """One local ``data.path`` entry (or another URI, passed to Spark as it is) → the files it names. A path that
+    exists is taken literally, even with ``* ? [ ]`` in its name; otherwise those make it a glob."""
     if "://" in path and not path.startswith("file://"):
         return [path]
     local = path[len("file://"):] if path.startswith("file://") else path
     p = Path(local).expanduser()
-    if any(ch in local for ch in "*?["):
+    if any(ch in local for ch in "*?[") and not p.exists():
         files = sorted(str(Path(f).resolve()) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
         if not files:
             raise InputError(f"data.path={path}: the glob matches no files; check the pattern")
@@ -81,6 +91,68 @@ def _expand(path: str) -> list[str]:
             raise InputError(f"data.path={path}: the directory holds no files; point it at text files")
         return files
     raise InputError(f"data.path={path}: no such file or directory; give a file, directory, glob or URI")
+
+
+def check_unchanged(corpus: Corpus, s3: S3Options) -> None:
+    """One line when an input file was deleted or changed since it was listed: the ETL reads the inputs in
+    several passes, and windows cut from two versions of a file would be wrong."""
+    remote = [f["path"] for f in corpus.fingerprints if is_s3(f["path"])]
+    listed = {}
+    if remote:
+        fs = s3.filesystem()
+        for uri, info in zip(remote, fs.get_file_info([uri[len("s3://"):] for uri in remote])):
+            listed[uri] = info
+    for before in corpus.fingerprints:
+        if before["size"] is None:  # a URI only Spark lists (hdfs://): nothing to compare
+            continue
+        now = _now(before["path"], listed)
+        if now is None:
+            raise InputError(f"data.path: {before['path']} was deleted while the ETL read it; run again once the "
+                             "corpus no longer changes")
+        if (now["size"], now["mtime_ns"]) != (before["size"], before["mtime_ns"]):
+            raise InputError(f"data.path: {before['path']} changed while the ETL read it ({before['size']} → "
+                             f"{now['size']} bytes); run again once the corpus no longer changes")
+
+
+def _now(path: str, listed: dict) -> dict | None:
+    """A file's size and modification time now (S3: from ``listed``), or None when it is gone."""
+    if path in listed:
+        info = listed[path]
+        return {"size": info.size, "mtime_ns": info.mtime_ns} if info.type == pafs.FileType.File else None
+    try:
+        st = Path(path).stat()
+    except FileNotFoundError:
+        return None
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def read_head(src: str, s3: S3Options, size: int = 4096) -> bytes:
+    """The first ``size`` bytes of an input file, named as Spark's ``input_file_name()`` or an S3 URI names it."""
+    if is_s3(src):
+        with s3.filesystem().open_input_stream(s3_uri(src)[len("s3://"):]) as f:
+            return f.read(size)
+    with open(local_path(src) if src.startswith("file:") else src, "rb") as f:
+        return f.read(size)
+
+
+def local_path(uri: str) -> str:
+    """``file:///a/b%20c`` → ``/a/b c``."""
+    return url2pathname(urlparse(uri).path)
+
+
+def utf16(head: bytes) -> str | None:
+    """``UTF-16 LE`` or ``UTF-16 BE`` when a file's first bytes are UTF-16 text (a byte-order mark, or NUL bytes
+    in every other position of mostly ASCII text), else None."""
+    if head.startswith(b"\xff\xfe"):
+        return "UTF-16 LE"
+    if head.startswith(b"\xfe\xff"):
+        return "UTF-16 BE"
+    even, odd = head[0::2], head[1::2]
+    if len(head) >= 16 and odd.count(0) > 0.9 * len(odd) and even.count(0) < 0.1 * len(even):
+        return "UTF-16 LE"
+    if len(head) >= 16 and even.count(0) > 0.9 * len(even) and odd.count(0) < 0.1 * len(odd):
+        return "UTF-16 BE"
+    return None
 
 
 def resolve_corpus(path: str | list[str] | None, markdown: bool = False, s3: S3Options = S3Options()) -> Corpus:

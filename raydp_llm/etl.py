@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import time
 import zlib
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from raydp_llm import raydp_fixes, s3_reader, windows
-from raydp_llm.corpus import Corpus
+from raydp_llm.corpus import Corpus, read_head, utf16
 from raydp_llm.errors import InputError
 from raydp_llm.storage import S3Options, is_s3
 from raydp_llm.tokenizer import (
@@ -97,16 +98,22 @@ def read_lines(spark: SparkSession, corpus: Corpus, data: DictConfig, s3: S3Opti
 def spark_read(spark: SparkSession, files: list[str], data: DictConfig, name: str) -> DataFrame:
     """``src, block, text``: what Spark's own readers (text, Parquet) make of local files and Hadoop URIs."""
     if data.format == "parquet":
-        df = spark.read.parquet(*files)
+        df = spark.read.parquet(*map(hadoop_literal, files))
         if data.text_column not in df.columns:
             raise InputError(f"data.text_column={data.text_column}: no such column in {name}; its columns "
                              f"are {', '.join(df.columns)}")
         text = F.col(data.text_column)
     else:
-        df = spark.read.text(files)
+        df = spark.read.text([hadoop_literal(f) for f in files])
         text = F.col("value")
     return df.select(F.input_file_name().alias("src"), F.input_file_block_start().alias("block"),
                      text.cast("binary").alias("text"))
+
+
+def hadoop_literal(path: str) -> str:
+    """A listed local file as Spark's readers take it literally: Hadoop expands ``* ? [ ] { }`` in paths as globs,
+    so they (and the backslash) are escaped. Other URIs (``hdfs://``) are the user's own patterns: kept."""
+    return path if "://" in path else re.sub(r"([\\\[\]{}*?])", r"\\\1", path)
 
 
 def decode(raw: bytes) -> tuple[str, int]:
@@ -360,9 +367,15 @@ def count_windows(n_tokens: int, data: DictConfig, block_size: int, strides: dic
     return counts
 
 
-def check_files(files: dict[str, dict], data: DictConfig) -> list[str]:
-    """Binary files and invalid UTF-8: errors, or the binary files to skip (``data.skip_binary``)."""
+def check_files(files: dict[str, dict], data: DictConfig, s3: S3Options) -> list[str]:
+    """UTF-16 text, binary files and invalid UTF-8: errors, or the binary files to skip (``data.skip_binary``).
+    A file with NUL bytes is looked at once more, on the driver: UTF-16 text has them too, and is named as such."""
     binary = sorted(src for src, f in files.items() if f["nul_lines"])
+    for src in binary:
+        encoding = utf16(read_head(src, s3))
+        if encoding:
+            raise InputError(f"{src} is {encoding} text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8 FILE > "
+                             "FILE.txt) and point data.path at the converted file")
     if binary and not data.skip_binary:
         raise InputError(f"{binary[0]} looks binary (NUL bytes in {files[binary[0]]['nul_lines']} lines"
                          f"{f'; {len(binary) - 1} more such files' if len(binary) > 1 else ''}): remove it from "
@@ -393,7 +406,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
     lines = read_lines(spark, corpus, data, s3)  # read again by each pass: cheaper than Spark's cache
     files = scan_files(lines, want_charset=tok_cfg.kind == "char" and data.format != "ids",
                        id_file=data.format == "ids")
-    skipped = check_files(files, data)
+    skipped = check_files(files, data, s3)
     if skipped:
         lines = lines.where(~F.col("src").isin(skipped))
         files = {k: v for k, v in files.items() if k not in skipped}
@@ -443,7 +456,7 @@ def run_etl(spark: SparkSession, corpus: Corpus, data: DictConfig, tok_cfg: Dict
         "files": len(files),
         "skipped_binary_files": skipped,
         "documents": sum(p[4] for p in pieces),
-        "bytes": sum(corpus.sizes.get(src, 0) for src in files) if corpus.sizes else None,
+        "bytes": sum(corpus.size_of(src) or 0 for src in files) if corpus.sizes else None,
         "characters": characters,
         "invalid_utf8_replaced": sum(f["replaced"] for f in files.values()),
         "tokens": n_tokens,

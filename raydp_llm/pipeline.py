@@ -12,16 +12,17 @@ from pathlib import Path
 
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
+from py4j.protocol import Py4JJavaError
 from pyspark.errors import PythonException
 
-from raydp_llm import cache, storage
-from raydp_llm.checkpoint import STATE_JSON, read_model_spec
+from raydp_llm import cache, integrity, storage
+from raydp_llm.checkpoint import STATE_JSON, build_from_dir, read_model_spec
 from raydp_llm.cluster import EVENT_LOG_DIR, spark_session
 from raydp_llm.config import validate
-from raydp_llm.corpus import Corpus, resolve_corpus
-from raydp_llm.errors import InputError
-from raydp_llm.etl import run_etl, to_ray_datasets
-from raydp_llm.model import check_model_spec
+from raydp_llm.corpus import Corpus, check_unchanged, resolve_corpus
+from raydp_llm.errors import InputError, RunFailure
+from raydp_llm.etl import EtlOutput, run_etl, to_ray_datasets
+from raydp_llm.model import check_model_spec, read_embeddings
 from raydp_llm.monitoring import RunGauges
 from raydp_llm.progress import PhaseBar, console_bar
 from raydp_llm.spark_stats import read_event_log
@@ -30,7 +31,7 @@ from raydp_llm.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-STATS_FILE = "etl_stats.json"
+STATS_FILE = cache.STATS_FILE
 
 
 @dataclass
@@ -49,6 +50,8 @@ def check_inputs(cfg: DictConfig) -> Corpus:
     validate(cfg)
     t, d = cfg.train, cfg.data
     check_model_spec(OmegaConf.to_container(cfg.model, resolve=True))
+    if cfg.model.get("init_embeddings"):  # widths and values now; the ids against the vocabulary after the ETL
+        read_embeddings(to_absolute_path(cfg.model.init_embeddings), None, cfg.model.n_embd)
     if t.resume not in ("auto", "never"):
         check_resume_checkpoint(absolute(str(t.resume)), cfg)
     if t.storage_path and storage.is_s3(t.storage_path):
@@ -69,24 +72,25 @@ def absolute(path: str) -> str:
 
 
 def check_resume_checkpoint(location: str, cfg: DictConfig) -> None:
-    """``train.resume=<dir>`` (local or s3://) must be a training checkpoint of a model with the configured shape
-    (block size, layers, widths): its weights would not load into another."""
-    s3 = S3Options.of(cfg.s3)
+    """``train.resume=<dir>`` (local or s3://) must be a complete training checkpoint (``integrity``) whose config,
+    tokenizer and model shape (block size, layers, widths) fit: its weights would not load into another."""
+    s3, shown = S3Options.of(cfg.s3), f"train.resume={cfg.train.resume}"
     try:
-        found = storage.exists(storage.join(location, STATE_JSON), s3)
-        saved = read_model_spec(location, s3) if found else {}
+        if not storage.exists(storage.join(location, STATE_JSON), s3):
+            raise InputError(f"{shown}: not a training checkpoint (no {STATE_JSON}); give a checkpoint_* directory "
+                             "of an earlier run (under its ray_results/ or train.storage_path), or auto | never")
+        if not storage.exists(storage.join(location, integrity.MARKER), s3):
+            raise InputError(f"{shown}: damaged, no {integrity.MARKER}: it was never finished; give an earlier "
+                             "checkpoint_* of that run, or train.resume=auto (it skips damaged checkpoints)")
+        build_from_dir(location, shown, s3)  # complete, and its config and tokenizer fit together
+        saved = read_model_spec(location, s3)
     except OSError as err:
         raise storage.unreachable("train.resume", cfg.train.resume, err) from None
-    if not found:
-        raise InputError(f"train.resume={cfg.train.resume}: not a training checkpoint (no {STATE_JSON}); give a "
-                         "checkpoint_* directory of an earlier run (under its ray_results/ or train.storage_path), "
-                         "or auto | never")
     differ = [key for key, value in cfg.model.items() if key in saved and saved[key] != value]
     if differ:
-        raise InputError(f"train.resume={cfg.train.resume}: the checkpoint's model has "
-                         f"{', '.join(f'{k}={saved[k]}' for k in differ)}, the config asks for "
-                         f"{', '.join(f'model.{k}={cfg.model[k]}' for k in differ)}; resume with the checkpoint's "
-                         "model settings")
+        raise InputError(f"{shown}: the checkpoint's model has {', '.join(f'{k}={saved[k]}' for k in differ)}, the "
+                         f"config asks for {', '.join(f'model.{k}={cfg.model[k]}' for k in differ)}; resume with "
+                         "the checkpoint's model settings")
 
 
 def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, to_ray: bool,
@@ -96,25 +100,35 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     A Spark run writes its dataset to ``store/<key>`` when ``store`` is given and hands the windows to Ray
     with ``from_spark`` when ``to_ray``. Spark is stopped on return, unless ``cluster.keep_executors``:
     then it stays up until ``keep`` closes. ``timings`` gets the phase times (s); Spark's driver log goes
-    to ``out_dir``.
+    to ``out_dir``. One run at a time checks or builds a key in ``store`` (``cache.locked``).
     """
     tok_cfg = etl_tokenizer(cfg.tokenizer)
     key = cache.cache_key(corpus, cfg.data, tok_cfg, cfg.model.block_size, cfg.seed)
     fingerprinted = all(f["size"] is not None for f in corpus.fingerprints)
     if cfg.data.cache and not fingerprinted:
         log.info("ETL cache not used: remote inputs have no size or modification time to key it by")
-    use_cache = cfg.data.cache and fingerprinted
-    entry = cache.lookup(Path(to_absolute_path(cfg.data.cache_dir)), key) if use_cache else None
-    if entry is not None:
-        t = time.perf_counter()
-        log.info("ETL cache hit: %s (Spark not started)", entry)
-        datasets, tokenizer, manifest = cache.read_entry(entry, to_ray)
-        timings["etl_s"] = time.perf_counter() - t
-        stats_file = entry / STATS_FILE
-        stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
-        write_json(out_dir / STATS_FILE, stats)
-        return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets, stats=stats)
+    cache_dir = Path(to_absolute_path(cfg.data.cache_dir)) if cfg.data.cache and fingerprinted else None
+    lock_dir = cache_dir or store
+    with cache.locked(lock_dir, key) if lock_dir else contextlib.nullcontext():
+        entry = cache.lookup(cache_dir, key) if cache_dir else None
+        if entry is not None:
+            return _from_cache(entry, out_dir, timings, to_ray)
+        return _spark_etl(cfg, corpus, tok_cfg, key, out_dir, timings, to_ray, store, keep)
 
+
+def _from_cache(entry: Path, out_dir: Path, timings: dict, to_ray: bool) -> PreparedData:
+    t = time.perf_counter()
+    log.info("ETL cache hit: %s (Spark not started)", entry)
+    datasets, tokenizer, manifest, stats = cache.read_entry(entry, to_ray)
+    timings["etl_s"] = time.perf_counter() - t
+    write_json(out_dir / STATS_FILE, stats)
+    return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets, stats=stats)
+
+
+def _spark_etl(cfg: DictConfig, corpus: Corpus, tok_cfg: DictConfig, key: str, out_dir: Path,  # noqa: PLR0913
+               timings: dict, to_ray: bool, store: Path | None, keep: contextlib.ExitStack | None) -> PreparedData:
+    """Spark's part of ``prepare_data``: start Spark, run the ETL, stage the cache entry and hand the windows to
+    Ray; then Spark's stats, and the entry committed with them."""
     kept = keep is not None and cfg.cluster.keep_executors
     if kept:
         check_cpus_for_kept_executors(cfg)
@@ -124,28 +138,16 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     t = time.perf_counter()
     with contextlib.ExitStack() as local, console_bar(len(phases), "ETL", "phase") as bar:
         progress = PhaseBar(bar)
-        scope = keep if kept else local
-        spark = scope.enter_context(spark_session(cfg.cluster, app_name=cfg.name, log_dir=out_dir))
+        spark = (keep if kept else local).enter_context(spark_session(cfg.cluster, app_name=cfg.name,
+                                                                      log_dir=out_dir))
         timings["spark_start_s"] = time.perf_counter() - t
         progress.done("spark start", timings["spark_start_s"])
         t = time.perf_counter()
-        try:
-            out = run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed,
-                          on_phase=progress.done, s3=S3Options.of(cfg.s3))
-        except PythonException as err:  # raised in the executors: the user gets one line, not their traceback
-            raise unknown_characters(err, tok_cfg) or err
-        m = out.manifest
-        if store is not None:
-            t_write = time.perf_counter()
-            entry = cache.write_entry(out, store, key)
-            out.phase_s["write"] = time.perf_counter() - t_write
-            progress.done("write", out.phase_s["write"])
-        datasets = None
-        if to_ray:
-            t_convert = time.perf_counter()
-            datasets = to_ray_datasets(out)
-            out.phase_s["convert"] = time.perf_counter() - t_convert
-            progress.done("convert", out.phase_s["convert"])
+        out = _run_etl(spark, cfg, corpus, tok_cfg, progress)
+        staged = _phase(out, "write", progress, lambda: cache.stage(out, store, key)) if store else None
+        datasets = _phase(out, "convert", progress, lambda: to_ray_datasets(out)) if to_ray else None
+        check_unchanged(corpus, S3Options.of(cfg.s3))  # every pass read the same inputs
+    m = out.manifest
     log.info("ETL: %d files, %d documents, %d tokens, vocab %d (%s), windows train %d / val %d",
              m["files"], m["documents"], m["tokens"], m["vocab_size"], m["tokenizer"], m["windows_train"],
              m["windows_val"])
@@ -156,9 +158,29 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, out_dir: Path, timings: dict, 
     stats = {"phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
              "spark_start_s": round(timings["spark_start_s"], 3), **read_event_log(out_dir / EVENT_LOG_DIR)}
     write_json(out_dir / STATS_FILE, stats)
-    if entry is not None:
-        write_json(entry / STATS_FILE, stats)
+    entry = cache.commit(staged, stats) if staged else None
     return PreparedData(out.tokenizer, m, entry, cache_hit=False, datasets=datasets, stats=stats)
+
+
+def _phase(out: EtlOutput, name: str, progress: PhaseBar, work):
+    """``work()``, timed into ``out.phase_s[name]`` and the progress bar."""
+    t = time.perf_counter()
+    result = work()
+    out.phase_s[name] = time.perf_counter() - t
+    progress.done(name, out.phase_s[name])
+    return result
+
+
+def _run_etl(spark, cfg: DictConfig, corpus: Corpus, tok_cfg: DictConfig, progress: PhaseBar) -> EtlOutput:
+    """``etl.run_etl``, with what fails in the executors or the JVM turned into one line: characters a given
+    tokenizer lacks, an S3 object that cannot be read, an input file deleted or changed meanwhile."""
+    s3 = S3Options.of(cfg.s3)
+    try:
+        return run_etl(spark, corpus, cfg.data, tok_cfg, block_size=cfg.model.block_size, seed=cfg.seed,
+                       on_phase=progress.done, s3=s3)
+    except (PythonException, Py4JJavaError) as err:  # the user gets one line, not the executors' traceback
+        check_unchanged(corpus, s3)
+        raise unknown_characters(err, tok_cfg) or unreadable_object(err, s3) or err
 
 
 def dataset_store(cfg: DictConfig, out_dir: Path) -> Path:
@@ -177,7 +199,17 @@ def etl_tokenizer(tok: DictConfig) -> DictConfig:
     return OmegaConf.create({"kind": "file", "path": to_absolute_path(tok.path)})
 
 
-def unknown_characters(err: PythonException, tok_cfg: DictConfig) -> InputError | None:
+def unreadable_object(err: Exception, s3: S3Options) -> RunFailure | None:
+    """The one-line error for an S3 object the executors could not read after ``s3.max_attempts`` attempts
+    (pyarrow's OSError names the key and the bucket), or None for any other failure."""
+    found = re.search(r"^OSError: (s3://.*)$", str(err), re.MULTILINE)
+    if found is None:
+        return None
+    return RunFailure(f"data.path: the executors could not read from S3 after s3.max_attempts={s3.max_attempts} "
+                      f"attempts: {found[1][:250]}; check the object, the bucket and s3.endpoint_url, then run again")
+
+
+def unknown_characters(err: Exception, tok_cfg: DictConfig) -> InputError | None:
     """The one-line error for a corpus with characters a given char tokenizer lacks (``CharTokenizer``'s
     ValueError in the executors: those of the first batch that failed), or None for any other failure."""
     found = re.search(r"^ValueError: characters not in the vocabulary: (.*)$", str(err), re.MULTILINE)
@@ -210,7 +242,7 @@ def check_workers_fit(cfg: DictConfig) -> None:
     need = {"CPU": t.cpus_per_worker} | ({"GPU": 1} if t.use_gpu else {})
     nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
     fits = sum(min(int(node.get(k, 0) // v) for k, v in need.items()) for node in nodes)
-    if fits < t.num_workers:
+    if fits < (t.min_workers or t.num_workers):
         have = ", ".join(f"{node.get('CPU', 0):g} CPUs/{node.get('GPU', 0):g} GPUs" for node in nodes)
         raise InputError(f"train.num_workers={t.num_workers} workers of {t.cpus_per_worker:g} CPUs"
                          f"{' and 1 GPU' if t.use_gpu else ''}: the Ray cluster's nodes ({have}) hold only {fits}; "
