@@ -3,7 +3,8 @@
 #   ray job submit -- python -m raydp_llm.train +experiment=emr [overrides...]
 # through an SSH tunnel to the head node's dashboard (opened and closed here with --head/--key, or one that
 # launch/tunnel.sh or `ray dashboard launch/ray/cluster.yaml` keeps open), authenticated with the cluster's
-# token (RAY_AUTH_TOKEN, or the token file). Everything after `--` goes to the run as Hydra overrides:
+# token (RAY_AUTH_TOKEN, or the token file). Everything after `--` goes to the run as Hydra overrides, word for
+# word: `ray job submit` quotes each for the head's shell (shlex.join), so quotes, $(...) and [a,b] arrive as typed.
 #   launch/submit.sh --head <primary-dns> --key key.pem -- data.path=s3://bucket/corpus/ train.storage_path=s3://bucket/runs
 # It follows the job's log until the job ends; Ctrl-C stops following, not the job.
 set -euo pipefail
@@ -19,10 +20,12 @@ usage: submit.sh [--head DNS --key KEY.pem] [options] [-- HYDRA_OVERRIDES...]
   --key FILE           SSH private key of the cluster's key pair
   --user NAME          SSH user (default hadoop; ec2-user for launch/ray/cluster.yaml)
   --port N             local port of the tunnel to the dashboard (default 8265)
-  --token-file FILE    the cluster's token (default ~/.ray/raydp_llm_cluster_token); RAY_AUTH_TOKEN, when
-                       set, is used instead
+  --cluster NAME       the cluster create_cluster.sh made: its token is ~/.ray/raydp_llm/clusters/NAME/auth_token
+                       (default: the only cluster there)
+  --token-file FILE    the cluster's token file instead; RAY_AUTH_TOKEN, when set, is used instead of either
   --experiment NAME    the Hydra experiment (default emr)
   --submission-id ID   the job's id (default: Ray makes one)
+  --runtime-env-json J the job's runtime environment, e.g. '{"env_vars": {"HF_HOME": "/mnt/hf"}}'
   --no-wait            return once the job is submitted (then: ray job logs --follow ID)
   --dry-run            print the commands, one per line, run nothing
 EOF
@@ -30,15 +33,17 @@ EOF
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # die, show, run
 
-head_dns="" key="" user=hadoop port=8265 token_file=$HOME/.ray/raydp_llm_cluster_token experiment=emr
-submission_id="" no_wait=0 dry_run=0 overrides=()
+head_dns="" key="" user=hadoop port=8265 cluster="" token_file="" experiment=emr
+submission_id="" runtime_env="" no_wait=0 dry_run=0 overrides=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --head) head_dns=${2:?}; shift 2 ;;
     --key) key=${2:?}; shift 2 ;;
     --user) user=${2:?}; shift 2 ;;
     --port) port=${2:?}; shift 2 ;;
+    --cluster) cluster=${2:?}; shift 2 ;;
     --token-file) token_file=${2:?}; shift 2 ;;
+    --runtime-env-json) runtime_env=${2:?}; shift 2 ;;
     --experiment) experiment=${2:?}; shift 2 ;;
     --submission-id) submission_id=${2:?}; shift 2 ;;
     --no-wait) no_wait=1; shift ;;
@@ -53,7 +58,15 @@ done
 
 # Ray's clients send the token only in token mode; they read it from RAY_AUTH_TOKEN (or ~/.ray/auth_token).
 if [[ $dry_run == 0 && -z ${RAY_AUTH_TOKEN:-} ]]; then
-  [[ -r $token_file ]] || die "no token: set RAY_AUTH_TOKEN or pass --token-file (missing: $token_file)"
+  clusters=$HOME/.ray/raydp_llm/clusters
+  if [[ -z $token_file && -n $cluster ]]; then
+    token_file=$clusters/$cluster/auth_token
+  elif [[ -z $token_file ]]; then
+    found=("$clusters"/*/auth_token)
+    [[ ${#found[@]} -gt 1 ]] && die "several clusters in $clusters: pass --cluster NAME"
+    token_file=${found[0]}
+  fi
+  [[ -r $token_file ]] || die "no token: set RAY_AUTH_TOKEN or pass --cluster/--token-file (missing: $token_file)"
   RAY_AUTH_TOKEN=$(<"$token_file")
 fi
 export RAY_AUTH_TOKEN
@@ -68,5 +81,6 @@ fi
 job=(ray job submit --address "http://127.0.0.1:$port")
 [[ -n $submission_id ]] && job+=(--submission-id "$submission_id")
 [[ $no_wait == 1 ]] && job+=(--no-wait)
+[[ -n $runtime_env ]] && job+=(--runtime-env-json "$runtime_env")
 run env RAY_AUTH_MODE=token "${job[@]}" -- python -m raydp_llm.train "+experiment=$experiment" \
   ${overrides[@]+"${overrides[@]}"}

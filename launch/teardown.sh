@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Ends what the launch scripts started: closes the dashboard tunnel (launch/tunnel.sh --background) if one
-# is open, and terminates the EMR cluster (--cluster-id) or the plain-EC2 Ray cluster (--ray-config).
+# is open, terminates the EMR cluster (--cluster-id) or the plain-EC2 Ray cluster (--ray-config), and removes
+# the EMR cluster's Ray token from S3 and from this machine (create_cluster.sh recorded where it put it).
 # Billing stops when the instances have terminated; --wait waits for that (EMR).
 #   launch/teardown.sh --cluster-id j-XXXXXXXXXXXXX --wait
 #   launch/teardown.sh --ray-config launch/ray/cluster.yaml
@@ -55,3 +56,13 @@ run aws emr terminate-clusters --cluster-ids "$cluster_id" ${region_opt[@]+"${re
 if [[ $wait == 1 ]]; then
   run aws emr wait cluster-terminated --cluster-id "$cluster_id" ${region_opt[@]+"${region_opt[@]}"}
 fi
+record=$(grep -lx "CLUSTER_ID=$cluster_id" "$HOME"/.ray/raydp_llm/clusters/*/cluster.env 2>/dev/null | head -n 1 || true)
+if [[ -z $record ]]; then
+  echo "$prog: no record of $cluster_id in ~/.ray/raydp_llm/clusters (create_cluster.sh on this machine writes" \
+    "one): remove its token by hand, aws s3 rm s3://BUCKET/PREFIX/clusters/NAME/auth_token" >&2
+  exit 0
+fi
+token_uri=$(sed -n 's/^TOKEN_URI=//p' "$record")
+token_file=$(sed -n 's/^TOKEN_FILE=//p' "$record")
+run aws s3 rm --only-show-errors "$token_uri"
+run rm -f "$token_file" "$record"

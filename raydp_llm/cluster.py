@@ -46,6 +46,7 @@ def ray_session(cfg: DictConfig, run_name: str) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    secure_token_file()
     ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     # Ray Train's run-state API: the dashboard's Train page and /api/train/v2/runs/v1 list the run.
@@ -75,6 +76,28 @@ def ray_session(cfg: DictConfig, run_name: str) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def secure_token_file(path: Path | None = None) -> None:
+    """Ray 2.60 writes its token file ``~/.ray/auth_token`` with the umask's mode (0644: every user of the machine
+    could read the token and reach the dashboard and the cluster). Create it 0600 before Ray would, or make one
+    this user owns 0600."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    path = path or Path.home() / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        st = path.stat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            path.chmod(0o600)
+            log.info("%s was readable by other users; it is 0600 now", path)
+        return
+    from ray._private.authentication.authentication_token_setup import generate_new_authentication_token
+
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
 
 
 @contextlib.contextmanager
@@ -115,9 +138,11 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
     configs.update({str(k): str(v) for k, v in (cfg.spark_conf or {}).items()})
     ensure_java()
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
-    # The address Spark's driver (and its web UI) listens on: the loopback when the UI is on in the embedded mode
-    # (executors run on this machine), else this node's address; a SPARK_LOCAL_IP the user set wins.
-    loopback = cfg.spark_ui and cfg.address == "local"
+    # The address Spark's driver (its RPC, block manager and web UI) listens on: the loopback on the embedded Ray
+    # (every executor runs on this machine, and nothing else can reach the driver), else this node's address; a
+    # SPARK_LOCAL_IP the user set wins. Spark's own authentication cannot guard it: RayDP 1.6.5's executors present
+    # another application id than the driver's, and every broadcast fetch is then refused (docs/reliability.md).
+    loopback = cfg.address == "local"
     os.environ["SPARK_LOCAL_IP"] = USER_SPARK_LOCAL_IP or ("127.0.0.1" if loopback else ray.util.get_node_ip_address())
     if loopback:  # RayDP would set the node's address
         configs.setdefault("spark.driver.host", "127.0.0.1")
@@ -144,6 +169,7 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
             log.info("Spark UI: %s (while the ETL runs)", spark.sparkContext.uiWebUrl)
         _wait_for_executors(spark, cfg.executors)
         _start_python_workers(spark, cfg.executors * cfg.executor_cores)
+        warn_unknown_settings(spark, cfg.spark_conf or {})
         yield spark
     finally:
         try:
@@ -154,6 +180,22 @@ def spark_session(cfg: DictConfig, app_name: str, log_dir: Path) -> Iterator["py
         if placement is not None:
             ray.util.remove_placement_group(placement)
         _wait_for_cpus(cpus_before)
+
+
+# Families of settings Spark reads by prefix (no fixed list of keys): they are never reported as unknown.
+SPARK_PREFIXES = ("spark.ray.", "spark.executorEnv.", "spark.hadoop.", "spark.sql.catalog.", "spark.executor.resource.",
+                  "spark.driver.resource.", "spark.task.resource.", "spark.metrics.conf.", "spark.sql.hive.")
+
+
+def warn_unknown_settings(spark, settings: dict) -> None:
+    """One warning per ``cluster.spark_conf`` key that this Spark does not know (a misspelt key is passed on and
+    does nothing): Spark's own registry of settings, ``ConfigEntry``, holds every core and SQL setting."""
+    find = spark.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry.findEntry
+    for key in map(str, settings):
+        if key.startswith(SPARK_PREFIXES) or find(key) is not None:
+            continue
+        log.warning("cluster.spark_conf: Spark %s has no setting %s, so it does nothing; check its spelling "
+                    "(https://spark.apache.org/docs/%s/configuration.html)", spark.version, key, spark.version)
 
 
 def executor_placement_group(cfg: DictConfig, timeout_s: float = 180.0):

@@ -123,13 +123,13 @@ def test_create_cluster_dry_run(env, tmp_path):
             "--token-file", "/keys/token", env=env)
     assert lines(p) == [
         f"aws s3 cp --only-show-errors {BOOTSTRAP} s3://b/raydp_llm/bootstrap.sh",
-        "aws s3 cp --only-show-errors /keys/token s3://b/raydp_llm/auth_token",
+        "aws s3 cp --only-show-errors /keys/token s3://b/raydp_llm/clusters/x/auth_token",
         "aws emr create-cluster --name x --release-label emr-7.13.0 --applications Name=Hadoop "
         "--instance-groups InstanceGroupType=MASTER,InstanceCount=1,InstanceType=m7i.xlarge "
         "InstanceGroupType=CORE,InstanceCount=2,InstanceType=m7i.2xlarge "
         "--ec2-attributes KeyName=k --use-default-roles --log-uri s3://b/raydp_llm/emr-logs/ "
         "--bootstrap-actions 'Path=s3://b/raydp_llm/bootstrap.sh,Name=raydp_llm-ray,"
-        "Args=[--source,s3://b/raydp_llm/raydp_llm-src.tar.gz,--token-uri,s3://b/raydp_llm/auth_token]' "
+        "Args=[--source,s3://b/raydp_llm/raydp_llm-src.tar.gz,--token-uri,s3://b/raydp_llm/clusters/x/auth_token]' "
         "--auto-termination-policy IdleTimeout=7200 --query ClusterId --output text",
     ]
     assert p.stderr == ""
@@ -146,7 +146,8 @@ def test_create_cluster_dry_run_all_options(env):
     home = env["HOME"]
     assert lines(p) == [
         f"aws s3 cp --only-show-errors {BOOTSTRAP} s3://b/p/q/bootstrap.sh",
-        f"aws s3 cp --only-show-errors {home}/.ray/raydp_llm_cluster_token s3://b/p/q/auth_token",
+        f"aws s3 cp --only-show-errors {home}/.ray/raydp_llm/clusters/big_run/auth_token "
+        "s3://b/p/q/clusters/big_run/auth_token",
         "aws s3 cp --only-show-errors dist/src.whl s3://other/src.whl",
         "aws emr create-cluster --name 'big run' --release-label emr-7.10.0 --applications Name=Hadoop "
         "--instance-groups InstanceGroupType=MASTER,InstanceCount=1,InstanceType=m7i.2xlarge "
@@ -154,9 +155,44 @@ def test_create_cluster_dry_run_all_options(env):
         "InstanceGroupType=TASK,InstanceCount=3,InstanceType=m7i.4xlarge "
         "--ec2-attributes KeyName=k,SubnetId=subnet-0abc --use-default-roles --log-uri s3://b/p/q/emr-logs/ "
         "--bootstrap-actions 'Path=s3://b/p/q/bootstrap.sh,Name=raydp_llm-ray,"
-        "Args=[--source,s3://other/src.whl,--token-uri,s3://b/p/q/auth_token,--head-cpus,2]' "
+        "Args=[--source,s3://other/src.whl,--token-uri,s3://b/p/q/clusters/big_run/auth_token,--head-cpus,2]' "
         "--auto-termination-policy IdleTimeout=3600 --region eu-west-1 --query ClusterId --output text",
     ]
+
+
+def test_create_cluster_makes_one_token_per_cluster(env, tmp_path):
+    """Not a dry run (the `aws` stand-in records the calls): a new 0600 token for the cluster, the record that
+    teardown.sh reads; a second cluster of the same name is refused while the first one's token exists."""
+    fake_aws = Path(env["PATH"].split(os.pathsep)[0]) / "aws"
+    fake_aws.write_text(f'#!/bin/sh\necho "aws $*" >> "{tmp_path}/aws-calls"\n'
+                        '[ "$1" = emr ] && echo j-NEWCLUSTER1\nexit 0\n')
+    p = run(CREATE, "--name", "x", "--bucket", "b", "--key-name", "k", env=env)
+    assert p.stdout == "j-NEWCLUSTER1\n"
+    record = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters" / "x"
+    token = record / "auth_token"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    assert (record / "cluster.env").read_text() == (
+        f"CLUSTER_ID=j-NEWCLUSTER1\nTOKEN_URI=s3://b/raydp_llm/clusters/x/auth_token\nTOKEN_FILE={token}\n")
+    again = run(CREATE, "--name", "x", "--bucket", "b", "--key-name", "k", env=env, check_rc=2)
+    assert "a cluster named 'x' has a token already" in again.stderr and "one token per cluster" in again.stderr
+    other = run(CREATE, "--name", "y", "--bucket", "b", "--key-name", "k", env=env)
+    assert (record.parent / "y" / "auth_token").read_text() != token.read_text()
+    assert other.stdout == "j-NEWCLUSTER1\n"
+    (tmp_path / "aws-calls").unlink()
+
+
+def test_no_tracing_where_a_secret_is_handled():
+    """`set -x` prints every command it runs, with its arguments expanded: no line that handles a token may run
+    with tracing on."""
+    for script in SCRIPTS:
+        tracing = False
+        for number, line in enumerate(script.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if "set -x" in code:
+                tracing = True
+            if "set +x" in code:
+                tracing = False
+            assert not (tracing and "token" in code.lower()), f"{script.name}:{number} runs traced: {line}"
 
 
 # --- submit.sh, tunnel.sh, teardown.sh -----------------------------------------------------------------------
@@ -195,6 +231,21 @@ def test_submit_passes_token_in_environment(env, tmp_path):
         "+experiment=emr train.max_steps=10\n")
 
 
+def test_submit_finds_the_clusters_token(env, tmp_path):
+    fake_ray = Path(env["PATH"].split(os.pathsep)[0]) / "ray"
+    fake_ray.write_text(f'#!/bin/sh\necho "$RAY_AUTH_TOKEN" > "{tmp_path}/ray-token"\n')
+    clusters = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters"
+    for name in ("a", "b"):
+        (clusters / name).mkdir(parents=True)
+        (clusters / name / "auth_token").write_text(f"token-{name}")
+    assert "several clusters" in run(SUBMIT, env=env, check_rc=2).stderr
+    run(SUBMIT, "--cluster", "b", env=env)
+    assert (tmp_path / "ray-token").read_text() == "token-b\n"
+    (clusters / "b" / "auth_token").unlink()
+    run(SUBMIT, env=env)  # the only one left
+    assert (tmp_path / "ray-token").read_text() == "token-a\n"
+
+
 def test_tunnel_dry_runs(env):
     sock = f"{env['HOME']}/.ssh/raydp_llm-tunnel-9000"
     assert lines(run(TUNNEL, "--dry-run", "--head", "h.example", "--key", "k.pem", env=env)) == [
@@ -226,6 +277,20 @@ def test_teardown_dry_runs(env, tmp_path):
             "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF"]
     finally:
         sock.close()
+
+
+def test_teardown_removes_the_clusters_token(env, tmp_path):
+    record = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters" / "x"
+    record.mkdir(parents=True)
+    (record / "auth_token").write_text("secret")
+    (record / "cluster.env").write_text(f"CLUSTER_ID=j-2AXXXXXXGAPLF\nTOKEN_URI=s3://b/p/clusters/x/auth_token\n"
+                                        f"TOKEN_FILE={record}/auth_token\n")
+    assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
+        "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF",
+        "aws s3 rm --only-show-errors s3://b/p/clusters/x/auth_token",
+        f"rm -f {record}/auth_token {record}/cluster.env"]
+    p = run(TEARDOWN, "--dry-run", "--cluster-id", "j-OTHERCLUSTER", env=env)
+    assert "no record of j-OTHERCLUSTER" in p.stderr and "remove its token by hand" in p.stderr
 
 
 # --- bootstrap.sh: node roles from EMR's metadata ------------------------------------------------------------
@@ -315,5 +380,5 @@ def test_ray_cluster_yaml_is_valid_for_ray():
     head = " ".join(config["head_start_ray_commands"])
     worker = " ".join(config["worker_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "RAY_AUTH_MODE=token" in head and "RAY_AUTH_MODE=token" in worker
-    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/raydp_llm_cluster_token"
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/raydp_llm/clusters/raydp-llm/auth_token"
     assert any("torch==2.13.0" in c for c in config["setup_commands"])

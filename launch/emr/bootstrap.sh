@@ -158,9 +158,9 @@ if [[ $source_uri == s3://* ]]; then
   source_uri=$app_dir/src/${source_uri##*/}
 fi
 "$venv/bin/pip" install -q "$source_uri"
+set +x  # no tracing from here on: nothing that follows may print a secret
 mkdir -p ~/.ray && chmod 700 ~/.ray
 (umask 077 && aws s3 cp --only-show-errors "$token_uri" ~/.ray/auth_token)
-set +x
 
 cp "$0" "$app_dir/bootstrap.sh" && chmod +x "$app_dir/bootstrap.sh"
 nohup setsid "$app_dir/bootstrap.sh" --start-ray --head-cpus "$head_cpus" --reserve-cpus "$reserve_cpus" \

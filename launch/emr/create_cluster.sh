@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Creates an EMR cluster that runs Ray on its nodes (launch/emr/bootstrap.sh), ready for launch/submit.sh:
-#   1. uploads bootstrap.sh, the cluster's Ray token and (with --upload-source) the project's source to
-#      s3://BUCKET/PREFIX/;
+#   1. makes the cluster's own Ray token (~/.ray/raydp_llm/clusters/NAME/auth_token, mode 0600: one token per
+#      cluster, never reused), uploads it, bootstrap.sh and (with --upload-source) the project's source to
+#      s3://BUCKET/PREFIX/ (the token to .../clusters/NAME/auth_token, which launch/teardown.sh removes);
 #   2. aws emr create-cluster: one primary node (the Ray head), core nodes (and task nodes) as Ray workers,
 #      with the bootstrap action, logs to s3://BUCKET/PREFIX/emr-logs/, and an idle auto-termination.
-# It prints the new cluster's id. With --dry-run it prints the commands, one per line, and calls nothing.
+# It prints the new cluster's id and records it beside the token (cluster.env), for submit.sh and teardown.sh.
+# With --dry-run it prints the commands, one per line, and calls nothing.
 #   launch/emr/create_cluster.sh --name raydp-llm --bucket my-bucket --key-name my-key --core-count 2
 # Only EMR's Hadoop is installed, not EMR's Spark: RayDP starts its own Spark (pyspark 3.5.7) on Ray.
 set -euo pipefail
@@ -31,7 +33,8 @@ usage: create_cluster.sh --name NAME --bucket BUCKET --key-name KEY [options]
                          raydp_llm job counts as busy
   --source S3_URI        the project's source on S3 (default s3://BUCKET/PREFIX/raydp_llm-src.tar.gz)
   --upload-source FILE   upload FILE (e.g. from git archive) to --source first
-  --token-file FILE      the cluster's Ray token (default ~/.ray/raydp_llm_cluster_token; made if missing)
+  --token-file FILE      where to write the cluster's new Ray token (default
+                         ~/.ray/raydp_llm/clusters/NAME/auth_token); it must not exist yet
   --bootstrap-arg ARG    one more argument for bootstrap.sh (repeat; e.g. --bootstrap-arg --head-cpus
                          --bootstrap-arg 2); see launch/emr/bootstrap.sh -h
   --dry-run              print the commands, one per line, call nothing
@@ -42,7 +45,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"  # die, show, run
 
 name="" bucket="" key_name="" prefix=raydp_llm release=emr-7.13.0 region="" subnet=""
 primary_type=m7i.xlarge core_type=m7i.2xlarge core_count=2 task_type="" task_count=0 idle_timeout=7200
-source_uri="" upload_source="" token_file=$HOME/.ray/raydp_llm_cluster_token dry_run=0 ba_extra=()
+source_uri="" upload_source="" token_file="" dry_run=0 ba_extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) name=${2:?}; shift 2 ;;
@@ -81,9 +84,15 @@ fi
 s3=s3://$bucket/$prefix
 source_uri=${source_uri:-$s3/raydp_llm-src.tar.gz}
 [[ $source_uri == *,* ]] && die "--source cannot contain commas: $source_uri"
-if [[ $dry_run == 0 && ! -s $token_file ]]; then  # a new token: 256 random bits, as `ray get-auth-token --generate`
-  mkdir -p "$(dirname "$token_file")"
-  (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32), end="")' >"$token_file")
+safe_name=${name//[^A-Za-z0-9._-]/_}
+record_dir=$HOME/.ray/raydp_llm/clusters/$safe_name
+token_file=${token_file:-$record_dir/auth_token}
+token_uri=$s3/clusters/$safe_name/auth_token
+[[ -e $token_file || -e $record_dir/cluster.env ]] && die "a cluster named '$name' has a token already \
+($token_file): one token per cluster; tear that cluster down first (teardown.sh removes it) or pick another --name"
+if [[ $dry_run == 0 ]]; then  # a new token: 256 random bits, as `ray get-auth-token --generate`
+  (umask 077 && mkdir -p "$record_dir" "$(dirname "$token_file")" &&
+    python3 -c 'import secrets; print(secrets.token_hex(32), end="")' >"$token_file")
   echo "$prog: new cluster token in $token_file" >&2
 fi
 
@@ -92,16 +101,24 @@ groups=("InstanceGroupType=MASTER,InstanceCount=1,InstanceType=$primary_type"
 ((task_count > 0)) && groups+=("InstanceGroupType=TASK,InstanceCount=$task_count,InstanceType=${task_type:-$core_type}")
 ec2=KeyName=$key_name
 [[ -n $subnet ]] && ec2+=,SubnetId=$subnet
-ba_args=(--source "$source_uri" --token-uri "$s3/auth_token" ${ba_extra[@]+"${ba_extra[@]}"})
+ba_args=(--source "$source_uri" --token-uri "$token_uri" ${ba_extra[@]+"${ba_extra[@]}"})
 ba_list=$(IFS=,; echo "${ba_args[*]}")
 region_opt=()
 [[ -n $region ]] && region_opt=(--region "$region")
 
 run aws s3 cp --only-show-errors "$here/bootstrap.sh" "$s3/bootstrap.sh"
-run aws s3 cp --only-show-errors "$token_file" "$s3/auth_token"
+run aws s3 cp --only-show-errors "$token_file" "$token_uri"
 [[ -n $upload_source ]] && run aws s3 cp --only-show-errors "$upload_source" "$source_uri"
-run aws emr create-cluster --name "$name" --release-label "$release" --applications Name=Hadoop \
-  --instance-groups "${groups[@]}" --ec2-attributes "$ec2" --use-default-roles --log-uri "$s3/emr-logs/" \
-  --bootstrap-actions "Path=$s3/bootstrap.sh,Name=raydp_llm-ray,Args=[$ba_list]" \
-  --auto-termination-policy "IdleTimeout=$idle_timeout" ${region_opt[@]+"${region_opt[@]}"} \
-  --query ClusterId --output text
+create=(aws emr create-cluster --name "$name" --release-label "$release" --applications Name=Hadoop
+  --instance-groups "${groups[@]}" --ec2-attributes "$ec2" --use-default-roles --log-uri "$s3/emr-logs/"
+  --bootstrap-actions "Path=$s3/bootstrap.sh,Name=raydp_llm-ray,Args=[$ba_list]"
+  --auto-termination-policy "IdleTimeout=$idle_timeout" ${region_opt[@]+"${region_opt[@]}"}
+  --query ClusterId --output text)
+if [[ $dry_run == 1 ]]; then
+  show "${create[@]}"
+  exit 0
+fi
+cluster_id=$("${create[@]}")
+# What teardown.sh needs to remove the token again (from S3 and from here), and submit.sh to find it.
+printf '%s\n' "CLUSTER_ID=$cluster_id" "TOKEN_URI=$token_uri" "TOKEN_FILE=$token_file" >"$record_dir/cluster.env"
+echo "$cluster_id"
