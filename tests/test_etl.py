@@ -224,3 +224,80 @@ def test_parquet_text_column_rows_are_documents(spark, tmp_path):
     assert windows_of(out) == expected_windows(expected, [("train", 0, b), ("val", b, n)], 16, 16)
     with pytest.raises(InputError, match=r"data.text_column=text: no such column .* its columns are id, body"):
         etl(spark, f"data.path={tmp_path}", "data.format=parquet", block=16)
+
+
+def test_file_names_with_glob_characters_are_read_literally(spark, tmp_path):
+    """`a[1].txt` is that file, not a glob matching `a1.txt`; Hadoop's glob characters are escaped for Spark, and
+    the manifest counts each file's bytes under the name Spark gives it."""
+    text = "To be, or not to be, that is the question.\n" * 30
+    names = ["a[1].txt", "a1.txt", "b{x,y}.txt", "c*?.txt", "d e.txt"]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_text(text * (i + 1))
+    out = etl(spark, f"data.path='{tmp_path / 'a[1].txt'}'", block=8)
+    assert out.manifest["files"] == 1 and out.manifest["bytes"] == len(text)
+    out = etl(spark, f"data.path={tmp_path}", block=8)
+    assert out.manifest["files"] == 5 and out.manifest["bytes"] == 15 * len(text)
+    assert out.manifest["characters"] == 15 * len(text)
+
+
+@pytest.mark.parametrize("encoding,name", [("utf-16", "UTF-16 LE"), ("utf-16-be", "UTF-16 BE")])
+def test_utf16_text_is_named_as_such(spark, tmp_path, encoding, name):
+    (tmp_path / "good.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "wide.txt").write_bytes("Whether 'tis nobler in the mind to suffer\n".encode(encoding) * 40)
+    for skip in ("false", "true"):  # UTF-16 is text, not binary: never skipped in silence
+        with pytest.raises(InputError, match=rf"wide\.txt is {name} text: convert it to UTF-8 \(iconv -f UTF-16"):
+            etl(spark, f"data.path={tmp_path}", f"data.skip_binary={skip}", block=8)
+
+
+@pytest.mark.parametrize("change", ["append", "delete"])
+def test_a_file_changed_or_deleted_during_the_etl_is_one_line(spark, tmp_path, change):
+    """The ETL reads its inputs in several passes: a file changed or deleted between them is refused, with its
+    name, never cut into windows from two versions."""
+    from raydp_llm.pipeline import _run_etl
+    from raydp_llm.progress import PhaseBar
+
+    for i in range(2):
+        (tmp_path / f"part{i}.txt").write_text("To be, or not to be, that is the question.\n" * 400)
+    victim = tmp_path / "part1.txt"
+
+    class Interfere(PhaseBar):
+        def done(self, phase, seconds):
+            if phase == "read":  # after the scan pass, before the encode pass reads the files again
+                if change == "append":
+                    with victim.open("a") as f:
+                        f.write("A line added while the ETL ran.\n")
+                else:
+                    victim.unlink()
+
+    cfg = make_config(f"data.path={tmp_path}", "model.block_size=8")
+    corpus = check_inputs(cfg)
+    message = "changed while the ETL read it" if change == "append" else "was deleted while the ETL read it"
+    with pytest.raises(InputError, match=rf"data.path: {victim} {message}"):
+        _run_etl(spark, cfg, corpus, cfg.tokenizer, Interfere(None))
+
+
+def test_unknown_spark_settings_are_warned_about(spark, caplog):
+    from raydp_llm.cluster import warn_unknown_settings
+
+    warn_unknown_settings(spark, {"spark.sql.shuffle.partitions": 4, "spark.sql.shufle.partitions": 4,
+                                  "spark.executorEnv.FOO": "1", "spark.memory.fractio": 0.5})
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and "has no setting spark.sql.shufle.partitions, so it does nothing" in warned[0]
+    assert "spark.memory.fractio" in warned[1]
+
+
+def test_the_spark_driver_listens_on_the_loopback_only(spark):
+    """On the embedded Ray every executor runs on this machine: the driver's RPC port refuses a client that
+    comes from the machine's network address, and so from any other machine."""
+    import socket
+
+    import ray
+
+    address = spark.sparkContext._jsc.sc().env().rpcEnv().address()
+    assert address.host() == "127.0.0.1"
+    with socket.create_connection(("127.0.0.1", address.port()), timeout=5):
+        pass
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip != "127.0.0.1":
+        with pytest.raises(OSError):
+            socket.create_connection((node_ip, address.port()), timeout=5).close()

@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import BUCKET, ROOT, make_config
-from raydp_llm import s3_reader, storage
+from flaky_s3 import FlakyS3
+from raydp_llm import integrity, s3_reader, storage
 from raydp_llm.cluster import spark_session
-from raydp_llm.errors import InputError
+from raydp_llm.errors import InputError, RunFailure
 from raydp_llm.etl import run_etl
 from raydp_llm.metrics import read_metrics
-from raydp_llm.pipeline import PreparedData, check_inputs
+from raydp_llm.pipeline import PreparedData, check_inputs, prepare_data
 from raydp_llm.storage import S3Options
 from raydp_llm.tokenizer import load_tokenizer
 from raydp_llm.train import resume_checkpoint, run, train_spec
@@ -158,3 +159,46 @@ def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus
 def generate(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "raydp_llm.generate", *args, "prompt=ROMEO:", "max_new_tokens=30"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.integration
+def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(ray_cluster, s3, corpus_dir, tmp_path):
+    """Every 4th S3 request fails (503 SlowDown) during the ETL's reads, Ray Train's checkpoint uploads and the final
+    copy: each is retried and the run trains to its end. The final copy of summary.json fails for good: one line
+    names where the outputs are (complete) and how to copy them."""
+    storage.copy(corpus_dir, f"s3://{BUCKET}/flaky-corpus", s3)
+    runs = f"s3://{BUCKET}/flaky-runs"
+    with FlakyS3(s3.endpoint_url, every=4, broken="/summary.json") as flaky:
+        overrides = ["name=flaky", f"data.path=s3://{BUCKET}/flaky-corpus/", f"train.storage_path={runs}",
+                     f"s3.endpoint_url={flaky.endpoint}", "s3.max_attempts=6", "model.n_layer=1", "model.n_embd=32",
+                     "model.n_head=2", "model.block_size=32", "train.batch_size=8", "train.max_steps=4",
+                     "train.eval_interval=2", "train.checkpoint_interval=2", "train.eval_batches=2", "data.cache=false",
+                     "sample.max_new_tokens=20"]
+        with pytest.raises(RunFailure) as failure:
+            run(make_config(*overrides), tmp_path / "run")
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["storage"].startswith(f"{runs}/flaky-")
+    assert str(failure.value).startswith(f"the run's outputs could not be copied to {summary['storage']} (")
+    assert str(failure.value).endswith(f"they are complete in {out}: copy them with `aws s3 cp --recursive {out} "
+                                       f"{summary['storage']}`")
+    assert integrity.problem(out / "model") is None and (out / "samples.txt").is_file()
+    assert flaky.failed > 10  # transient faults were injected, and survived
+    states = storage.find_files(summary["storage"], "train_state.json", s3)
+    checkpoints = [uri.rsplit("/", 1)[0] for uri, _, _ in states]
+    assert len(checkpoints) == 2 and all(integrity.problem(c, s3) is None for c in checkpoints)
+
+
+@pytest.mark.integration
+def test_an_s3_object_that_cannot_be_read_is_one_line(ray_cluster, s3, corpus_dir, tmp_path):
+    """Every read of one object fails in the executors (its listing works): after s3.max_attempts attempts per
+    request and Spark's task retries, one line names the object."""
+    storage.copy(corpus_dir / "part0.txt", f"s3://{BUCKET}/broken-corpus/a.txt", s3)
+    storage.copy(corpus_dir / "part1.txt", f"s3://{BUCKET}/broken-corpus/broken.txt", s3)
+    with FlakyS3(s3.endpoint_url, broken="/broken.txt", methods=("GET",)) as flaky:
+        cfg = make_config(f"data.path=s3://{BUCKET}/broken-corpus/", f"s3.endpoint_url={flaky.endpoint}",
+                          "s3.max_attempts=2", "data.cache=false")
+        with pytest.raises(RunFailure, match=rf"^data.path: the executors could not read from S3 after "
+                                             rf"s3.max_attempts=2 attempts: s3://{BUCKET}/broken-corpus/broken.txt: "
+                                             r"AWS Error .*; check the object, the bucket and s3.endpoint_url"):
+            prepare_data(cfg, check_inputs(cfg), tmp_path, {}, to_ray=False, store=tmp_path / "dataset")
