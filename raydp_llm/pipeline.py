@@ -199,10 +199,18 @@ def etl_tokenizer(tok: DictConfig) -> DictConfig:
     return OmegaConf.create({"kind": "file", "path": to_absolute_path(tok.path)})
 
 
+def _text(err: Exception) -> str:
+    """An executor's or the JVM's error as text; a Py4JJavaError asks the JVM, which may be gone."""
+    try:
+        return str(err)
+    except Exception:  # noqa: BLE001 - any failure to describe it: no text to match
+        return ""
+
+
 def unreadable_object(err: Exception, s3: S3Options) -> RunFailure | None:
     """The one-line error for an S3 object the executors could not read after ``s3.max_attempts`` attempts
     (pyarrow's OSError names the key and the bucket), or None for any other failure."""
-    found = re.search(r"^OSError: (s3://.*)$", str(err), re.MULTILINE)
+    found = re.search(r"^OSError: (s3://.*)$", _text(err), re.MULTILINE)
     if found is None:
         return None
     return RunFailure(f"data.path: the executors could not read from S3 after s3.max_attempts={s3.max_attempts} "
@@ -212,7 +220,7 @@ def unreadable_object(err: Exception, s3: S3Options) -> RunFailure | None:
 def unknown_characters(err: Exception, tok_cfg: DictConfig) -> InputError | None:
     """The one-line error for a corpus with characters a given char tokenizer lacks (``CharTokenizer``'s
     ValueError in the executors: those of the first batch that failed), or None for any other failure."""
-    found = re.search(r"^ValueError: characters not in the vocabulary: (.*)$", str(err), re.MULTILINE)
+    found = re.search(r"^ValueError: characters not in the vocabulary: (.*)$", _text(err), re.MULTILINE)
     if found is None:
         return None
     chars = found[1] if len(found[1]) <= 60 else found[1][:60] + "…"

@@ -117,7 +117,8 @@ def event_line(event: dict, restarts: int, max_failures: int) -> str:
         failed = f"worker{'s' * (len(lost) > 1)} {', '.join(map(str, lost))} lost ({errors[str(lost[0])]})"
     else:
         failed = "; ".join(f"worker {rank}: {what}" for rank, what in errors.items())
-    return f"restart {restarts} of at most {max_failures}: {failed}; going on from {where}"
+    limit = f" of at most {max_failures}" if max_failures >= 0 else ""
+    return f"restart {restarts}{limit}: {failed}; going on from {where}"
 
 
 class LivePosts:

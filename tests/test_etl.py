@@ -301,3 +301,55 @@ def test_the_spark_driver_listens_on_the_loopback_only(spark):
     if node_ip != "127.0.0.1":
         with pytest.raises(OSError):
             socket.create_connection((node_ip, address.port()), timeout=5).close()
+
+
+def test_a_spark_executor_killed_mid_encode_changes_nothing(spark, tmp_path, shakespeare):
+    """SIGKILL of a Spark executor's JVM (its Ray actor) while the encode phase runs: Spark retries its tasks (and
+    RayDP restarts the actor), and the ETL's manifest and windows equal those of an undisturbed ETL. (The last test
+    of this module: it shares the module's Spark session, and leaves it with a restarted executor.)"""
+    import hashlib
+    import os
+    import signal
+    import threading
+    import time
+
+    import pyarrow.dataset as pads
+    from ray.util.state import list_actors
+
+    from raydp_llm import cache
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(4):
+        (corpus / f"part{i}.txt").write_text(shakespeare.read_text() * 2)
+    cfg = make_config(f"data.path={corpus}", "model.block_size=64")
+
+    def etl(key: str, on_phase=None) -> tuple[dict, dict]:
+        out = run_etl(spark, check_inputs(cfg), cfg.data, cfg.tokenizer, block_size=64, seed=cfg.seed,
+                      on_phase=on_phase)
+        staged, digests = cache.stage(out, tmp_path / "cache", key), {}
+        for split in ("train", "val"):
+            table = pads.dataset(str(staged / split)).to_table().sort_by("start")
+            digests[split] = hashlib.sha256(b"".join(table.column("tokens").to_pylist())).hexdigest()
+        return out.manifest, digests
+
+    killed = {}
+
+    def kill():
+        tracker, deadline = spark.sparkContext.statusTracker(), time.time() + 60
+        while not tracker.getActiveStageIds() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        executor = next(a for a in list_actors(filters=[("state", "=", "ALIVE")]) if "Executor" in a.class_name)
+        killed["active_stages"] = list(tracker.getActiveStageIds())
+        os.kill(executor.pid, signal.SIGKILL)
+        killed["pid"] = executor.pid
+
+    def kill_once_encoding_starts(phase: str, _seconds: float) -> None:
+        if phase == "tokenizer":  # the encode phase comes next
+            threading.Thread(target=kill, daemon=True).start()
+
+    undisturbed = etl("undisturbed")
+    disturbed = etl("disturbed", on_phase=kill_once_encoding_starts)
+    assert killed["pid"] and killed["active_stages"], "the executor was killed while a stage ran"
+    assert disturbed == undisturbed
