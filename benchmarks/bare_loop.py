@@ -1,19 +1,22 @@
-"""The baseline the training benchmarks compare against: nanoGPT's CPU "baby GPT" trained the usual way, in one
-process with all cores, on random windows of the first 90% of a character corpus (nanoGPT's ``get_batch``)."""
+"""The baseline the training benchmarks compare against: nanoGPT's CPU "baby GPT" trained the usual
+way, in one process with all cores, on random windows of the first 90% of a character corpus
+(nanoGPT's ``get_batch``)."""
 
 from __future__ import annotations
 
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from raydp_llm.model import build_model
+from raydp_llm.core.config import GPTConfig
+from raydp_llm.core.model import build_model
 
-MODEL = {"kind": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0, "bias": False}
+MODEL = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False)
 BATCH, LR, MIN_LR, WARMUP = 12, 1e-3, 1e-4, 100
 
 
@@ -27,25 +30,34 @@ def char_splits(corpus: Path) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def train_bare(corpus: Path, steps: int, evaluate: bool) -> dict:
-    """Train ``steps`` steps (warmup 100, cosine to 1e-4 at ``steps``); tokens/s after the first 10% of the
-    steps; with ``evaluate``, the loss on the whole validation split cut into windows of 65 every 64 tokens."""
+    """Train ``steps`` steps (warmup 100, cosine to 1e-4 at ``steps``); tokens/s after the first 10%
+    of the steps; with ``evaluate``, the loss on the whole validation split cut into windows of 65
+    every 64 tokens."""
     start = time.perf_counter()
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(1337)
     train, val, vocab = char_splits(corpus)
-    model = build_model({**MODEL, "vocab_size": vocab})
+    model = build_model(replace(MODEL, vocab_size=vocab))
     decay = [p for p in model.parameters() if p.dim() >= 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
-                                  lr=LR, betas=(0.9, 0.99))
-    rng, block = np.random.default_rng(1337), MODEL["block_size"]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=LR,
+        betas=(0.9, 0.99),
+    )
+    rng, block = np.random.default_rng(1337), MODEL.block_size
     warm, t = steps // 10, time.perf_counter()
     for step in range(steps):
         if step == warm:
             t = time.perf_counter()
         progress = min(1.0, (step - WARMUP) / max(1, steps - WARMUP))
-        lr = LR * (step + 1) / WARMUP if step < WARMUP else MIN_LR + 0.5 * (1 + math.cos(math.pi * progress)) * (
-            LR - MIN_LR)
+        lr = (
+            LR * (step + 1) / WARMUP
+            if step < WARMUP
+            else MIN_LR + 0.5 * (1 + math.cos(math.pi * progress)) * (LR - MIN_LR)
+        )
         for g in optimizer.param_groups:
             g["lr"] = lr
         ix = rng.integers(0, len(train) - block - 1, BATCH)
@@ -61,8 +73,13 @@ def train_bare(corpus: Path, steps: int, evaluate: bool) -> dict:
         windows = np.lib.stride_tricks.sliding_window_view(val, block + 1)[::block]
         model.eval()
         with torch.no_grad():
-            losses = [model(torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy()))[1].item() * len(w)
-                      for w in np.array_split(windows, max(1, len(windows) // 64))]
+            losses = [
+                model(torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy()))[
+                    1
+                ].item()
+                * len(w)
+                for w in np.array_split(windows, max(1, len(windows) // 64))
+            ]
         result["val_loss"] = sum(losses) / len(windows)
     result["wall_s"] = time.perf_counter() - start
     return result

@@ -1,12 +1,15 @@
-"""ETL benchmark: this Spark ETL (byte-level BPE, RayDP executors) against a single-process baseline.
+"""ETL benchmark: this Spark ETL (byte-level BPE, RayDP executors) against a single-process
+baseline.
 
     python benchmarks/etl.py [--sizes 25 50 100] [--corpus ../shared/data/tinyshakespeare.txt]
 
-For each corpus size (the benchmark corpus repeated into one file) it measures, each in a fresh process:
-  etl-2   this ETL with 2 executors: read, BPE trained on a Spark sample, encode in the executors, windows,
+For each corpus size (the benchmark corpus repeated into one file) it measures, each in a fresh
+process:
+  etl-2   this ETL with 2 executors: read, BPE trained on a Spark sample, encode in the executors,
+  windows,
           train/val split, Parquet written; Spark/JVM start-up timed separately
-  etl-1   the same with 1 executor (the scaling baseline)
-  single  one process doing the same work the usual way: read the file, train the same BPE on a sample,
+  etl-1   the same with 1 executor (the scaling baseline) single  one process doing the same work
+  the usual way: read the file, train the same BPE on a sample,
           tokenizers' encode_batch (all cores), numpy windows, pyarrow Parquet
 and prints MB/s and tokens/s (start-up excluded), the ratios, and each driver's peak RSS.
 """
@@ -33,29 +36,45 @@ def peak_rss_mb() -> float:
 def measure_etl(path: Path, executors: int, out: Path) -> dict:
     from hydra import compose, initialize_config_dir
 
-    from raydp_llm import cache
-    from raydp_llm.cluster import ray_session, spark_session
-    from raydp_llm.etl import run_etl
-    from raydp_llm.pipeline import check_inputs
+    from raydp_llm.cli.inputs import check_inputs, typed_settings
+    from raydp_llm.data import cache
+    from raydp_llm.data.etl import EtlPlan, run_etl
+    from raydp_llm.engines.ray_cluster import ray_session
+    from raydp_llm.engines.spark import spark_session
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            f"data.path={path}", "tokenizer=bpe", f"tokenizer.vocab_size={VOCAB}", f"tokenizer.sample_mb={SAMPLE_MB}",
-            f"model.block_size={BLOCK}", f"cluster.executors={executors}", "cluster.executor_memory=3g"])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                f"data.path={path}",
+                "tokenizer=bpe",
+                f"tokenizer.vocab_size={VOCAB}",
+                f"tokenizer.sample_mb={SAMPLE_MB}",
+                f"model.block_size={BLOCK}",
+                f"cluster.executors={executors}",
+                "cluster.executor_memory=3g",
+            ],
+        )
+    cfg = typed_settings(cfg)
     corpus = check_inputs(cfg)
     with ray_session(cfg.cluster, cfg.name):
         t = time.perf_counter()
         with spark_session(cfg.cluster, app_name="bench", log_dir=out) as spark:
             start_s = time.perf_counter() - t
             t = time.perf_counter()
-            result = run_etl(spark, corpus, cfg.data, cfg.tokenizer, block_size=BLOCK, seed=cfg.seed)
+            result = run_etl(spark, EtlPlan.of(cfg, corpus))
             t_write = time.perf_counter()
             cache.commit(cache.stage(result, out / "cache", "bench"), stats={})
             result.phase_s["write"] = time.perf_counter() - t_write
             etl_s = time.perf_counter() - t
-    return {"start_s": start_s, "etl_s": etl_s, "tokens": result.manifest["tokens"],
-            "windows": result.manifest["windows_train"] + result.manifest["windows_val"], "rss_mb": peak_rss_mb(),
-            "phase_s": {k: round(v, 1) for k, v in result.phase_s.items()}}
+    return {
+        "start_s": start_s,
+        "etl_s": etl_s,
+        "tokens": result.manifest["tokens"],
+        "windows": result.manifest["windows_train"] + result.manifest["windows_val"],
+        "rss_mb": peak_rss_mb(),
+        "phase_s": {k: round(v, 1) for k, v in result.phase_s.items()},
+    }
 
 
 def measure_single(path: Path, out: Path) -> dict:
@@ -63,7 +82,7 @@ def measure_single(path: Path, out: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raydp_llm.tokenizer import train_bpe
+    from raydp_llm.core.tokenizer import train_bpe
 
     t = time.perf_counter()
     lines = [line + "\n" for line in path.read_text().split("\n")]
@@ -74,36 +93,57 @@ def measure_single(path: Path, out: Path) -> dict:
         sample.append(line)
         size += len(line)
     tok = train_bpe((sample[i:i + 10_000] for i in range(0, len(sample), 10_000)), VOCAB)
-    ids = np.concatenate([[tok.eod_id]] + [e.ids for e in tok.tok.encode_batch(lines)]).astype(np.uint16)
+    ids = np.concatenate([[tok.eod_id]] + [e.ids for e in tok.tok.encode_batch(lines)]).astype(
+        np.uint16
+    )
     boundary = len(ids) - int(round(len(ids) * 0.1))
     for name, part in (("train", ids[:boundary]), ("val", ids[boundary:])):
         starts = np.arange(0, len(part) - BLOCK, BLOCK)
         win = np.lib.stride_tricks.sliding_window_view(part, BLOCK + 1)[starts]
         table = pa.table({"start": starts, "tokens": [w.tobytes() for w in win]})
         pq.write_table(table, out / f"{name}.parquet")
-    return {"start_s": 0.0, "etl_s": time.perf_counter() - t, "tokens": len(ids), "rss_mb": peak_rss_mb()}
+    return {
+        "start_s": 0.0,
+        "etl_s": time.perf_counter() - t,
+        "tokens": len(ids),
+        "rss_mb": peak_rss_mb(),
+    }
 
 
 def run_one(kind: str, path: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([sys.executable, __file__, "--measure", kind, "--path", str(path), "--out", tmp],
-                              capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--measure", kind, "--path", str(path), "--out", tmp],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
     if proc.returncode:
         raise RuntimeError(f"{kind} on {path} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[25, 50, 100], help="corpus sizes, MB")
-    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[25, 50, 100], help="corpus sizes, MB"
+    )
+    parser.add_argument(
+        "--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+    )
     parser.add_argument("--measure", choices=["etl-1", "etl-2", "single"], help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         fn = measure_single if args.measure == "single" else None
-        result = fn(args.path, args.out) if fn else measure_etl(args.path, int(args.measure[-1]), args.out)
+        result = (
+            fn(args.path, args.out)
+            if fn
+            else measure_etl(args.path, int(args.measure[-1]), args.out)
+        )
         print(json.dumps(result))
         return
 
@@ -117,19 +157,37 @@ def main() -> None:
             for kind in ("single", "etl-1", "etl-2"):
                 r = run_one(kind, path)
                 rows.append({"mb": size_mb, "kind": kind, **r})
-                print(f"  measured {kind:6} on {size_mb:6.1f} MB: {r['etl_s']:6.1f}s (+{r['start_s']:.1f}s start-up), "
-                      f"peak RSS {r['rss_mb']:.0f} MB {r.get('phase_s', '')}", file=sys.stderr, flush=True)
+                print(f"  measured {kind:6} on {size_mb:6.1f} MB: {r['etl_s']:6.1f}s "
+                      f"(+{r['start_s']:.1f}s start-up), peak RSS {r['rss_mb']:.0f} MB "
+                      f"{r.get('phase_s', '')}", file=sys.stderr, flush=True)
 
-    header = ["corpus MB", "pipeline", "start-up s", "ETL s", "MB/s", "tokens/s", "vs single", "1→2 executors",
-              "driver RSS MB"]
+    header = [
+        "corpus MB",
+        "pipeline",
+        "start-up s",
+        "ETL s",
+        "MB/s",
+        "tokens/s",
+        "vs single",
+        "1→2 executors",
+        "driver RSS MB",
+    ]
     print("\n| " + " | ".join(header) + " |\n|" + "---:|" * len(header))
     for r in rows:
         single = next(x for x in rows if x["mb"] == r["mb"] and x["kind"] == "single")
         one = next(x for x in rows if x["mb"] == r["mb"] and x["kind"] == "etl-1")
         speedup = f"{one['etl_s'] / r['etl_s']:.2f}×" if r["kind"] == "etl-2" else ""
-        cells = [f"{r['mb']:.0f}", r["kind"], f"{r['start_s']:.1f}", f"{r['etl_s']:.1f}", f"{r['mb'] / r['etl_s']:.2f}",
-                 f"{r['tokens'] / r['etl_s']:,.0f}", f"{single['etl_s'] / r['etl_s']:.2f}×", speedup,
-                 f"{r['rss_mb']:.0f}"]
+        cells = [
+            f"{r['mb']:.0f}",
+            r["kind"],
+            f"{r['start_s']:.1f}",
+            f"{r['etl_s']:.1f}",
+            f"{r['mb'] / r['etl_s']:.2f}",
+            f"{r['tokens'] / r['etl_s']:,.0f}",
+            f"{single['etl_s'] / r['etl_s']:.2f}×",
+            speedup,
+            f"{r['rss_mb']:.0f}",
+        ]
         print("| " + " | ".join(cells) + " |")
 
 

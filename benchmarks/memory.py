@@ -1,6 +1,6 @@
-"""Memory of a run's processes over time: every process below a command (the driver, Ray's workers and daemons,
-Spark's JVMs and Python workers), sampled and sorted into roles by their command lines. Used by
-``etl_1gb.py`` and ``soak.py``."""
+"""Memory of a run's processes over time: every process below a command (the driver, Ray's workers
+and daemons, Spark's JVMs and Python workers), sampled and sorted into roles by their command lines.
+Used by ``etl_1gb.py`` and ``soak.py``."""
 
 from __future__ import annotations
 
@@ -15,10 +15,17 @@ ROLES = [
     ("spark python worker", lambda c: "pyspark.daemon" in c or "pyspark.worker" in c),
     ("spark driver JVM", lambda c: "org.apache.spark.deploy.SparkSubmit" in c),
     ("raydp gateway JVM", lambda c: "AppMasterEntryPoint" in c),
-    ("executor JVM", lambda c: "java" in c.split(" ", 1)[0] and "ray/jars" in c),  # executors, app master
+    (
+        "executor JVM",
+        lambda c: "java" in c.split(" ", 1)[0] and "ray/jars" in c,
+    ),  # executors, app master
     ("dashboard", lambda c: "dashboard" in c.lower()),
-    ("ray daemons", lambda c: any(d in c for d in ("raylet", "gcs_server", "log_monitor", "monitor.py",
-                                                  "runtime_env"))),
+    (
+        "ray daemons",
+        lambda c: any(
+            d in c for d in ("raylet", "gcs_server", "log_monitor", "monitor.py", "runtime_env")
+        ),
+    ),
 ]
 
 
@@ -29,14 +36,17 @@ def role_of(proc: psutil.Process, driver_pid: int) -> str:
         line = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "gone"
-    if line.startswith("ray::"):  # a Ray worker's title: ray::<actor class>[.<method>], or ray::IDLE
+    if line.startswith(
+        "ray::"
+    ):  # a Ray worker's title: ray::<actor class>[.<method>], or ray::IDLE
         return line.split()[0].split(".")[0]
     return next((name for name, test in ROLES if test(line)), "other")
 
 
 class Sampler(threading.Thread):
-    """Samples the RSS of ``pid`` and its descendants every ``interval_s``: per role, the largest process and the
-    role's sum; ``samples`` is a list of (seconds since start, {role: (max MB, sum MB)})."""
+    """Samples the RSS of ``pid`` and its descendants every ``interval_s``: per role, the largest
+    process and the role's sum; ``samples`` is a list of (seconds since start, {role: (max MB, sum
+    MB)})."""
 
     def __init__(self, pid: int, interval_s: float = 1.0):
         super().__init__(daemon=True)

@@ -1,15 +1,20 @@
-"""Quality at nanoGPT's budget: ``+experiment=shakespeare_char`` end to end, against the bare loop in the same run.
+"""Quality at nanoGPT's budget: ``+experiment=shakespeare_char`` end to end, against the bare loop
+in the same run.
 
     python benchmarks/shakespeare_char.py [--corpus ../shared/data/tinyshakespeare.txt]
 
-nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd 128, dropout 0; lr 1e-3,
-warmup 100, cosine to 1e-4 over 2000 steps) on tinyshakespeare: first 90% training, last 10% validation.
-  raydp_llm  ``python -m raydp_llm.train +experiment=shakespeare_char`` in a fresh process, ETL cache off: Ray and
-             Spark start-up, the Spark ETL, Ray Train with 2 DDP workers; validation loss on the whole
-             validation split at step 2000, and the whole command's wall time
-  bare       the same model and schedule in one plain PyTorch process (bare_loop.py), validated on the same
+nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd 128, dropout 0;
+lr 1e-3, warmup 100, cosine to 1e-4 over 2000 steps) on tinyshakespeare: first 90% training, last
+10% validation.
+  raydp_llm  ``python -m raydp_llm.train +experiment=shakespeare_char`` in a fresh process, ETL
+  cache off: Ray and
+             Spark start-up, the Spark ETL, Ray Train with 2 DDP workers; validation loss on the
+             whole validation split at step 2000, and the whole command's wall time
+  bare       the same model and schedule in one plain PyTorch process (bare_loop.py), validated on
+  the same
              validation windows
-Target: validation loss ≤ 1.87 (nanoGPT reaches about 1.87-1.88), the whole run under 4 minutes on 2 cores.
+Target: validation loss ≤ 1.87 (nanoGPT reaches about 1.87-1.88), the whole run under 4 minutes on 2
+cores.
 """
 
 from __future__ import annotations
@@ -31,9 +36,20 @@ from bare_loop import train_bare  # noqa: E402
 def run_raydp_llm(corpus: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "raydp_llm.train", "+experiment=shakespeare_char",
-                               f"data.path={corpus}", "data.cache=false", f"hydra.run.dir={tmp}"],
-                              capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "raydp_llm.train",
+                "+experiment=shakespeare_char",
+                f"data.path={corpus}",
+                "data.cache=false",
+                f"hydra.run.dir={tmp}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         wall = time.perf_counter() - t
         if proc.returncode:
             raise RuntimeError(f"raydp_llm failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -45,14 +61,21 @@ def run_raydp_llm(corpus: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+    )
     args = parser.parse_args()
     ours = run_raydp_llm(args.corpus)
-    print(f"  raydp_llm: val loss {ours['val_loss']:.4f} in {ours['wall_s']:.0f}s", file=sys.stderr, flush=True)
+    print(f"  raydp_llm: val loss {ours['val_loss']:.4f} in "
+          f"{ours['wall_s']:.0f}s", file=sys.stderr, flush=True)
     bare = train_bare(args.corpus, 2000, evaluate=True)
-    print(f"  bare:      val loss {bare['val_loss']:.4f} in {bare['wall_s']:.0f}s", file=sys.stderr, flush=True)
-    print("\n| pipeline | val loss @2000 | wall s (incl. start-up) | train tokens/s |\n|---|---:|---:|---:|")
+    print(f"  bare:      val loss {bare['val_loss']:.4f} in "
+          f"{bare['wall_s']:.0f}s", file=sys.stderr, flush=True)
+    print("\n| pipeline | val loss @2000 | wall s (incl. start-up) | train tokens/s "
+          "|\n|---|---:|---:|---:|")
     for name, r in (("raydp_llm (2 DDP workers)", ours), ("bare PyTorch loop", bare)):
         print(f"| {name} | {r['val_loss']:.4f} | {r['wall_s']:.0f} | {r['tokens_per_s']:,.0f} |")
     print(f"\ntarget: val loss ≤ 1.87 → {'met' if ours['val_loss'] <= 1.87 else 'not met'}; "

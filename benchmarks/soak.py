@@ -2,12 +2,13 @@
 
     python benchmarks/soak.py [--minutes 30] [--set key=value ...]
 
-Runs ``python -m raydp_llm.train`` (the default baby GPT, 2 DDP workers, dashboard on, checkpoints every 1000
-steps) with enough steps to outlast ``--minutes``, samples every process below it every 10 s, and after
-``--minutes`` stops it with Ctrl-C (as a person would). The baseline is the same run after its first two minutes
-(start-up done, the dataset loaded, the first evaluation and checkpoint past): per role, the RSS of its largest
-process then, half-way and at the end, the change from start to end and over the second half (a role that grows
-early and then levels off grows little in the second half; a leak grows in both).
+Runs ``python -m raydp_llm.train`` (the default baby GPT, 2 DDP workers, dashboard on, checkpoints
+every 1000 steps) with enough steps to outlast ``--minutes``, samples every process below it every
+10 s, and after ``--minutes`` stops it with Ctrl-C (as a person would). The baseline is the same run
+after its first two minutes (start-up done, the dataset loaded, the first evaluation and checkpoint
+past): per role, the RSS of its largest process then, half-way and at the end, the change from start
+to end and over the second half (a role that grows early and then levels off grows little in the
+second half; a leak grows in both).
 """
 
 from __future__ import annotations
@@ -28,15 +29,31 @@ WARM_S = 120
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "raydp_llm.train", "name=soak", "train.max_steps=1000000",
-                   "train.checkpoint_interval=1000", "cluster.dashboard=true", f"hydra.run.dir={tmp}/run", *args.set]
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        command = [
+            sys.executable,
+            "-m",
+            "raydp_llm.train",
+            "name=soak",
+            "train.max_steps=1000000",
+            "train.checkpoint_interval=1000",
+            "cluster.dashboard=true",
+            f"hydra.run.dir={tmp}/run",
+            *args.set,
+        ]
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         sampler = Sampler(proc.pid, interval_s=10)
         sampler.start()
         deadline = time.monotonic() + args.minutes * 60
@@ -51,9 +68,10 @@ def main() -> None:
         raise SystemExit("the run ended before the soak did; see its train.log")
     elapsed = sampler.samples[-1][0]
     start, mid, end = sampler.at(WARM_S), sampler.at(elapsed / 2), sampler.samples[-1][1]
-    print(f"\nsoak: {elapsed / 60:.1f} min, {steps} steps; RSS of each role's largest process (MiB)\n")
-    print(f"| role (largest process) | at {WARM_S / 60:.0f} min | at {elapsed / 120:.0f} min | at the end "
-          "| change | second half |\n|---|---:|---:|---:|---:|---:|")
+    print(f"\nsoak: {elapsed / 60:.1f} min, {steps} steps; RSS of each role's largest process "
+          "(MiB)\n")
+    print(f"| role (largest process) | at {WARM_S / 60:.0f} min | at {elapsed / 120:.0f} min | at "
+          "the end | change | second half |\n|---|---:|---:|---:|---:|---:|")
     for role in sorted(set(start) & set(mid) & set(end)):
         a, m, b = start[role][0], mid[role][0], end[role][0]
         print(f"| {role} | {a:.0f} | {m:.0f} | {b:.0f} | {100 * (b - a) / a:+.1f}% | "

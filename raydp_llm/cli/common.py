@@ -1,0 +1,70 @@
+"""How entry points end on bad input (one line: what, where, what to do; exit 1) and on Ctrl-C (exit
+130); in a sweep, how a failed job ends without ending the sweep."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import traceback
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from raydp_llm.core.errors import OneLineError
+
+log = logging.getLogger("raydp_llm")
+
+
+def cli_errors(main):
+    """Wrap an entry point: a ``OneLineError`` becomes one logged line and exit status 1; any other
+    error one line (its type and first line) pointing at the log file, which gets the traceback, and
+    exit status 1; Ctrl-C exits with 130.
+
+    In a Hydra sweep (``-m``) any error is logged (one line for a ``OneLineError``, with its
+    traceback otherwise) and the job returns NaN, so that the sweep goes on and records the job as
+    failed (``sweep.SweepSummary``). Spark and Ray are already stopped by then: their context
+    managers end on any exception.
+    """
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except Exception as err:
+            if _in_sweep():
+                log.error("error: %s", err, exc_info=not isinstance(err, OneLineError))
+                return float("nan")
+            if isinstance(err, OneLineError):
+                log.error("error: %s", err)
+            else:  # the traceback goes to the log file only
+                log_file = _traceback_to_log_file()
+                first = next((line for line in str(err).splitlines() if line.strip()), "")[:300]
+                log.error(
+                    "error: %s: %s%s",
+                    type(err).__name__,
+                    first,
+                    f" (full log: {log_file})" if log_file else "",
+                )
+            sys.exit(1)
+        except KeyboardInterrupt:
+            log.error("interrupted: Spark and Ray are stopped")
+            sys.exit(130)
+
+    return wrapper
+
+
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _traceback_to_log_file() -> str | None:
+    """Write the exception being handled to the run's log file (Hydra's file handler); returns its
+    path."""
+    for handler in reversed(logging.getLogger().handlers):
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename != os.devnull:
+            handler.stream.write(traceback.format_exc())
+            handler.flush()
+            return handler.baseFilename
+    return None

@@ -1,0 +1,163 @@
+"""``python -m raydp_llm.evaluate model_dir=DIR data.path=... [overrides]``: a trained model on any
+corpus.
+
+The corpus goes through the same Spark ETL (or the ETL cache) with the model's tokenizer and block
+size; its windows (both splits: the whole corpus) are then read from the Parquet dataset and scored
+in this process with torch: mean cross-entropy per token, perplexity, bits per character and top-1
+next-token accuracy. Prints a table and writes ``evaluation.json`` into the run directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from torch.nn import functional as F
+
+from raydp_llm.cli.common import cli_errors
+from raydp_llm.cli.help import documented_output
+from raydp_llm.cli.inputs import check_inputs, typed_settings
+from raydp_llm.core import storage
+from raydp_llm.core.config import CONF_DIR, EvaluateSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.model import LanguageModel
+from raydp_llm.core.storage import S3Options
+from raydp_llm.core.timing import Stopwatch, timed
+from raydp_llm.core.tokenizer import TOKENIZER_FILE
+from raydp_llm.data.batches import WindowBatch, read_windows
+from raydp_llm.data.prepare import dataset_store, prepared, write_json
+from raydp_llm.engines.preflight import preflight
+from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.training.checkpoint import MODEL_FILES, load_model_dir
+
+log = logging.getLogger(__name__)
+
+
+def model_and_settings(
+    settings: EvaluateSettings, out_dir: Path
+) -> tuple[LanguageModel, EvaluateSettings]:
+    """The model of ``model_dir`` (an s3:// one is fetched to ``out_dir/model``), and the settings
+    the ETL runs with for it: the model's tokenizer and block size (and, for an id model, its
+    vocabulary size)."""
+    if not settings.model_dir:
+        raise InputError("model_dir is required: give the model/ directory of a finished run, "
+                         "e.g. model_dir=outputs/raydp_llm/<run>/model")
+    model_dir = Path(settings.model_dir)
+    if storage.is_s3(
+        settings.model_dir
+    ):  # fetched into the run directory: the ETL reads its tokenizer there
+        model_dir = out_dir / "model"
+        try:
+            storage.fetch(settings.model_dir, model_dir, S3Options.of(settings.s3))
+        except OSError as err:
+            raise storage.unreachable("model_dir", settings.model_dir, err) from None
+    missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
+    if missing:
+        raise InputError(f"model_dir={settings.model_dir}: no {', '.join(missing)} there; give the "
+                         "model/ directory of a finished run")
+    model, tokenizer = load_model_dir(model_dir)
+    ids_model = tokenizer.kind == "ids"
+    if ids_model != (settings.data.format == "ids"):
+        fit = "ids" if ids_model else "text (or parquet)"
+        raise InputError(f"data.format={settings.data.format} does not fit the model's "
+                         f"{tokenizer.kind} tokenizer: set data.format={fit}")
+    data = settings.data
+    if ids_model:  # ids beyond the model's vocabulary are then bad input, reported by the ETL
+        data = replace(data, vocab_size=tokenizer.vocab_size)
+    return model, replace(
+        settings,
+        data=data,
+        tokenizer=replace(settings.tokenizer, path=str(model_dir / TOKENIZER_FILE)),
+        model=replace(settings.model, block_size=model.config.block_size),
+    )
+
+
+@torch.no_grad()
+def score(model: LanguageModel, batches: Iterable[np.ndarray], collate: WindowBatch) -> dict:
+    """Summed cross-entropy (nats) and correct top-1 predictions of the next token, over windows and
+    tokens."""
+    model.eval()
+    totals = {"windows": 0, "tokens": 0, "nats": 0.0, "correct": 0}
+    for windows in batches:
+        x, y = collate(windows)
+        logits, _ = model(x)
+        totals["nats"] += F.cross_entropy(
+            logits.flatten(0, 1).float(), y.flatten(), reduction="sum"
+        ).item()
+        totals["correct"] += int((logits.argmax(dim=-1) == y).sum())
+        totals["windows"] += len(y)
+        totals["tokens"] += y.numel()
+    return totals
+
+
+def metrics(totals: dict, chars_per_token: float | None) -> dict:
+    """Per-token loss (nats), perplexity, bits per character (None for id corpora), top-1
+    accuracy."""
+    loss = totals["nats"] / totals["tokens"]
+    return {"loss": loss, "perplexity": math.exp(loss),
+            "bits_per_char": loss / math.log(2) / chars_per_token if chars_per_token else None,
+            "accuracy": totals["correct"] / totals["tokens"], "windows": totals["windows"],
+            "tokens": totals["tokens"]}
+
+
+def run(settings: EvaluateSettings, out_dir: Path) -> dict:
+    """Evaluate ``settings.model_dir`` on ``settings.data`` into ``out_dir``; returns what
+    ``evaluation.json`` holds."""
+    total = Stopwatch()
+    model, settings = model_and_settings(settings, out_dir)
+    corpus = check_inputs(settings)  # bad input fails here, before Ray starts
+    store = dataset_store(settings.data, out_dir)
+    with ray_session(settings.cluster, settings.name):
+        preflight(settings.cluster, None, store)
+        with prepared(settings, corpus, out_dir, to_ray=False, store=store) as data:
+            timings = dict(data.timings)
+    m = data.manifest
+    with timed(timings, "eval_s"):
+        torch.set_num_threads(os.cpu_count())
+        batches = (
+            w
+            for split in ("train", "val")
+            for w in read_windows(data.entry / split, settings.eval_batch_size)
+        )
+        collate = WindowBatch(m["token_dtype"], model.config.block_size, torch.device("cpu"))
+        result = metrics(score(model, batches, collate), m["chars_per_token"])
+    timings["total_s"] = total.seconds()
+    evaluation = {
+        "model_dir": settings.model_dir,
+        **result,
+        "dataset": str(data.entry),
+        **{k: round(v, 2) for k, v in timings.items()},
+        "etl": m | {"cache_hit": data.cache_hit},
+    }
+    write_json(out_dir / "evaluation.json", evaluation)
+    bpc = result["bits_per_char"]
+    print(f"{evaluation['model_dir']} on {m['corpus']}: {result['windows']:,} windows of "
+          f"{m['block_size'] + 1} tokens, stride {m['stride']}, {result['tokens']:,} tokens "
+          f"predicted\n  loss (nats/token)  {result['loss']:.4f}\n  perplexity         "
+          f"{result['perplexity']:.3f}\n  bits per char      "
+          f"{'n/a (token ids)' if bpc is None else f'{bpc:.4f}'}\n  top-1 accuracy     "
+          f"{result['accuracy']:.4f}\n  done in {timings['total_s']:.0f}s (ETL "
+          f"{timings['etl_s']:.0f}s{', cache hit' if data.cache_hit else ''}, evaluation "
+          f"{timings['eval_s']:.0f}s); evaluation.json in {out_dir}")
+    return evaluation
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
+@cli_errors
+def main(cfg: DictConfig) -> float:
+    return run(typed_settings(cfg), Path(HydraConfig.get().runtime.output_dir))["loss"]
+
+
+def cli() -> None:
+    """``python -m raydp_llm.evaluate`` and the ``raydp-llm-evaluate`` console script."""
+    with documented_output():  # --help, --cfg: each setting with its meaning
+        main()

@@ -1,0 +1,85 @@
+"""At the door: an entry point turns Hydra's config into typed settings once (every path made
+absolute, from where the command ran: Ray's workers and Spark's executors run elsewhere), and checks
+them before any engine starts. Past this module no code reads the raw config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from raydp_llm.core import storage
+from raydp_llm.core.config import Settings, validate
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.model import read_embeddings
+from raydp_llm.core.storage import S3Options
+from raydp_llm.data.corpus import Corpus, resolve_corpus
+from raydp_llm.training.checkpoint import check_resumable
+
+RESUME_WORDS = ("auto", "never")
+
+
+def absolute(path: str) -> str:
+    """A path the user gave, relative to where they ran the command; URIs stay as they are."""
+    return path if "://" in path else to_absolute_path(path)
+
+
+def typed_settings(cfg: DictConfig) -> Settings:
+    """The composed config as its schema's objects (a model config's own checks run here), with
+    absolute paths."""
+    settings = OmegaConf.to_object(cfg)
+    data, train, tok, model = settings.data, settings.train, settings.tokenizer, settings.model
+    paths = data.path if data.path is None or isinstance(data.path, str) else list(data.path)
+    changes = {
+        "data": replace(data, path=_absolute_any(paths), cache_dir=absolute(data.cache_dir)),
+        "tokenizer": replace(tok, path=tok.path and absolute(tok.path)),
+        "model": replace(
+            model, init_embeddings=model.init_embeddings and absolute(model.init_embeddings)
+        ),
+        "train": replace(
+            train,
+            storage_path=train.storage_path and absolute(train.storage_path),
+            resume=train.resume if train.resume in RESUME_WORDS else absolute(train.resume),
+        ),
+    }
+    if getattr(settings, "model_dir", None):  # evaluate's
+        changes["model_dir"] = absolute(settings.model_dir)
+    return replace(settings, **changes)
+
+
+def _absolute_any(path: str | list[str] | None) -> str | list[str] | None:
+    if path is None:
+        return None
+    return absolute(path) if isinstance(path, str) else [absolute(p) for p in path]
+
+
+def check_inputs(settings: Settings) -> Corpus:
+    """Check the settings (``config.validate``, the paths that must exist, a checkpoint to resume,
+    the storage's bucket) and resolve the corpus, before any engine starts."""
+    validate(settings)
+    t, d, s3 = settings.train, settings.data, S3Options.of(settings.s3)
+    vectors = settings.model.init_embeddings
+    if vectors and not Path(vectors).is_file():
+        raise InputError(f"model.init_embeddings={vectors}: no such file; give a CSV or .npy file "
+                         "of token vectors")
+    if vectors:  # widths and values now; the ids against the vocabulary after the ETL
+        read_embeddings(vectors, None, settings.model.n_embd)
+    if t.resume not in RESUME_WORDS:
+        check_resumable(t.resume, settings.model, f"train.resume={t.resume}", s3)
+    if t.storage_path and storage.is_s3(t.storage_path):
+        storage.check_bucket("train.storage_path", t.storage_path, s3)
+    if settings.tokenizer.path and not Path(settings.tokenizer.path).is_file():
+        raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
+                         "tokenizer.json")
+    corpus = resolve_corpus(d.path, markdown=d.markdown, s3=s3)
+    if d.max_files:
+        corpus = Corpus(
+            files=corpus.files[: d.max_files],
+            markdown=corpus.markdown,
+            name=corpus.name,
+            fingerprints=corpus.fingerprints[: d.max_files],
+        )
+    return corpus

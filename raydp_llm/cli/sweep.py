@@ -1,0 +1,156 @@
+"""Multirun sweeps (``-m``): one Ray for every job, each job's outcome recorded, a summary at the
+end.
+
+Hydra calls ``SweepSummary`` (``hydra.callbacks`` in conf/config.yaml) around the jobs its launcher
+runs. In a sweep it starts Ray once: each job finds it running and uses it, and the ETL cache serves
+every job after the first with the same data settings. A job that fails becomes a ``failed`` row
+with its error and the sweep goes on (in a sweep, ``errors.cli_errors`` logs the error and returns
+NaN instead of exiting). At the end the sweep directory gets ``sweep_summary.csv`` (one row per job)
+and ``sweep.png`` (the jobs' validation curves), and the console the table with the best job marked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+from pathlib import Path
+
+from hydra.core.utils import JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from raydp_llm.core.timing import Stopwatch
+from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.plots import plot_sweep
+
+COLUMNS = [
+    "job",
+    "overrides",
+    "status",
+    "best_val_loss",
+    "final_val_loss",
+    "final_val_bpc",
+    "tokens_per_s",
+    "wall_s",
+    "output_dir",
+    "error",
+]
+
+
+class SweepSummary(Callback):
+    def __init__(self) -> None:
+        self.jobs: list[dict] = []
+        self.ray = contextlib.ExitStack()
+        self.job_start = 0.0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        # a door too: the sweep's Ray, from the typed settings
+        cluster = OmegaConf.to_object(config.cluster)
+        self.ray.enter_context(ray_session(cluster, f"{config.name} sweep"))
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        self.job_clock = Stopwatch()
+
+    def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        out_dir = Path(config.hydra.runtime.output_dir)
+        summary = (
+            json.loads((out_dir / "summary.json").read_text())
+            if (out_dir / "summary.json").is_file()
+            else {}
+        )
+        ok = (
+            job_return.status == JobStatus.COMPLETED
+            and summary
+            and not _is_nan(job_return.return_value)
+        )
+        self.jobs.append({
+            "job": config.hydra.job.num, "overrides": list(config.hydra.overrides.task),
+            "status": "completed" if ok else "failed",
+            **{k: summary.get(k) if ok else None
+               for k in ("best_val_loss", "final_val_loss", "final_val_bpc", "tokens_per_s")},
+            "wall_s": round(self.job_clock.seconds(), 1), "output_dir": str(out_dir),
+            "error": None if ok else _last_error(out_dir / f"{config.hydra.job.name}.log"),
+        })
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self.ray.close()
+        if not self.jobs:
+            return
+        sweep_dir = Path(config.hydra.sweep.dir)
+        swept = _varying_overrides([job["overrides"] for job in self.jobs])
+        rows = [
+            {**job, "overrides": " ".join(o for o in job["overrides"] if o in swept)}
+            for job in self.jobs
+        ]
+        with (sweep_dir / "sweep_summary.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        done = [r for r in rows if r["status"] == "completed"]
+        if done:
+            plot_sweep({f"#{r['job']} "
+                        f"{r['overrides']}": read_metrics(Path(r["output_dir"]) / "metrics.csv")
+                        for r in done}, sweep_dir / "sweep.png", title=f"sweep {sweep_dir.name}: "
+                                                                       "validation loss")
+        best = min(done, key=lambda r: r["best_val_loss"])["job"] if done else None
+        print(format_table(rows, best))
+        print(f"sweep: {len(done)} of {len(rows)} jobs completed; sweep_summary.csv"
+              f"{' and sweep.png' if done else ''} in {sweep_dir}")
+
+
+def format_table(rows: list[dict], best: int | None) -> str:
+    """The summary as a console table, the best job (lowest best validation loss) marked with
+    ``*``."""
+
+    def cell(value, digits=4) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+    header = [
+        "",
+        "job",
+        "overrides",
+        "status",
+        "best val",
+        "final val",
+        "val bpc",
+        "tokens/s",
+        "wall s",
+    ]
+    body = [["*" if r["job"] == best else "", str(r["job"]), r["overrides"] or "-", r["status"],
+             cell(r["best_val_loss"]), cell(r["final_val_loss"]), cell(r["final_val_bpc"]),
+             cell(r["tokens_per_s"], 0), cell(r["wall_s"], 0)] for r in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    lines = [
+        "  ".join(text.ljust(w) for text, w in zip(line, widths)).rstrip()
+        for line in [header, *body]
+    ]
+    errors = [f"  job {r['job']} failed: {r['error']}" for r in rows if r["error"]]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:], *errors])
+
+
+def _varying_overrides(per_job: list[list[str]]) -> set[str]:
+    """The overrides not shared by every job: what the sweep varies."""
+    return set().union(*per_job) - set.intersection(*map(set, per_job))
+
+
+def _is_nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _last_error(log_file: Path) -> str | None:
+    """The message of the last ERROR line of a job's log (Hydra's ``[time][logger][ERROR] -
+    message`` lines)."""
+    if not log_file.is_file():
+        return None
+    errors = [
+        line.split("] - ", 1)[-1] for line in log_file.read_text().splitlines() if "[ERROR]" in line
+    ]
+    return errors[-1] if errors else None

@@ -1,0 +1,198 @@
+"""Where files live: local paths, or S3 (``s3://``, ``s3a://``) through pyarrow's filesystem layer,
+so that neither Spark nor Ray Train needs Hadoop's S3 connector jars.
+
+Credentials come from the standard AWS chain (environment, ``~/.aws`` profile, the instance role);
+``s3.endpoint_url`` points at an S3-compatible service (MinIO, moto, ...) instead of AWS. Every S3
+request is retried with exponential backoff (``s3.max_attempts`` attempts): S3 answers ``SlowDown``
+or 5xx under load, and the ETL's reads, Ray Train's checkpoint uploads and the final copy all go
+through this one client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from raydp_llm.core.errors import InputError
+
+S3_SCHEMES = (
+    "s3",
+    "s3a",
+    "s3n",
+)  # the schemes Hadoop users write; all mean the same bucket and key
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """The ``s3`` settings as plain values (they travel to Spark executors and Ray Train
+    workers)."""
+
+    endpoint_url: str | None = None  # http(s)://host:port of an S3-compatible service; None = AWS
+    region: str | None = None  # None = from the environment, the profile or the instance
+    max_attempts: int = 10  # per request, with exponential backoff (25 ms, doubling)
+
+    @classmethod
+    def of(cls, cfg) -> S3Options:
+        return cls(endpoint_url=cfg.endpoint_url, region=cfg.region, max_attempts=cfg.max_attempts)
+
+    @functools.cache  # one S3 client per process and settings (an executor reads many splits)
+    def filesystem(self) -> pafs.S3FileSystem:
+        # The SDK's legacy ("default") retry mode: its "standard" mode stops retrying once its retry
+        # quota is spent (about 100 failures a client), which a long ETL on a throttled bucket
+        # reaches.
+        kwargs = {"retry_strategy": pafs.AwsDefaultS3RetryStrategy(max_attempts=self.max_attempts)}
+        if self.endpoint_url:
+            url = urlparse(self.endpoint_url)
+            kwargs.update(endpoint_override=url.netloc, scheme=url.scheme)
+        if self.region:
+            kwargs["region"] = self.region
+        return pafs.S3FileSystem(**kwargs)
+
+
+def unreachable(key: str, value, err: OSError) -> InputError:
+    """The one-line error for a setting whose storage could not be read."""
+    return InputError(f"{key}={value}: cannot read it ({str(err).splitlines()[0]}); check the URI, "
+                      "the AWS credentials (environment, ~/.aws, instance role) and "
+                      "s3.endpoint_url")
+
+
+def check_bucket(key: str, uri: str, s3: S3Options) -> None:
+    """A one-line error, before anything runs, when the bucket of ``uri`` is missing or out of
+    reach."""
+    fs, path = resolve(uri, s3)
+    bucket = path.split("/", 1)[0]
+    try:
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError as err:
+        raise unreachable(key, uri, err) from None
+    if missing:
+        raise InputError(f"{key}={uri}: there is no bucket {bucket}; create it (aws s3 mb "
+                         f"s3://{bucket}) or fix the URI")
+
+
+def is_s3(uri: str) -> bool:
+    return urlparse(str(uri)).scheme in S3_SCHEMES
+
+
+def s3_uri(path: str) -> str:
+    """``s3a://b/k`` and ``s3n://b/k`` → ``s3://b/k``: one name per object (cache keys, Spark's
+    ``src``)."""
+    url = urlparse(path)
+    return f"s3://{url.netloc}{url.path}" if url.scheme in S3_SCHEMES else path
+
+
+def resolve(uri: str | Path, s3: S3Options) -> tuple[pafs.FileSystem, str]:
+    """The filesystem of ``uri`` and the path within it (``bucket/key`` on S3, an absolute path
+    locally)."""
+    uri = str(uri)
+    if is_s3(uri):
+        url = urlparse(uri)
+        return s3.filesystem(), f"{url.netloc}{url.path}".rstrip("/")
+    return pafs.LocalFileSystem(), str(
+        Path(uri[len("file://") :] if uri.startswith("file://") else uri).resolve()
+    )
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([str(uri).rstrip("/"), *parts])
+
+
+def list_objects(uri: str, s3: S3Options) -> list[pafs.FileInfo]:
+    """The objects an S3 URI names: one object, every object under a prefix (hidden names and
+    Hadoop's ``_SUCCESS`` markers left out), or those a glob in the key matches; sorted by key."""
+    fs, path = resolve(uri, s3)
+    if any(ch in path for ch in "*?["):
+        prefix = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
+        found = [f for f in _walk(fs, prefix) if fnmatch.fnmatchcase(f.path, path)]
+    else:
+        info = fs.get_file_info(path)
+        found = [info] if info.type == pafs.FileType.File else _walk(fs, path)
+    return sorted(
+        (f for f in found if not f.base_name.startswith((".", "_"))), key=lambda f: f.path
+    )
+
+
+def _walk(fs: pafs.FileSystem, prefix: str) -> list[pafs.FileInfo]:
+    selector = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
+    return [f for f in fs.get_file_info(selector) if f.type == pafs.FileType.File]
+
+
+def find_files(root: str | Path, name: str, s3: S3Options) -> list[tuple[str, str, pafs.FileInfo]]:
+    """Every file called ``name`` under ``root`` (local or S3, any depth): its location (path or
+    ``s3://`` URI), its path relative to ``root`` and its info."""
+    fs, path = resolve(root, s3)
+    scheme = "s3://" if is_s3(str(root)) else ""
+    return [
+        (scheme + f.path, f.path[len(path) + 1 :], f)
+        for f in _walk(fs, path)
+        if f.base_name == name
+    ]
+
+
+def read_text(uri: str | Path, s3: S3Options) -> str:
+    fs, path = resolve(uri, s3)
+    with fs.open_input_stream(path) as f:
+        return f.read().decode()
+
+
+def read_json(uri: str | Path, s3: S3Options) -> dict:
+    return json.loads(read_text(uri, s3))
+
+
+def write_text(uri: str | Path, text: str, s3: S3Options) -> None:
+    """Write a small file whole: locally through a temporary file and a rename, so that a reader
+    never sees half of it; on S3 a PUT is whole already."""
+    if is_s3(str(uri)):
+        fs, path = resolve(uri, s3)
+        with fs.open_output_stream(path) as f:
+            f.write(text.encode())
+        return
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def exists(uri: str | Path, s3: S3Options) -> bool:
+    fs, path = resolve(uri, s3)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def copy(source: str | Path, destination: str | Path, s3: S3Options) -> None:
+    """Copy a file or a directory tree from local or S3 to local or S3."""
+    src_fs, src = resolve(source, s3)
+    dst_fs, dst = resolve(destination, s3)
+    pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs)
+
+
+def publish(directory: Path, destination: str, s3: S3Options) -> None:
+    """Copy the local tree ``directory`` to ``destination`` (local or S3), each ``complete.json``
+    marker after the files beside it: S3 has no rename, so a reader that finds a marker finds every
+    file it lists (``integrity``)."""
+    dst_fs, dst = resolve(destination, s3)
+    files = sorted(
+        (p for p in Path(directory).rglob("*") if p.is_file()),
+        key=lambda p: p.name == "complete.json",
+    )
+    local = pafs.LocalFileSystem()
+    for path in files:
+        target = f"{dst}/{path.relative_to(directory).as_posix()}"
+        if not is_s3(destination):  # S3 has no directories
+            dst_fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        pafs.copy_files(str(path), target, source_filesystem=local, destination_filesystem=dst_fs)
+
+
+def fetch(source: str, directory: str | Path, s3: S3Options) -> None:
+    """Copy the files under ``source`` (an S3 prefix) into the local ``directory``; a prefix with
+    nothing under it copies nothing, and the caller names the files it then lacks."""
+    with contextlib.suppress(FileNotFoundError):
+        copy(source, directory, s3)

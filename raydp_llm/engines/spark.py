@@ -1,0 +1,267 @@
+"""Spark's lifecycle on Ray (RayDP): start the executors as Ray actors, stop them and the driver's
+JVM on exit.
+
+``spark_session`` is a context manager, so Spark is stopped on success, on error and on Ctrl-C
+alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import ray
+
+from raydp_llm.core.config import ClusterSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.engines.java import JVM_FLAGS, ensure_java
+
+log = logging.getLogger(__name__)
+
+LOG4J_FILE = Path(__file__).resolve().parents[1] / "log4j2.properties"
+EVENT_LOG_DIR = "spark-events"  # under the run directory
+USER_SPARK_LOCAL_IP = os.environ.get("SPARK_LOCAL_IP")
+
+
+@contextlib.contextmanager
+def spark_session(
+    cfg: ClusterSettings, app_name: str, log_dir: Path
+) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
+    """A RayDP Spark session with ``cfg.executors`` executors; always stopped on exit.
+
+    Unless ``cfg.verbose``, the Spark driver JVM writes its stdout and stderr to
+    ``log_dir/spark-driver.log``; Spark's event log goes to ``log_dir/spark-events/``.
+    """
+    import raydp
+
+    configs = spark_configs(cfg, log_dir)
+    ensure_java()
+    (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
+    _driver_environment(cfg, configs)
+    cpus_before = ray.available_resources().get("CPU", 0.0)
+    placement = executor_placement_group(cfg)
+    init = dict(
+        app_name=app_name,
+        num_executors=cfg.executors,
+        executor_cores=cfg.executor_cores,
+        executor_memory=cfg.executor_memory,
+        fault_tolerant_mode=True,  # from_spark needs fault tolerance
+        placement_group=placement,
+        configs=configs,
+    )
+    try:
+        spark = _init_spark(init, cfg.verbose, log_dir)
+        spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
+        if cfg.spark_ui:
+            log.info("Spark UI: %s (while the ETL runs)", spark.sparkContext.uiWebUrl)
+        _wait_for_executors(spark, cfg.executors)
+        _start_python_workers(spark, cfg.executors * cfg.executor_cores)
+        warn_unknown_settings(spark, cfg.spark_conf or {})
+        yield spark
+    finally:
+        try:
+            raydp.stop_spark()
+        except Exception as err:  # an interrupted py4j call can leave the gateway unusable
+            log.warning("Spark did not stop cleanly (%s); ending its driver "
+                        "JVM", type(err).__name__)
+        _stop_driver_jvm()
+        if placement is not None:
+            ray.util.remove_placement_group(placement)
+        _wait_for_cpus(cpus_before)
+
+
+def spark_configs(cfg: ClusterSettings, log_dir: Path) -> dict[str, str]:
+    """The Spark settings every session gets, then ``cfg.spark_conf`` over them."""
+    level = "info" if cfg.verbose else "warn"
+    java_opts = " ".join(JVM_FLAGS)
+    configs = {
+        # The Spark driver's log4j2 file (RayDP passes it as -Dlog4j2.configurationFile).
+        "spark.log4j.config.file.name": str(LOG4J_FILE),
+        "spark.driver.extraJavaOptions": f"{java_opts} -Draydp_llm.log.level={level}",
+        "spark.executor.extraJavaOptions": java_opts,
+        "spark.ray.raydp_app_master.extraJavaOptions": java_opts,
+        # Ray CPUs each executor actor reserves; below executor_cores leaves room for the Ray
+        # tasks that run beside Spark (from_spark's fetch and Ray Data's metadata tasks).
+        "spark.ray.raydp_spark_executor.actor.resource.cpu": str(cfg.executor_ray_cpus),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": str(bool(cfg.spark_ui)).lower(),
+        # Spark's own per-task metrics, read back by spark_stats.py once Spark has stopped.
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": (log_dir / EVENT_LOG_DIR).resolve().as_uri(),
+        "spark.eventLog.compress": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": cfg.driver_memory,
+        # Executors hold Spark's share of CPUs; Ray Train gets them back after the ETL.
+        "spark.sql.shuffle.partitions": str(cfg.executors * cfg.executor_cores * 2),
+        # one big text file still spreads over the executors
+        "spark.sql.files.maxPartitionBytes": "16m",
+        # Each executor's Python workers use its cores, not the machine's (tokenizers' thread pool).
+        "spark.executorEnv.RAYON_NUM_THREADS": str(cfg.executor_cores),
+        "spark.default.parallelism": str(cfg.executors * cfg.executor_cores * 2),
+    }
+    return configs | {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
+
+
+def _driver_environment(cfg: ClusterSettings, configs: dict[str, str]) -> None:
+    """The address Spark's driver (its RPC, block manager and web UI) listens on: the loopback on
+    the embedded Ray (every executor runs on this machine, and nothing else can reach the driver),
+    else this node's address; a SPARK_LOCAL_IP the user set wins. Spark's own authentication cannot
+    guard it: RayDP 1.6.5's executors present another application id than the driver's, and every
+    broadcast fetch is then refused (docs/reliability.md). Also the executors' Python and the log
+    level of the Ray core worker inside the driver JVM."""
+    loopback = cfg.address == "local"
+    node_ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+    os.environ["SPARK_LOCAL_IP"] = USER_SPARK_LOCAL_IP or node_ip
+    if loopback:  # RayDP would set the node's address
+        configs.setdefault("spark.driver.host", "127.0.0.1")
+        configs.setdefault("spark.driver.bindAddress", "127.0.0.1")
+    # Executors run Python UDFs with this interpreter, not whatever `python3` is first on their
+    # PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not cfg.verbose:  # the Ray core worker inside the Spark driver JVM logs to stderr
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
+
+
+def _init_spark(init: dict, verbose: bool, log_dir: Path) -> "pyspark.sql.SparkSession":  # noqa: F821
+    """``raydp.init_spark(**init)``, its driver JVM's output in ``log_dir`` unless ``verbose``."""
+    import raydp
+
+    quiet = contextlib.nullcontext() if verbose else _output_to(log_dir / "spark-driver.log")
+    with quiet, ThreadPoolExecutor(1) as pool:
+        # Spark starts off the main thread so that PySpark installs no SIGINT handler: its handler
+        # calls py4j from inside the handler, on the connection the interrupted call is using; py4j
+        # retries and the KeyboardInterrupt is lost. Python's own handler stays, and the caller
+        # stops Spark. The driver JVM starts here and keeps the stdout and stderr it inherits.
+        return pool.submit(raydp.init_spark, **init).result()
+
+
+# Families of settings Spark reads by prefix (no fixed list of keys): they are never reported as
+# unknown.
+SPARK_PREFIXES = (
+    "spark.ray.",
+    "spark.executorEnv.",
+    "spark.hadoop.",
+    "spark.sql.catalog.",
+    "spark.executor.resource.",
+    "spark.driver.resource.",
+    "spark.task.resource.",
+    "spark.metrics.conf.",
+    "spark.sql.hive.",
+)
+
+
+def warn_unknown_settings(spark, settings: dict) -> None:
+    """One warning per ``cluster.spark_conf`` key that this Spark does not know (a misspelt key is
+    passed on and does nothing): Spark's own registry of settings, ``ConfigEntry``, holds every core
+    and SQL setting."""
+    find = spark.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry.findEntry
+    for key in map(str, settings):
+        if key.startswith(SPARK_PREFIXES) or find(key) is not None:
+            continue
+        log.warning(
+            "cluster.spark_conf: Spark %s has no setting %s, so it does nothing; check "
+            "its spelling (https://spark.apache.org/docs/%s/configuration.html)",
+            spark.version,
+            key,
+            spark.version,
+        )
+
+
+def executor_placement_group(cfg: ClusterSettings, timeout_s: float = 180.0):
+    """With ``cluster.placement``: a placement group of one bundle per executor (its Ray CPUs and
+    heap) placed by that strategy, for RayDP to start the executors in; None without."""
+    if not cfg.placement:
+        return None
+    from raydp.utils import parse_memory_size
+
+    bundle = {"CPU": cfg.executor_ray_cpus, "memory": parse_memory_size(cfg.executor_memory)}
+    group = ray.util.placement_group([bundle] * cfg.executors, strategy=cfg.placement)
+    if not group.wait(timeout_seconds=timeout_s):
+        ray.util.remove_placement_group(group)
+        raise InputError(f"cluster.placement={cfg.placement}: Ray could not place {cfg.executors} "
+                         f"executors of {cfg.executor_ray_cpus:g} CPUs and {cfg.executor_memory} "
+                         f"within {timeout_s:.0f}s; lower cluster.executors or "
+                         "cluster.executor_memory, or add nodes")
+    return group
+
+
+def _wait_for_executors(spark, executors: int, timeout_s: float = 180.0) -> None:
+    """Block until all executors have registered: RayDP returns before they have, and the first
+    stage would run on whichever came first."""
+    status = (
+        spark.sparkContext._jsc.sc().getExecutorMemoryStatus
+    )  # the driver's block manager counts too
+    deadline = time.monotonic() + timeout_s
+    while status().size() - 1 < executors:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {status().size() - 1} of {executors} Spark executors "
+                               f"registered within {timeout_s:.0f}s: the Ray cluster lacks CPUs or "
+                               "memory for them (see the Ray logs)")
+        time.sleep(0.1)
+
+
+def _start_python_workers(spark, slots: int) -> None:
+    """Run one trivial Arrow task per task slot, so that the executors' Python workers (and the JVM
+    code paths the ETL uses) are up before the first real job: start-up, not ETL time."""
+    spark.range(0, slots, 1, slots).mapInArrow(
+        lambda batches: (b.slice(0, 0) for b in batches), "id long"
+    ).count()
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at ``path`` for the duration: child processes started
+    meanwhile (the Spark driver JVM) keep writing there, whether they log to stderr or print to
+    stdout."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with path.open("ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _stop_driver_jvm() -> None:
+    """End PySpark's gateway JVM, which outlives ``stop_spark`` and keeps using CPU and memory.
+
+    The next Spark session in this process starts a fresh one.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+def _wait_for_cpus(cpus: float, timeout_s: float = 60.0) -> None:
+    """Wait until Ray has ``cpus`` CPUs free again: executor actors release theirs
+    asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.2)

@@ -1,0 +1,227 @@
+"""The model directory (``model.safetensors`` + ``config.json`` + ``tokenizer.json``; loads without
+Ray or Spark) and training checkpoints: a model directory plus ``train_state.json`` (step, data
+position, run fingerprint) and ``train_state.pt`` (optimizer and RNG state, loaded with
+``weights_only=True``: nothing arbitrary is unpickled). Both may live on S3 (``s3://...``): they are
+read from there directly, or fetched to a temporary directory.
+
+Both are sealed (``integrity``): ``complete.json`` lists every file with its size and SHA-256, and a
+directory whose files do not match it is refused with one line, never loaded. So is a model
+directory whose weights, config and tokenizer do not fit together.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from raydp_llm.core import integrity, storage
+from raydp_llm.core.config import ModelConfig, model_config
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.model import LanguageModel, build_model
+from raydp_llm.core.storage import S3Options
+from raydp_llm.core.tokenizer import TOKENIZER_FILE, Tokenizer, tokenizer_from_json
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
+STATE_JSON = "train_state.json"
+STATE_TENSORS = "train_state.pt"
+
+
+class ModelDirError(InputError):
+    """A model directory or checkpoint that cannot be loaded: damaged, or its files do not fit
+    together."""
+
+
+def save_model_dir(
+    directory: Path, model: LanguageModel, tokenizer: Tokenizer, seal: bool = True
+) -> Path:
+    """Weights (a tied lm_head is wte: stored once), ``{"model": kind, **config}`` and the
+    tokenizer; with ``seal``, then ``complete.json``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tied = model.config.tie_weights
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+             if not (tied and k == "lm_head.weight")}
+    save_file(state, directory / WEIGHTS_FILE)
+    (directory / CONFIG_FILE).write_text(
+        json.dumps({"model": model.kind, **model.config.architecture()}, indent=2)
+    )
+    tokenizer.save(directory)
+    if seal:
+        integrity.seal(directory)
+    return directory
+
+
+def _load_weights(directory: Path, model: LanguageModel, device: str, shown_as: str) -> None:
+    """The weights of a model directory into ``model`` (a tied lm_head is stored once, as wte)."""
+    try:
+        state = load_file(Path(directory) / WEIGHTS_FILE, device=device)
+    except (SafetensorError, OSError) as err:
+        raise ModelDirError(f"{shown_as}: {WEIGHTS_FILE} is damaged "
+                            f"({str(err).splitlines()[0][:120]}); give a model/ directory or "
+                            "checkpoint that a run finished writing") from None
+    if model.config.tie_weights and "wte.weight" in state:
+        state["lm_head.weight"] = state["wte.weight"]
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        mismatch = _state_mismatch(model, state)
+        raise ModelDirError(f"{shown_as}: {WEIGHTS_FILE} does not fit its {CONFIG_FILE} "
+                            f"({mismatch}); give the weights, config and tokenizer of one run "
+                            "together") from err
+
+
+def _state_mismatch(model: LanguageModel, state: dict) -> str:
+    """The first difference between a model's parameters and the tensors of a weights file, in a few
+    words."""
+    want = model.state_dict()
+    for name, tensor in want.items():
+        if name not in state:
+            return f"no tensor {name}"
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            return (f"{name} is {tuple(state[name].shape)} in the file, "
+                    f"{tuple(tensor.shape)} in the model")
+    extra = sorted(set(state) - set(want))
+    return f"unexpected tensor {extra[0]}" if extra else "tensors differ"
+
+
+def read_model_config(directory: str | Path, s3: S3Options = S3Options()) -> ModelConfig:
+    """A model directory's (or checkpoint's, local or S3) ``config.json`` as the model's config."""
+    config = storage.read_json(storage.join(str(directory), CONFIG_FILE), s3)
+    return model_config(config.pop("model"), config)
+
+
+def load_model_dir(directory: str | Path, device: str = "cpu",
+                   s3: S3Options = S3Options()) -> tuple[LanguageModel, Tokenizer]:
+    """The model (in eval mode) and tokenizer of a model directory, local or on S3 (fetched to a
+    temporary directory); safetensors and JSON only, nothing unpickled."""
+    if storage.is_s3(str(directory)):
+        with tempfile.TemporaryDirectory() as local:
+            storage.fetch(str(directory), local, s3)
+            return _load_local(Path(local), device, shown_as=str(directory))
+    return _load_local(Path(directory), device, shown_as=str(directory))
+
+
+def _load_local(directory: Path, device: str, shown_as: str) -> tuple[LanguageModel, Tokenizer]:
+    if not (directory / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{shown_as}: no {WEIGHTS_FILE}; give the model/ directory of a "
+                                "finished run")
+    model, tokenizer = build_from_dir(directory, shown_as)
+    _load_weights(directory, model, device, shown_as)
+    return model.to(device).eval(), tokenizer
+
+
+def build_from_dir(
+    directory: str | Path, shown_as: str, s3: S3Options = S3Options()
+) -> tuple[LanguageModel, Tokenizer]:
+    """The model (fresh weights) and tokenizer a model directory or checkpoint describes, after
+    checking that it is complete (``complete.json``, where it has one) and that its config and
+    tokenizer fit together."""
+    sealed = storage.exists(storage.join(str(directory), integrity.MARKER), s3)
+    damage = integrity.problem(directory, s3) if sealed else None
+    if damage:
+        raise ModelDirError(f"{shown_as}: damaged, {damage}; give a model/ directory or checkpoint "
+                            "that a run finished writing")
+    try:
+        model = build_model(read_model_config(directory, s3))
+    except (ValueError, KeyError, TypeError) as err:  # a JSON error, no "model" key, unknown fields
+        raise ModelDirError(f"{shown_as}: {CONFIG_FILE} is not a model config ({str(err)[:120]}); "
+                            "give the model/ directory of a finished run") from None
+    try:
+        tokenizer = tokenizer_from_json(
+            storage.read_text(storage.join(str(directory), TOKENIZER_FILE), s3)
+        )
+    except Exception as err:  # tokenizers raises plain Exceptions for a bad file
+        raise ModelDirError(
+            f"{shown_as}: {TOKENIZER_FILE} is unreadable "
+            f"({str(err).splitlines()[0][:120]}); give the model/ directory of a "
+            "finished run"
+        ) from None
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ModelDirError(f"{shown_as}: {TOKENIZER_FILE} has {tokenizer.vocab_size} ids but "
+                            f"{CONFIG_FILE} says vocab_size={model.config.vocab_size}; give the "
+                            "tokenizer of the run that trained it")
+    return model, tokenizer
+
+
+def save_train_checkpoint(
+    directory: Path, model: LanguageModel, tokenizer: Tokenizer, optimizer, state: dict
+) -> Path:
+    """A model directory plus what resuming needs: ``state`` (JSON: step, epoch, position,
+    fingerprint, ...), the optimizer's state and the torch RNG; sealed last."""
+    save_model_dir(directory, model, tokenizer, seal=False)
+    (Path(directory) / STATE_JSON).write_text(json.dumps(state, indent=2))
+    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
+               Path(directory) / STATE_TENSORS)
+    integrity.seal(directory)
+    return Path(directory)
+
+
+def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> dict:
+    """Restore weights, optimizer and RNG from a complete training checkpoint into ``model`` and
+    ``optimizer``; returns its state (JSON)."""
+    directory = Path(directory)
+    damage = integrity.problem(directory)
+    if damage:
+        raise ModelDirError(f"checkpoint {directory}: damaged, {damage}")
+    _load_weights(directory, model, str(model.wte.weight.device), str(directory))
+    tensors = torch.load(directory / STATE_TENSORS, weights_only=True)
+    optimizer.load_state_dict(tensors["optimizer"])
+    torch.set_rng_state(tensors["torch_rng"])
+    return json.loads((directory / STATE_JSON).read_text())
+
+
+def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:
+    """Copy the model files (not the optimizer state) of a checkpoint into a new ``directory``,
+    sealed: written under a temporary name and renamed into place, so that ``directory`` is whole or
+    absent."""
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        for name in MODEL_FILES:
+            shutil.copy2(Path(checkpoint_dir) / name, tmp / name)
+        integrity.seal(tmp)
+        tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def check_resumable(
+    location: str, model: ModelConfig, shown_as: str, s3: S3Options = S3Options()
+) -> None:
+    """``location`` (local or s3://) must be a complete training checkpoint (``integrity``) whose
+    config and tokenizer fit together and whose model has the shape ``model`` asks for (block size,
+    layers, widths): its weights would not load into another. One line, named ``shown_as``, when
+    not."""
+    try:
+        if not storage.exists(storage.join(location, STATE_JSON), s3):
+            raise InputError(f"{shown_as}: not a training checkpoint (no {STATE_JSON}); give a "
+                             "checkpoint_* directory of an earlier run (under its ray_results/ or "
+                             "train.storage_path), or auto | never")
+        if not storage.exists(storage.join(location, integrity.MARKER), s3):
+            raise InputError(f"{shown_as}: damaged, no {integrity.MARKER}: it was never finished; "
+                             "give an earlier checkpoint_* of that run, or train.resume=auto (it "
+                             "skips damaged checkpoints)")
+        saved, _ = build_from_dir(
+            location, shown_as, s3
+        )  # complete, and its config and tokenizer fit together
+    except OSError as err:
+        raise storage.unreachable(shown_as.split("=")[0], location, err) from None
+    wanted = {k: v for k, v in model.architecture().items() if k != "vocab_size"}
+    differ = [k for k, v in wanted.items() if getattr(saved.config, k, v) != v]
+    if differ:
+        have = ", ".join(f"{k}={getattr(saved.config, k)}" for k in differ)
+        asked = ", ".join(f"model.{k}={wanted[k]}" for k in differ)
+        raise InputError(f"{shown_as}: the checkpoint's model has {have}, the config asks for "
+                         f"{asked}; resume with the checkpoint's model settings")

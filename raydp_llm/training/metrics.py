@@ -1,0 +1,233 @@
+"""Run metrics: ``metrics.csv`` and TensorBoard events written live on the driver's node by a Ray
+Train callback, the run's restarts (``events.jsonl``), a divergence (``diverged.json``), and
+``summary.json``.
+
+After a restart (a lost worker, an elastic resize) the workers go on from the last checkpoint and
+report its later steps again: each step is kept once, the newer report replacing the older (rows and
+TensorBoard points).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+from ray.train import UserCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.controller.state import (
+    ReschedulingState,
+    ResizingState,
+    RestartingState,
+)
+
+# One row per evaluation. Losses are mean cross-entropy per token (nats); ppl = exp(val_loss); bpc =
+# bits per character (val_loss / ln 2 / characters per token); acc = top-1 next-token accuracy;
+# grad_norm = mean total gradient norm before clipping; grad_abs_* = magnitudes of all gradient
+# entries at the reporting step; step_time_s = mean wall time of an optimizer step; mfu = model
+# FLOPs utilization against train.peak_flops; memory in MiB; CPU load in percent (process: of one
+# core; sys: of all cores); workers = DDP workers training.
+COLUMNS = [
+    "step",
+    "epoch",
+    "tokens",
+    "lr",
+    "train_loss",
+    "val_loss",
+    "val_ppl",
+    "val_bpc",
+    "train_acc",
+    "val_acc",
+    "grad_norm",
+    "grad_abs_mean",
+    "grad_abs_min",
+    "grad_abs_max",
+    "grad_abs_var",
+    "tokens_per_s",
+    "step_time_s",
+    "mfu",
+    "rss_mb",
+    "sys_mem_used_mb",
+    "sys_mem_total_mb",
+    "cpu_percent",
+    "sys_cpu_percent",
+    "gpu_mem_mb",
+    "elapsed_s",
+    "workers",
+]
+METRICS_FILE, EVENTS_FILE, DIVERGED_FILE = "metrics.csv", "events.jsonl", "diverged.json"
+LOST = (
+    "WorkerHealthCheckFailedError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "RayActorError",
+    "NodeDiedError",
+)
+
+
+class MetricsWriter(UserCallback):
+    """Runs in the Ray Train controller, which Ray places on the driver's node, and writes into
+    ``out_dir``:
+
+    - after each ``ray.train.report``, rank 0's metrics as a row of ``metrics.csv`` and as
+      TensorBoard scalars in ``tensorboard/`` (``tensorboard --logdir <run dir>/tensorboard``),
+      against the step;
+    - ``diverged.json`` when the workers report a non-finite loss, gradient norm or weight.
+
+    The driver reads these files (``read_divergence``): the callback object it holds is a copy.
+    """
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / METRICS_FILE
+        self._events = None  # TensorBoard's SummaryWriter, opened on the first row
+        self._last_step = -1
+        self._checkpoint: dict | None = None  # the last registered checkpoint: step and path
+
+    # ------------------------------------------------------------------ reports
+    def after_report(self, run_context, metrics, checkpoint):
+        first = metrics[0]
+        if "diverged" in first:
+            record = {
+                "step": first["step"],
+                "what": first["diverged"],
+                "last_checkpoint": self._checkpoint,
+            }
+            (self.out_dir / DIVERGED_FILE).write_text(json.dumps(record, indent=1))
+            return
+        if checkpoint is not None:
+            self._checkpoint = {"step": first["step"], "path": checkpoint.path}
+        row = {k: first.get(k) for k in COLUMNS}  # None: not measured (e.g. GPU memory on CPU)
+        self._write_row(row)
+
+    def _write_row(self, row: dict) -> None:
+        step = int(row["step"])
+        if (
+            step <= self._last_step
+        ):  # a restart reports these steps again: the new rows replace the old
+            kept = [r for r in _read_rows(self.path) if float(r["step"]) < step]
+            _rewrite(self.path, kept)
+            self._reopen_events(purge_step=step)
+        new = not self.path.exists()
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+        self._last_step = step
+        if self._events is None:
+            self._reopen_events(purge_step=None)
+        for key, value in row.items():
+            if key != "step" and value is not None:
+                self._events.add_scalar(key, value, global_step=step)
+        self._events.flush()
+
+    def _reopen_events(self, purge_step: int | None) -> None:
+        """TensorBoard's writer; ``purge_step`` hides the points from that step on that an earlier
+        attempt wrote."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        if self._events is not None:
+            self._events.close()
+        self._events = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=purge_step)
+
+    @property
+    def checkpoint_step(self) -> int | None:
+        return self._checkpoint["step"] if self._checkpoint else None
+
+
+class RestartRecorder(ControllerCallback):
+    """A line of ``events.jsonl`` in the run directory per restart of the worker group (which
+    workers failed, from which checkpoint step it goes on) and per elastic resize. Ray Train calls a
+    ``UserCallback`` for reports only, so this is a callback of its own, sharing the
+    ``MetricsWriter`` that knows the last checkpoint (pass both in one ``RunConfig``: they travel to
+    the controller together, as one object graph)."""
+
+    def __init__(self, metrics: MetricsWriter):
+        self.metrics = metrics
+
+    def after_controller_state_update(self, previous_state, current_state):
+        if isinstance(current_state, (RestartingState, ReschedulingState)):
+            error = current_state.training_failed_error
+            failures = getattr(error, "worker_failures", None) or {}
+            # The lost workers fail their health check (or die); the others fail after them (a
+            # collective aborts).
+            lost = sorted(int(rank) for rank, err in failures.items() if type(err).__name__ in LOST)
+            event = {"event": "restart", "lost": lost,
+                     "errors": {int(rank): _first_line(err) for rank, err in failures.items()}
+                     or {"-": _first_line(error)}}
+        elif isinstance(current_state, ResizingState):
+            event = {"event": "resize", "workers": current_state.scaling_decision.num_workers}
+        else:
+            return
+        event |= {"from_step": self.metrics.checkpoint_step, "time": time.time()}
+        with (self.metrics.out_dir / EVENTS_FILE).open("a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+def _first_line(err: BaseException) -> str:
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    return f"{type(err).__name__}: {text}"[:160]
+
+
+def _read_rows(path: Path) -> list[dict]:
+    with Path(path).open() as f:
+        return list(csv.DictReader(f))
+
+
+def _rewrite(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def read_events(out_dir: Path) -> list[dict]:
+    """The restarts and resizes the run's controller recorded, oldest first."""
+    path = Path(out_dir) / EVENTS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def read_divergence(out_dir: Path) -> dict | None:
+    """``{"step", "what", "last_checkpoint"}`` when the run diverged, else None."""
+    path = Path(out_dir) / DIVERGED_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of ``metrics.csv`` as floats (None where a value was not measured)."""
+    with Path(path).open() as f:
+        return [
+            {k: float(v) if v != "" else None for k, v in row.items()} for row in csv.DictReader(f)
+        ]
+
+
+def write_summary(path: Path, rows: list[dict], status: str = "finished", **totals) -> dict:
+    """``summary.json`` from the metrics rows plus the run's totals (params, phase times, ETL
+    manifest). The final figures are the last evaluation's, and only for a run that finished: a
+    diverged run has none."""
+    val = [
+        r["val_loss"] for r in rows if r["val_loss"] is not None and math.isfinite(r["val_loss"])
+    ]
+    last = rows[-1] if rows and status == "finished" else {}
+    summary = {
+        "status": status,
+        "final_val_loss": last.get("val_loss"),
+        "best_val_loss": min(val) if val else None,
+        "first_val_loss": val[0] if val else None,
+        "final_val_bpc": last.get("val_bpc"),
+        "final_val_acc": last.get("val_acc"),
+        "final_train_loss": last.get("train_loss"),
+        "steps": int(rows[-1]["step"]) if rows else 0,
+        "tokens": int(rows[-1]["tokens"]) if rows else 0,
+        "tokens_per_s": (rows[-1]["tokens"] / rows[-1]["elapsed_s"])
+        if rows and rows[-1]["elapsed_s"]
+        else None,
+        **totals,
+    }
+    Path(path).write_text(json.dumps(summary, indent=2))
+    return summary

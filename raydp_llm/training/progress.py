@@ -1,0 +1,135 @@
+"""The live console display on the driver: a tqdm bar over the ETL's phases, then one over the
+training steps (loss, validation loss, tokens/s, ETA) with a concise line per evaluation.
+
+Training runs in Ray Train workers: rank 0 posts its step to a ``ProgressBoard`` actor every half
+second, and ``TrainingProgress`` (a thread on the driver) reads the board, the new rows of
+``metrics.csv`` and the restarts the controller records (``events.jsonl``), a line each. Log lines
+go through tqdm (``logging_redirect_tqdm``), so they never tear the bar.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import ray
+from tqdm import tqdm
+
+from raydp_llm.core.console import console_bar
+from raydp_llm.core.timing import Stopwatch
+from raydp_llm.training.metrics import METRICS_FILE, read_events, read_metrics
+
+
+@ray.remote(num_cpus=0)
+class ProgressBoard:
+    """Rank 0's latest step, loss and throughput, for the driver's display."""
+
+    def __init__(self):
+        self.latest: dict = {}
+
+    def post(self, latest: dict) -> None:
+        self.latest = latest
+
+    def read(self) -> dict:
+        return self.latest
+
+
+class TrainingProgress(threading.Thread):
+    """Follows a training run on the driver: the bar from the board, a line per new ``metrics.csv``
+    row and per restart of the worker group."""
+
+    def __init__(
+        self, board, out_dir: Path, max_steps: int, max_failures: int, interval_s: float = 0.5
+    ):
+        super().__init__(daemon=True)
+        self.board, self.out_dir, self.max_steps, self.interval_s = (
+            board,
+            Path(out_dir),
+            max_steps,
+            interval_s,
+        )
+        self.max_failures = max_failures
+        self._done, self._step, self._events, self._val = threading.Event(), 0, 0, None
+        self._bar_cm = console_bar(max_steps, "train", "step")
+
+    def run(self) -> None:
+        with self._bar_cm as bar:
+            while not self._done.wait(self.interval_s):
+                self._refresh(bar)
+            self._refresh(bar)
+
+    def _refresh(self, bar: tqdm) -> None:
+        self._report_events(bar)
+        path = self.out_dir / METRICS_FILE
+        for row in read_metrics(path) if path.exists() else []:
+            if (
+                row["step"] <= self._step
+            ):  # shown already (a restart reports steps again: shown once)
+                continue
+            self._step, self._val = row["step"], row["val_loss"]
+            bar.write(f"step {row['step']:.0f}/{self.max_steps} | train loss "
+                      f"{row['train_loss']:.4f} | val loss {row['val_loss']:.4f} | val acc "
+                      f"{row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")
+            bar.update(
+                max(0, int(row["step"]) - bar.n)
+            )  # the last steps may come after the last post
+        try:
+            latest = ray.get(self.board.read.remote(), timeout=5)
+        except (ray.exceptions.RayError, TimeoutError):  # the run is ending: keep the last figures
+            return
+        if latest:
+            bar.update(max(0, latest["step"] - bar.n))
+            bar.set_postfix_str(f"loss {latest['loss']:.3f}"
+                                + (f", val {self._val:.3f}" if self._val is not None else "")
+                                + f", {latest['tokens_per_s']:,.0f} tok/s", refresh=False)
+
+    def _report_events(self, bar: tqdm) -> None:
+        events = read_events(self.out_dir)
+        for i, event in enumerate(events[self._events:], start=self._events):
+            restarts = sum(1 for e in events[:i + 1] if e["event"] == "restart")
+            bar.write(event_line(event, restarts, self.max_failures))
+        self._events = len(events)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def event_line(event: dict, restarts: int, max_failures: int) -> str:
+    """The console line of a restart or an elastic resize (``metrics.RestartRecorder``'s events)."""
+    where = (f"the checkpoint at step {event['from_step']}" if event["from_step"] is not None
+             else "the run's starting point")
+    if event["event"] == "resize":
+        return (
+            f"elastic: the worker group becomes {event['workers']} workers, going on from {where}"
+        )
+    lost, errors = event["lost"], event["errors"]
+    if lost:
+        workers = f"worker{'s' * (len(lost) > 1)} {', '.join(map(str, lost))}"
+        failed = f"{workers} lost ({errors[str(lost[0])]})"
+    else:
+        failed = "; ".join(f"worker {rank}: {what}" for rank, what in errors.items())
+    limit = f" of at most {max_failures}" if max_failures >= 0 else ""
+    return f"restart {restarts}{limit}: {failed}; going on from {where}"
+
+
+class LivePosts:
+    """Rank 0's live figures, at most every ``interval_s``: to the driver's board and to Ray's
+    metrics."""
+
+    def __init__(self, board, run: str, interval_s: float = 0.5):
+        from raydp_llm.engines.dashboard import RunGauges
+
+        self.board, self.gauges, self.interval_s = board, RunGauges(run), interval_s
+        self.since_post = Stopwatch(already_s=interval_s)
+
+    def step(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if self.since_post.seconds() < self.interval_s:
+            return
+        self.since_post = Stopwatch()
+        if self.board is not None:
+            self.board.post.remote({"step": step, "loss": loss, "tokens_per_s": tokens_per_s})
+        self.gauges.set(step=step, train_loss=loss, tokens_per_s=tokens_per_s)
+
+    def evaluation(self, val_loss: float) -> None:
+        self.gauges.set(val_loss=val_loss)

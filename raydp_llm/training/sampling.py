@@ -1,0 +1,45 @@
+"""Text from a model: a prompt continued (seeded, with temperature and top-k), and the likeliest
+next tokens."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from raydp_llm.core.model import LanguageModel
+from raydp_llm.core.tokenizer import Tokenizer
+
+
+def _prompt_ids(model: LanguageModel, tokenizer: Tokenizer, prompt: str) -> torch.Tensor:
+    """``prompt`` as token ids (1, T) on the model's device."""
+    ids = tokenizer.encode(prompt)
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty; give at least one token of text")
+    return torch.as_tensor(ids.astype("int64"), device=model.wte.weight.device)[None, :]
+
+
+def sample_text(
+    model: LanguageModel,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+) -> str:
+    """``prompt`` continued by the model; the same seed gives the same text."""
+    idx = _prompt_ids(model, tokenizer, prompt)
+    gen = torch.Generator(device=idx.device).manual_seed(seed)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
+    return tokenizer.decode(out[0].tolist())
+
+
+@torch.no_grad()
+def top_next_tokens(
+    model: LanguageModel, tokenizer: Tokenizer, prompt: str, k: int
+) -> list[tuple[str, float]]:
+    """The ``k`` most likely tokens right after ``prompt``, decoded, with their probabilities, most
+    likely first."""
+    logits, _ = model(_prompt_ids(model, tokenizer, prompt)[:, -model.config.block_size:])
+    probs, ids = F.softmax(logits[0, -1].float(), dim=-1).topk(min(k, logits.size(-1)))
+    return [(tokenizer.decode([i]), p) for i, p in zip(ids.tolist(), probs.tolist())]

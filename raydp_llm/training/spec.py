@@ -1,0 +1,89 @@
+"""What the DDP workers train: the typed settings as the user gave them, the model's with its
+vocabulary size, and what the ETL made. Built once on the driver, frozen, and handed to every worker
+unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+
+from raydp_llm.core.config import ModelConfig, OptimSettings, Settings, TrainSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.model import read_embeddings
+from raydp_llm.core.storage import S3Options
+from raydp_llm.core.tokenizer import Tokenizer
+
+# Settings that change how a run is watched, how fast it goes or where it runs, not what it trains:
+# a run may continue another's checkpoints with other values (and with another number of workers).
+NOT_IN_FINGERPRINT = (
+    "num_workers",
+    "min_workers",
+    "max_failures",
+    "cpus_per_worker",
+    "use_gpu",
+    "compile",
+    "peak_flops",
+    "eval_interval",
+    "eval_batches",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "resume",
+    "storage_path",
+)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything a worker needs, as plain values (workers do not see Hydra); the same for any
+    number of workers."""
+
+    model: ModelConfig  # vocab_size set
+    optim: OptimSettings
+    train: TrainSettings
+    seed: int
+    tokenizer_json: str
+    token_dtype: str
+    chars_per_token: float | None  # for bits per character; None for pre-tokenized ids
+    steps_per_epoch: int
+    max_steps: int
+    fingerprint: str  # identifies runs that may resume each other's checkpoints
+    s3: S3Options = S3Options()  # how to reach s3:// paths
+
+    def micro_batch(self, world: int) -> int:
+        """Windows per forward pass on each of ``world`` workers."""
+        return self.train.batch_size // (world * self.train.grad_accum)
+
+
+def steps_per_epoch(windows: int, batch_size: int) -> int:
+    """Optimizer steps in one pass over ``windows`` (an incomplete last step is dropped)."""
+    return windows // batch_size
+
+
+def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict) -> TrainSpec:
+    """The spec of a run on the ETL's output (its ``tokenizer`` and ``manifest``). One line when the
+    corpus holds fewer windows than a batch, or ``model.init_embeddings`` holds ids the vocabulary
+    lacks (checked here, on the driver: in the workers Ray Train would retry the error)."""
+    train = settings.train
+    per_epoch = steps_per_epoch(manifest["windows_train"], train.batch_size)
+    if per_epoch == 0:
+        raise InputError(f"train.batch_size={train.batch_size}: the corpus has only "
+                         f"{manifest['windows_train']} training windows, fewer than one batch; "
+                         "lower train.batch_size or use a larger corpus")
+    model = replace(settings.model, vocab_size=tokenizer.vocab_size)
+    if model.init_embeddings:
+        read_embeddings(model.init_embeddings, model.vocab_size, model.n_embd)
+    max_steps = train.epochs * per_epoch if train.epochs else train.max_steps
+    spec = TrainSpec(model=model, optim=settings.optim, train=train, seed=settings.seed,
+                     tokenizer_json=tokenizer.to_json(), token_dtype=manifest["token_dtype"],
+                     chars_per_token=manifest["chars_per_token"], steps_per_epoch=per_epoch,
+                     max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3))
+    return replace(spec, fingerprint=fingerprint(spec, manifest))
+
+
+def fingerprint(spec: TrainSpec, manifest: dict) -> str:
+    """Runs that may continue each other's checkpoints: the same training on the same data."""
+    identity = asdict(spec) | {"data": manifest, "fingerprint": None, "s3": None}
+    identity["train"] = {k: v for k, v in identity["train"].items() if k not in NOT_IN_FINGERPRINT}
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]

@@ -1,0 +1,106 @@
+"""Evaluation of a model directory on a corpus through the real ETL, checked against a direct torch
+computation."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import make_config
+from raydp_llm.cli.evaluate import run
+from raydp_llm.core.config import GPTConfig
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.model import build_model
+from raydp_llm.core.tokenizer import CharTokenizer
+from raydp_llm.training.checkpoint import load_model_dir, save_model_dir
+
+pytestmark = pytest.mark.integration
+
+BLOCK = 16
+
+
+def model_dir(directory: Path, chars: str) -> Path:
+    """An untrained tiny GPT with a char tokenizer over ``chars`` (newline added): no training
+    needed."""
+    tokenizer = CharTokenizer("\n" + chars)
+    torch.manual_seed(0)
+    model = build_model(
+        GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=1, n_head=2, n_embd=32)
+    )
+    return save_model_dir(directory, model, tokenizer)
+
+
+def test_evaluate_matches_a_direct_computation(ray_cluster, corpus_dir, tmp_path):
+    chars = "".join(set().union(*(p.read_text() for p in corpus_dir.iterdir())))
+    model_path = model_dir(tmp_path / "model", chars)
+    cfg = make_config(f"model_dir={model_path}", f"data.path={corpus_dir}", "eval_batch_size=7",
+                      config_name="evaluate")
+
+    result = run(cfg, tmp_path)
+
+    assert json.loads((tmp_path / "evaluation.json").read_text()) == result
+    m = result["etl"]
+    assert (
+        m["block_size"] == BLOCK and m["tokenizer_hash"] == CharTokenizer("\n" + chars).fingerprint
+    )
+    windows = np.stack(
+        [
+            np.frombuffer(t, m["token_dtype"])
+            for split in ("train", "val")
+            for t in pq.read_table(Path(result["dataset"]) / split).column("tokens").to_pylist()
+        ]
+    )
+    assert result["windows"] == len(windows) == m["windows_train"] + m["windows_val"]
+    assert result["tokens"] == len(windows) * BLOCK
+    model, _ = load_model_dir(model_path)
+    w = torch.from_numpy(windows.astype(np.int64))
+    with torch.no_grad():
+        logits, loss = model(
+            w[:, :-1], w[:, 1:]
+        )  # the model's own mean cross-entropy, in one batch
+    assert result["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-12)
+    assert result["bits_per_char"] == pytest.approx(
+        result["loss"] / math.log(2) / m["chars_per_token"], rel=1e-12
+    )
+    assert 0.99 < m["chars_per_token"] <= 1  # char tokens, plus one end-of-document token per file
+    accuracy = (logits.argmax(dim=-1) == w[:, 1:]).double().mean().item()
+    assert 0 <= result["accuracy"] <= 1 and result["accuracy"] == pytest.approx(accuracy, abs=1e-3)
+
+
+def test_characters_the_model_lacks_are_one_line(ray_cluster, corpus_dir, tmp_path):
+    cfg = make_config(
+        f"model_dir={model_dir(tmp_path / 'model', 'abcdefgh ')}",
+        f"data.path={corpus_dir}",
+        config_name="evaluate",
+    )
+    with pytest.raises(InputError, match=r"the corpus has characters that "
+                                         r"tokenizer.path=.*/model/tokenizer.json lacks, among "
+                                         r"them \"(.+)\"; remove them from the corpus") as err:
+        run(cfg, tmp_path)
+    assert "\n" not in str(err.value)
+    named = (
+        str(err.value).split('among them "', 1)[1].split('";', 1)[0]
+    )  # those of the batch that failed first
+    assert named and not set(named) & set("abcdefgh ")
+
+
+def test_data_format_must_fit_the_model(corpus_dir, tmp_path):
+    cfg = make_config(
+        f"model_dir={model_dir(tmp_path / 'model', 'abc')}",
+        f"data.path={corpus_dir}",
+        "data.format=ids",
+        config_name="evaluate",
+    )
+    with pytest.raises(
+        InputError,
+        match="data.format=ids does not fit the model's char tokenizer: set "
+        r"data.format=text \(or parquet\)",
+    ):
+        run(cfg, tmp_path)

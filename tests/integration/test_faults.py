@@ -1,0 +1,372 @@
+"""Faults injected on the real engines (Ray, Ray Train, RayDP Spark): a run survives them and
+continues the curve it would have drawn undisturbed, or stops with one line and keeps what it wrote.
+docs/reliability.md lists them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CACHE_DIR, ROOT, make_config, prepare
+from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.cli.train import run
+from raydp_llm.core import integrity
+from raydp_llm.core.errors import InputError, RunFailure
+from raydp_llm.data import cache
+from raydp_llm.training.metrics import read_events, read_metrics
+
+pytestmark = pytest.mark.integration
+
+# Two DDP workers, gradient accumulation and a shuffle buffer in play; no dropout, so that a resume
+# with another number of workers continues the same curve too (dropout masks depend on how a batch
+# is split over the workers).
+OVERRIDES = [
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=64",
+    "model.block_size=32",
+    "train.batch_size=16",
+    "train.grad_accum=2",
+    "train.max_steps=160",
+    "train.eval_interval=20",
+    "train.eval_batches=null",
+    "train.checkpoint_interval=40",
+    "train.keep_checkpoints=4",
+    "train.shuffle_buffer=300",
+    "optim.lr=3e-3",
+    f"data.cache_dir={CACHE_DIR}",
+]
+
+
+@pytest.fixture(scope="module")
+def overrides(corpus_dir) -> list[str]:
+    return [f"data.path={corpus_dir}", *OVERRIDES]
+
+
+@pytest.fixture(scope="module")
+def reference(ray_cluster, overrides, tmp_path_factory) -> dict:
+    """An undisturbed run: its metrics rows by step, its directory and its checkpoints by step."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run(make_config(*overrides), out)
+    return {"rows": {r["step"]: r for r in read_metrics(out / "metrics.csv")}, "dir": out,
+            "checkpoints": checkpoints(out)}
+
+
+def checkpoints(out_dir: Path) -> dict[int, Path]:
+    """A run directory's training checkpoints by step (those whose state file a kill left
+    readable)."""
+    found = {}
+    for path in out_dir.glob("ray_results/*/checkpoint_*/train_state.json"):
+        try:
+            found[json.loads(path.read_text())["step"]] = path.parent
+        except ValueError:
+            continue
+    return found
+
+
+def assert_same_curve(out_dir: Path, reference: dict, after: int) -> list[dict]:
+    """The run's rows are the reference's from step ``after`` on: each step once, losses within
+    1e-3."""
+    rows = read_metrics(out_dir / "metrics.csv")
+    assert [r["step"] for r in rows] == [s for s in reference["rows"] if s > after]
+    for r in rows:
+        want = reference["rows"][r["step"]]
+        assert r["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3), r["step"]
+        assert r["train_loss"] == pytest.approx(want["train_loss"], rel=1e-3), r["step"]
+    return rows
+
+
+def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout_s
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the run ended before {what}: {proc.communicate()[0][-3000:]}")
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def has_row(out_dir: Path, step: int) -> bool:
+    path = out_dir / "metrics.csv"
+    return path.exists() and any(r["step"] >= step for r in read_metrics(path))
+
+
+def test_a_killed_worker_is_replaced_and_the_run_continues_its_curve(
+    reference, overrides, tmp_path, capfd
+):
+    """SIGKILL of one RayTrainWorker after a checkpoint: Ray Train restarts the worker group from
+    that checkpoint (train.max_failures), the console says so, and metrics.csv, TensorBoard and
+    summary.json hold each step once."""
+    from ray.util.state import list_actors
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, killed = tmp_path / "run", {}
+
+    def kill_a_worker():
+        wait_for(lambda: has_row(out, 40), 300, "the first checkpoint")
+        worker = list_actors(
+            filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
+        )[-1]
+        killed["checkpoint"] = max(checkpoints(out))
+        os.kill(worker.pid, signal.SIGKILL)
+        killed["pid"] = worker.pid
+
+    killer = threading.Thread(target=kill_a_worker, daemon=True)
+    killer.start()
+    summary = run(make_config(*overrides), out)
+    killer.join()
+
+    assert killed["pid"] and summary["restarts"] == 1 and summary["status"] == "finished"
+    (event,) = read_events(out)
+    assert (
+        event["event"] == "restart"
+        and len(event["lost"]) == 1
+        and event["from_step"] == killed["checkpoint"]
+    )
+    console = capfd.readouterr()
+    assert f"restart 1 of at most 3: worker {event['lost'][0]} lost" in console.out + console.err
+    rows = assert_same_curve(out, reference, after=0)
+    assert summary["final_val_loss"] == rows[-1]["val_loss"]
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val_loss")] == [int(r["step"]) for r in rows]
+
+
+def test_a_checkpoint_resumes_with_another_number_of_workers(reference, overrides, tmp_path):
+    """A checkpoint of 2 workers, resumed by 1: every step trains on the same windows, so the curve
+    goes on."""
+    summary = run(
+        make_config(
+            *overrides, "train.num_workers=1", f"train.resume={reference['checkpoints'][80]}"
+        ),
+        tmp_path / "run",
+    )
+    rows = assert_same_curve(tmp_path / "run", reference, after=80)
+    assert {r["workers"] for r in rows} == {1} and summary["resumed_from"] == str(
+        reference["checkpoints"][80]
+    )
+
+
+def test_an_elastic_group_trains_with_the_workers_that_fit(ray_cluster, overrides, tmp_path):
+    """train.min_workers: 4 workers asked for, 2 fit on this machine's Ray; the run goes ahead with
+    those."""
+    summary = run(
+        make_config(
+            *overrides,
+            "train.num_workers=4",
+            "train.min_workers=1",
+            "train.batch_size=24",
+            "train.grad_accum=1",
+            "train.max_steps=40",
+            "train.checkpoint_interval=0",
+        ),
+        tmp_path / "run",
+    )
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    assert summary["status"] == "finished" and [r["step"] for r in rows] == [20, 40]
+    assert {r["workers"] for r in rows} == {2}
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(
+    reference, overrides, tmp_path, caplog
+):
+    """The newest checkpoint of an interrupted run has a truncated model.safetensors (a kill during
+    its upload): train.resume=auto names it, skips it and continues the previous one; an explicit
+    resume refuses it."""
+    runs = tmp_path / "outputs"
+    interrupted = runs / "interrupted"
+    shutil.copytree(reference["dir"], interrupted)
+    saved = checkpoints(interrupted)
+    shutil.rmtree(saved[160])  # it stopped before its last step
+    weights = saved[120] / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+
+    summary = run(make_config(*overrides), runs / "resumed")
+    assert summary["resumed_from"] == str(saved[80])
+    assert f"skipping damaged checkpoint {saved[120]}: model.safetensors has" in caplog.text
+    assert_same_curve(runs / "resumed", reference, after=80)
+    with pytest.raises(InputError, match=r"train.resume=.*/checkpoint_[^/]+: damaged, "
+                                         r"model.safetensors has \d+ bytes, \d+ were written; give "
+                                         r"a model/ directory or checkpoint"):
+        check_inputs(make_config(*overrides, f"train.resume={saved[120]}"))
+
+
+def start_train(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "raydp_llm.train", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_a_killed_driver_is_continued_by_the_same_command(reference, overrides, tmp_path):
+    """SIGKILL of the driver mid-training: the same command, run again, continues from the last
+    complete checkpoint (the killed run is no longer live: its process is gone) and finishes with
+    the undisturbed curve."""
+    command = [*overrides, "name=driver_kill"]
+    first = start_train(*command, cwd=tmp_path)
+    runs = tmp_path / "outputs" / "driver_kill"
+    wait_for(
+        lambda: any(has_row(d, 80) for d in runs.glob("*")), 300, "two checkpoints", proc=first
+    )
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=60)
+    (killed_dir,) = runs.glob("*")
+    last = max(step for step, d in checkpoints(killed_dir).items() if integrity.problem(d) is None)
+
+    again = subprocess.run(
+        [sys.executable, "-m", "raydp_llm.train", *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    (resumed_dir,) = set(runs.glob("*")) - {killed_dir}
+    summary = json.loads((resumed_dir / "summary.json").read_text())
+    assert summary["resumed_from"] == str(checkpoints(killed_dir)[last])
+    assert_same_curve(resumed_dir, reference, after=last)
+
+
+def test_a_diverging_run_stops_at_once_with_one_line(ray_cluster, overrides, tmp_path):
+    """A huge learning rate without clipping: the first non-finite gradient norm ends the run with
+    one line (step, value, what to do; the entry point turns it into exit 1: test_cli.py); no
+    checkpoint, no model/, and summary.json reports no final loss."""
+    out = tmp_path / "run"
+    with pytest.raises(RunFailure) as failure:
+        run(
+            make_config(*overrides, "optim.lr=1e6", "optim.grad_clip=0", "optim.warmup_steps=0"),
+            out,
+        )
+    message = str(failure.value)
+    assert re.fullmatch(r"training diverged at step \d+ \(loss \S+, gradient norm (nan|inf)\); no "
+                        r"checkpoint was taken before it: lower optim.lr or set optim.grad_clip "
+                        rf"and start again; metrics in {out}",
+                        message), message
+    assert (
+        not checkpoints(out) and not (out / "model").exists() and not (out / "samples.txt").exists()
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["final_val_loss"] is None
+    assert json.loads((out / "run.json").read_text())["status"] == "diverged"
+
+
+def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
+    """Two shells start a run at once: two run directories, even within one second (Hydra's ${now:}
+    has second resolution); and a run refuses, before Hydra writes anything, a directory another run
+    wrote to."""
+    both = [
+        subprocess.Popen(
+            [sys.executable, "-m", "raydp_llm.train", "optim.lr=0"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for p in both:
+        p.communicate(timeout=120)
+    dirs = sorted((tmp_path / "outputs" / "raydp_llm").iterdir())
+    assert len(dirs) == 2 and all((d / "train.log").is_file() for d in dirs)
+    # <date>_<time, to the second>_<6 random hex digits>: the tail tells apart runs of the same
+    # second
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_[0-9a-f]{6}", d.name) for d in dirs), (
+        dirs
+    )
+    assert dirs[0].name[-6:] != dirs[1].name[-6:]
+
+    used = tmp_path / "used"
+    (used / ".hydra").mkdir(parents=True)
+    (used / "run.json").write_text(
+        json.dumps(
+            {
+                "run_id": "20261122-101010-abcdef",
+                "out_dir": str(used),
+                "host": "h",
+                "pid": 1,
+                "pid_started": 0.0,
+                "heartbeat": 0.0,
+                "status": "failed",
+                "resumed_from": None,
+            }
+        )
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "raydp_llm.train", f"hydra.run.dir={used}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 1
+    assert [line for line in (p.stdout + p.stderr).splitlines() if line.strip()] == [
+        f"error: {used}: another run wrote there already (run 20261122-101010-abcdef (pid 1 on "
+        "h)); leave hydra.run.dir at its default (a new directory per run) or name a new "
+        "directory"]
+    assert not list((used / ".hydra").iterdir())  # Hydra wrote nothing there
+
+
+@pytest.fixture(scope="module")
+def two_builds(corpus_dir, tmp_path_factory) -> dict:
+    """Two `prepare` runs of the same ETL cache key started at once, each with its own Ray."""
+    root = tmp_path_factory.mktemp("two_builds")
+    args = [f"data.path={corpus_dir}", f"data.cache_dir={root / 'cache'}", "model.block_size=16"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "raydp_llm.prepare", *args, f"hydra.run.dir={root / str(i)}"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    return {"root": root, "codes": [p.returncode for p in procs], "outputs": outputs, "args": args}
+
+
+def test_two_runs_building_the_same_cache_entry_both_succeed(two_builds):
+    """One builds it, the other waits for it and uses it; one complete entry, no temporary one
+    left."""
+    root = two_builds["root"]
+    assert two_builds["codes"] == [0, 0], two_builds["outputs"]
+    manifests = [json.loads((root / str(i) / "manifest.json").read_text()) for i in range(2)]
+    assert sorted(m["cache_hit"] for m in manifests) == [False, True]
+    assert manifests[0]["windows_train"] == manifests[1]["windows_train"] > 0
+    (entry,) = [p for p in (root / "cache").iterdir() if not p.name.startswith(".")]
+    assert cache.entry_problem(entry) is None and not list((root / "cache").glob(".*.tmp-*"))
+
+
+def test_a_damaged_cache_entry_is_rebuilt(two_builds, ray_cluster, tmp_path, caplog):
+    """A hit checks the entry: a truncated Parquet file is found, named in one line, and the entry
+    built again, never trained on with fewer windows."""
+    (entry,) = [p for p in (two_builds["root"] / "cache").iterdir() if not p.name.startswith(".")]
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(entry, cache_dir / entry.name)
+    part = sorted((cache_dir / entry.name / "train").glob("*.parquet"))[0]
+    with part.open("r+b") as f:
+        f.truncate(part.stat().st_size - 100)
+    cfg = make_config(*two_builds["args"][:1], f"data.cache_dir={cache_dir}", "model.block_size=16")
+    data = prepare(cfg, check_inputs(cfg), tmp_path, to_ray=False, store=cache_dir)
+    assert not data.cache_hit and data.entry == cache_dir / entry.name
+    assert (
+        f"ETL cache entry {cache_dir / entry.name} is damaged (train/{part.name} has" in caplog.text
+    )
+    assert cache.entry_problem(data.entry) is None
+    assert json.loads((data.entry / "manifest.json").read_text()) == json.loads(
+        (entry / "manifest.json").read_text()
+    )

@@ -1,0 +1,138 @@
+"""Watching a real (tiny) training run from outside: the Ray dashboard's REST API behind its token,
+the run's own Prometheus metrics, TensorBoard events and the plots."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import ray
+
+from conftest import make_config
+
+pytestmark = pytest.mark.integration
+
+
+def get(url: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def wait_for(what: str, check, timeout_s: float = 120.0):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, corpus_dir, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from raydp_llm.cli.train import run
+
+    dashboard = "http://" + ray._private.worker.get_dashboard_url()
+    host, port = dashboard.removeprefix("http://").rsplit(":", 1)
+    assert host == "127.0.0.1"
+    node_ip = ray.util.get_node_ip_address()
+    if (
+        node_ip != "127.0.0.1"
+    ):  # bound to the loopback only: the machine's own address gets no answer
+        with pytest.raises(OSError):
+            socket.create_connection((node_ip, int(port)), timeout=5).close()
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    assert get(f"{dashboard}/api/jobs/")[0] == 401  # no token, no entry
+    assert get(f"{dashboard}/api/jobs/", token="not-the-token")[0] in (401, 403)
+
+    cfg = make_config(
+        f"data.path={corpus_dir}",
+        "name=watched",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.block_size=16",
+        "train.batch_size=8",
+        "train.max_steps=400",
+        "train.eval_interval=100",
+        "train.eval_batches=2",
+        "train.checkpoint_interval=0",
+        "sample.max_new_tokens=10",
+    )
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def train():
+        try:
+            run(cfg, tmp_path)
+        except BaseException as err:  # noqa: BLE001 - reported by the test below
+            failure.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=train, daemon=True).start()
+
+    # While it trains: the workers, the Ray Train run, and the run's own metrics in Ray's Prometheus
+    # endpoint.
+    def training_workers():
+        status, body = get(f"{dashboard}/api/v0/actors?detail=1&limit=1000", token)
+        actors = json.loads(body)["data"]["result"]["result"] if status == 200 else []
+        alive = [a for a in actors if "RayTrainWorker" in a["class_name"] and a["state"] == "ALIVE"]
+        return len(alive) == cfg.train.num_workers
+
+    wait_for("every training worker in the Actors list", training_workers)
+    run_name = wait_for(
+        "the run's directory", lambda: next((tmp_path / "ray_results").glob("watched-*"), None)
+    ).name
+
+    def train_run():
+        status, body = get(f"{dashboard}/api/train/v2/runs/v1", token)
+        return status == 200 and next(
+            (r for r in json.loads(body)["train_runs"] if r["name"] == run_name), None
+        )
+
+    assert wait_for("the Ray Train run", train_run)["status"] in (
+        "INITIALIZING",
+        "SCHEDULING",
+        "RUNNING",
+        "FINISHED",
+    )
+
+    metrics_url = f"http://127.0.0.1:{ray.nodes()[0]['MetricsExportPort']}/metrics"
+
+    def exported():
+        text = get(metrics_url)[1]
+        return [line for line in text.splitlines() if line.startswith("ray_raydp_llm_train_loss")
+                and f'run="{run_name}"' in line]
+
+    assert float(wait_for("the run's metrics", exported, timeout_s=90)[0].rsplit(" ", 1)[1]) > 0
+
+    done.wait(300)
+    assert not failure, failure
+    jobs = json.loads(get(f"{dashboard}/api/jobs/", token)[1])
+    assert any(
+        job["metadata"].get("raydp_llm_run") == "tests" for job in jobs
+    )  # the driver job, named
+    assert wait_for("the finished run", train_run)["status"] == "FINISHED"
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val_loss")] == [100, 200, 300, 400]
+    assert {"train_loss", "tokens_per_s", "grad_norm", "rss_mb", "lr"} <= set(
+        events.Tags()["scalars"]
+    )
+    for png in ("loss.png", "throughput.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"

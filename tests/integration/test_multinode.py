@@ -1,0 +1,246 @@
+"""The whole pipeline on a Ray cluster of two nodes: Spark executors and DDP workers on both, the
+same data.
+
+A helper process (``tests/integration/two_node_cluster.py``) runs a two-node Ray cluster on this
+machine, each node with its own raylet, object store and node id; the job is the real CLI joining it
+with ``cluster.address``. Each node has 3 logical CPUs: one executor (2 CPUs) and one training
+worker (2 CPUs) fit on a node, not two, so Ray's scheduler must use both nodes. Where everything ran
+is read back from Ray's own records (the GCS actor table) and from Spark's event log.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import BUCKET, CACHE_DIR, ROOT, make_config, prepare
+from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.core import storage
+from raydp_llm.training.metrics import read_metrics
+
+pytestmark = pytest.mark.integration
+
+CPUS_PER_NODE = 3  # logical: the machine may have 2 cores
+EMR = [
+    "+experiment=emr",
+    f"cluster.node_cpus={CPUS_PER_NODE}",  # cluster.worker_nodes=2 is the default
+    "cluster.executor_memory=1g",
+    "cluster.driver_memory=1g",
+]
+DATA = ["model.block_size=32"]  # with data.path and s3.*: the settings the ETL's result depends on
+TINY = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "train.batch_size=8",
+    "train.max_steps=20",
+    "train.eval_interval=10",
+    "train.eval_batches=2",
+    "train.checkpoint_interval=0",
+    "train.resume=never",
+    "sample.max_new_tokens=10",
+]
+
+
+class TwoNodes:
+    """The helper process; its cluster starts in the background, and the first use of ``address`` or
+    ``nodes`` waits until it is up."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path, env: dict):
+        self.proc, self.log = proc, log  # log: the helper's stderr (Ray's start-up messages)
+        self.env = (
+            env  # the environment to run a job with (RAY_TMPDIR: the cluster's short temp dir)
+        )
+        self.lines: queue.Queue[str] = queue.Queue()  # the helper's stdout, "" at its end
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")
+
+    @functools.cached_property
+    def _info(self) -> dict:
+        return self._answer(timeout_s=180)
+
+    @property
+    def address(self) -> str:
+        """The GCS address, host:port."""
+        return self._info["address"]
+
+    @property
+    def nodes(self) -> list[str]:
+        """The node ids: head, worker."""
+        return self._info["nodes"]
+
+    def actors(self) -> list[dict]:
+        """Every actor the cluster has had, dead ones too: class, name, node id, state."""
+        assert self._info  # the cluster is up
+        self.proc.stdin.write("actors\n")
+        self.proc.stdin.flush()
+        return self._answer(timeout_s=60)
+
+    def _answer(self, timeout_s: float):
+        """The helper's next JSON line."""
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout_s)
+            except queue.Empty:
+                line = ""
+            if not line:
+                raise RuntimeError("the two-node cluster helper did not answer within "
+                                   f"{timeout_s:.0f}s (exit status {self.proc.poll()}); its "
+                                   f"log:\n{self.log.read_text()[-3000:]}")
+            if line.startswith(("{", "[")):
+                return json.loads(line)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    ray_tmp = tempfile.mkdtemp(
+        prefix="ray", dir="/tmp"
+    )  # short: Ray's Unix sockets; not /tmp/ray's sessions
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SPARK_LOCAL_IP")}
+    env["RAY_TMPDIR"] = ray_tmp
+    log = tmp_path_factory.mktemp("two_nodes") / "helper.log"  # kept after a failure
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "integration" / "two_node_cluster.py"),
+                str(CPUS_PER_NODE),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    try:
+        yield TwoNodes(proc, log, env)  # starting while the test computes the single-node result
+    finally:  # always: both nodes down, also when the test fails
+        try:
+            proc.stdin.write("stop\n")
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
+    ray_cluster, s3, two_nodes, corpus_dir, tmp_path
+):
+    storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/corpus", s3)
+    data = [
+        f"data.path=s3://{BUCKET}/multinode/corpus/",
+        f"s3.endpoint_url={s3.endpoint_url}",
+        *DATA,
+    ]
+    # The single-node result: the same ETL on the session's embedded Ray (or its cached output).
+    cfg = make_config(*data)
+    single = prepare(
+        cfg, check_inputs(cfg), tmp_path / "single", to_ray=False, store=CACHE_DIR
+    ).manifest
+
+    run_dir = tmp_path / "run"
+    runs = f"s3://{BUCKET}/multinode/runs"
+    job = [
+        sys.executable,
+        "-m",
+        "raydp_llm.train",
+        f"cluster.address={two_nodes.address}",
+        *EMR,
+        *data,
+        *TINY,
+        f"hydra.run.dir={run_dir}",
+    ]
+    # What needs storage every node reaches is refused before Spark starts, with the setting to
+    # change.
+    plain = [
+        sys.executable,
+        "-m",
+        "raydp_llm.train",
+        f"cluster.address={two_nodes.address}",
+        *data,
+        *TINY,
+        f"hydra.run.dir={tmp_path / 'refused'}",
+    ]
+    for command, message in [
+        (job, "train.storage_path is missing: the emr configuration needs it"),
+        (plain, "train.storage_path is not set: on a cluster of 2 nodes the DDP workers' "
+                "checkpoints need storage"),
+        ([*plain, f"train.storage_path={runs}"], "Spark's executors would write the dataset to "
+                                                 "this directory on each of the cluster's 2 "
+                                                 "nodes; on a cluster set data.cache=false"),
+    ]:
+        refused = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=two_nodes.env
+        )
+        output = refused.stdout + refused.stderr
+        assert refused.returncode == 1 and message in output, output[-2000:]
+    out = subprocess.run(
+        [*job, f"train.storage_path={runs}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=480,
+        env=two_nodes.env,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    nodes = set(two_nodes.nodes)
+    assert len(nodes) == 2
+
+    # Where the actors ran, from the GCS actor table (the job is over: its actors are dead but still
+    # listed).
+    actors = two_nodes.actors()
+    executors = {
+        a["name"].removeprefix("raydp-executor-"): a["node"]
+        for a in actors
+        if a["class"] == "org.apache.spark.executor.RayDPExecutor"
+    }  # named raydp-executor-<Spark's id>
+    workers = [a["node"] for a in actors if a["class"] == "RayTrainWorker"]
+    assert len(executors) == 2 and set(executors.values()) == nodes, actors
+    assert len(workers) == 2 and set(workers) == nodes, actors
+
+    # Both executors ran Spark tasks (Spark's event log names the executor of every task).
+    tasks = Counter()
+    for log in (run_dir / "spark-events").iterdir():
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] == "SparkListenerTaskEnd":
+                tasks[event["Task Info"]["Executor ID"]] += 1
+    assert set(tasks) == set(executors) and min(tasks.values()) > 0, (tasks, executors)
+
+    # The same dataset as on one node; training ran to the end on both workers (DDP: every step
+    # needs both).
+    multi = json.loads((run_dir / "manifest.json").read_text())
+    assert multi["windows_train"] > 0 and multi["windows_val"] > 0
+    assert multi == single
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["etl"]["cache_hit"] is False
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.csv")] == [10, 20]
+    assert (run_dir / "model" / "model.safetensors").is_file() and (
+        run_dir / "samples.txt"
+    ).is_file()
+    # The checkpoint (written by rank 0 on its node) and the run's outputs are on S3.
+    assert summary["storage"].startswith(f"{runs}/emr-")
+    saved = storage.find_files(summary["storage"], "train_state.json", s3)
+    assert [json.loads(storage.read_text(uri, s3))["step"] for uri, _, _ in saved] == [20]
+    assert storage.exists(f"{summary['storage']}/model/model.safetensors", s3)

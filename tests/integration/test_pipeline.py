@@ -1,0 +1,263 @@
+"""Integration: the whole path on the real engines (Ray, RayDP Spark, from_spark / the ETL cache,
+Ray Train DDP)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import urllib.request
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_config, prepare
+from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.core.errors import InputError
+from raydp_llm.data import cache
+from raydp_llm.data.prepare import prepared
+from raydp_llm.engines.preflight import check_workers_fit, preflight
+from raydp_llm.training.checkpoint import load_model_dir
+from raydp_llm.training.metrics import COLUMNS, read_metrics
+
+pytestmark = pytest.mark.integration
+
+BLOCK = 16
+
+
+def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
+    from raydp_llm.cli.train import run
+
+    cfg = make_config(
+        f"data.path={corpus_dir}",
+        f"data.cache_dir={tmp_path / 'cache'}",  # a Spark ETL here
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.n_embd=64",
+        "model.block_size=32",
+        "train.batch_size=16",
+        "train.max_steps=150",
+        "train.eval_interval=50",
+        "train.eval_batches=null",
+        "optim.lr=3e-3",
+        "sample.max_new_tokens=80",
+        "sample.prompt=ROMEO:",
+    )
+    run_dir = tmp_path / "run"
+    summary = run(cfg, run_dir)
+
+    for name in (
+        "metrics.csv",
+        "summary.json",
+        "manifest.json",
+        "samples.txt",
+        "loss.png",
+        "throughput.png",
+        "model/model.safetensors",
+        "model/config.json",
+        "model/tokenizer.json",
+    ):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    vocab = summary["etl"]["vocab_size"]
+    assert summary["final_val_loss"] < 0.8 * math.log(vocab), summary
+    assert summary["final_val_loss"] < summary["first_val_loss"]
+    assert summary["steps"] == 150 and summary["tokens"] == 150 * 16 * 32
+    rows = read_metrics(run_dir / "metrics.csv")
+    assert [r["step"] for r in rows] == [50, 100, 150] and list(rows[0]) == COLUMNS
+    for r in rows:
+        assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+        assert r["val_bpc"] == pytest.approx(
+            r["val_loss"] / math.log(2) / summary["etl"]["chars_per_token"]
+        )
+        assert 0 < r["train_acc"] < 1 and 0 < r["val_acc"] < 1 and r["grad_norm"] > 0
+        assert (
+            0 <= r["grad_abs_min"] <= r["grad_abs_mean"] <= r["grad_abs_max"]
+            and r["grad_abs_var"] > 0
+        )
+        assert r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["rss_mb"] > 50
+        assert 0 < r["sys_mem_used_mb"] < r["sys_mem_total_mb"] and r["cpu_percent"] > 0
+        assert r["mfu"] is None and r["gpu_mem_mb"] is None  # no train.peak_flops, no GPU
+    assert (
+        rows[-1]["val_acc"] > rows[0]["val_acc"]
+        and summary["flops_per_token"] > 6 * summary["num_params"]
+    )
+    for key in ("etl_s", "train_s", "total_s", "spark_start_s", "num_params"):
+        assert summary[key] > 0, key
+    assert summary["ray_start_s"] >= 0  # Ray is shared by the test session, so ~0 here
+    assert (run_dir / "samples.txt").read_text().startswith("ROMEO:")
+
+    # The model directory loads and generates without Ray or Spark, in a fresh process.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raydp_llm.generate",
+            f"model_dir={run_dir / 'model'}",
+            "prompt=JULIET:",
+            "max_new_tokens=50",
+            "seed=3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("JULIET:") and len(out.stdout) > len("JULIET:") + 20
+    model, _ = load_model_dir(run_dir / "model")
+    assert model.num_params() == summary["num_params"]
+
+
+def test_lstm_baseline_trains_for_whole_epochs(ray_cluster, corpus_dir, tmp_path):
+    from raydp_llm.cli.train import run
+
+    cfg = make_config(
+        f"data.path={corpus_dir}",
+        "model=lstm",
+        "model.n_layer=1",
+        "model.n_embd=64",
+        "model.block_size=32",
+        "train.batch_size=16",
+        "train.epochs=2",
+        "train.eval_interval=20",
+        "train.checkpoint_interval=0",
+        "train.eval_batches=4",
+        "sample.max_new_tokens=20",
+    )
+    summary = run(cfg, tmp_path)
+    windows = summary["etl"]["windows_train"]
+    assert summary["steps"] == 2 * (windows // 8 // 2)  # micro-batches of 8 on each of 2 workers
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert rows[-1]["epoch"] == 1 and rows[0]["epoch"] == 0
+    assert summary["final_val_loss"] < summary["first_val_loss"]
+    model, _ = load_model_dir(tmp_path / "model")
+    assert model.kind == "lstm" and model.num_params() == summary["num_params"]
+
+
+def test_ray_datasets_outlive_spark(ray_cluster, corpus_dir, tmp_path):
+    import ray
+
+    cfg = make_config(f"data.path={corpus_dir}", "model.block_size=64", "data.cache=false")
+    data = prepare(cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None)
+    datasets = data.datasets
+    assert not data.cache_hit and data.entry is None
+    assert datasets["train"].count() == data.manifest["windows_train"]  # Spark is stopped by now
+    batch = datasets["val"].take_batch(4)
+    assert all(len(t) == 65 * 2 for t in batch["tokens"])  # 65 uint16 tokens per window
+    assert ray.available_resources().get("CPU", 0) >= 2  # the executors gave their CPUs back
+    # RayDP's fetch tasks must not leave workers that break later actors (raydp_fixes): Ray Data's
+    # Parquet reader creates actors on the same worker pool.
+    pq.write_table(pa.table({"x": list(range(10))}), tmp_path / "t.parquet")
+    assert ray.data.read_parquet(str(tmp_path / "t.parquet")).count() == 10
+
+
+def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_path):
+    import ray
+    from pyspark import SparkContext
+
+    cfg = make_config(f"data.path={corpus_dir}", "data.cache=false", "cluster.keep_executors=true",
+                      "train.num_workers=1", "cluster.spark_ui=true")
+    with prepared(
+        cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None
+    ) as data:  # the caller holds Spark
+        assert data.datasets["val"].count() == data.manifest["windows_val"]
+        assert SparkContext._active_spark_context is not None  # Spark is still running
+        ui = (
+            SparkContext._active_spark_context.uiWebUrl
+        )  # cluster.spark_ui=true: on the loopback only
+        assert (
+            urlsplit(ui).hostname == "127.0.0.1"
+            and urllib.request.urlopen(f"{ui}/jobs/", timeout=10).status == 200
+        )
+        if ray.util.get_node_ip_address() != "127.0.0.1":
+            with pytest.raises(OSError):  # not on the machine's network address
+                urllib.request.urlopen(
+                    ui.replace("127.0.0.1", ray.util.get_node_ip_address()), timeout=10
+                )
+        total = ray.cluster_resources()["CPU"]
+        assert (
+            ray.available_resources().get("CPU", 0) <= total - 2 * 0.5
+        )  # the executors keep their CPUs
+    assert SparkContext._active_spark_context is None
+    assert ray.available_resources().get("CPU", 0) >= 2
+
+    greedy = make_config(
+        f"data.path={corpus_dir}",
+        "data.cache=false",
+        "cluster.keep_executors=true",
+        "train.cpus_per_worker=64",
+    )
+    with pytest.raises(InputError, match=r"the embedded Ray has \d+ CPUs \(cluster.num_cpus\) but "
+                                         r"the job needs 129"):
+        check_inputs(greedy)  # before any engine starts
+    # A joined cluster's CPUs are known once it is reached: checked again before the ETL, by the
+    # same formula.
+    with pytest.raises(InputError, match=r"the Ray cluster has \d+ CPUs but the job needs 129: "
+                                         r"cluster.executors=2 × cluster.executor_ray_cpus=0.5 \+ "
+                                         r"train.num_workers=2 × train.cpus_per_worker=64; set "
+                                         r"cluster.keep_executors=false or lower"):
+        preflight(greedy.cluster, greedy.train, None)
+    # DDP workers wider than any node would wait forever: refused before the ETL.
+    with pytest.raises(InputError, match=r"train.num_workers=2 workers of 64 CPUs: the Ray "
+                                         r"cluster's nodes \(\d+ CPUs/0 GPUs\) hold only 0; lower "
+                                         r"train.num_workers"):
+        check_workers_fit(greedy.train)
+    check_workers_fit(cfg.train)
+
+
+def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
+    cache_dir = tmp_path / "cache"
+    cfg = make_config(
+        f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}"
+    )
+    corpus = check_inputs(cfg)
+    key = cache.cache_key(corpus, cfg.data, cfg.tokenizer, BLOCK, cfg.seed)
+    (cache_dir / key).mkdir(parents=True)  # a partial entry: no manifest
+    (cache_dir / f".{key}.tmp-dead").mkdir()  # a crashed write
+
+    miss = prepare(cfg, corpus, tmp_path, to_ray=False, store=cache_dir / "fresh")
+    assert not miss.cache_hit and "spark_start_s" in miss.timings
+    entry = miss.entry
+    assert entry == cache_dir / "fresh" / key and (entry / "manifest.json").is_file()
+    assert pq.read_table(entry / "train").num_rows == miss.manifest["windows_train"]
+    assert not list((cache_dir / "fresh").glob(".*tmp*"))  # the temporary name is gone
+    stats = json.loads(
+        (tmp_path / "etl_stats.json").read_text()
+    )  # Spark's own metrics for this ETL
+    assert stats == miss.stats == json.loads((entry / "etl_stats.json").read_text())
+    assert stats["jobs"] > 0 and stats["stages"] > 0 and stats["tasks"] >= stats["stages"]
+    assert (
+        stats["failed_tasks"] == 0
+        and stats["input_records"] > 0
+        and stats["shuffle_write_bytes"] > 0
+    )
+    assert stats["input_bytes"] >= sum(p.stat().st_size for p in corpus_dir.iterdir())
+    assert (
+        0
+        < stats["task_duration_ms_min"]
+        <= stats["task_duration_ms_avg"]
+        <= stats["task_duration_ms_max"]
+    )
+    assert {"read", "tokenizer", "encode", "write"} <= set(
+        stats["phase_s"]
+    )  # windows are cut as written
+    assert len(stats["per_stage"]) == stats["stages"]
+
+    cfg_hit = make_config(f"data.path={corpus_dir}", f"data.cache_dir={cache_dir / 'fresh'}",
+                          f"model.block_size={BLOCK}")
+    hit = prepare(cfg_hit, corpus, tmp_path, to_ray=True, store=None)
+    assert hit.cache_hit and "spark_start_s" not in hit.timings
+    assert hit.datasets["train"].count() == miss.manifest["windows_train"]
+    assert hit.manifest == json.loads((entry / "manifest.json").read_text())
+    assert hit.tokenizer.to_json() == miss.tokenizer.to_json()
+    assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
+
+    # Any change of the inputs or ETL settings is a new key.
+    os.utime(corpus_dir / "part1.txt", ns=(0, 0))
+    assert cache.cache_key(check_inputs(cfg), cfg.data, cfg.tokenizer, BLOCK, cfg.seed) != key
+    changed = make_config(f"data.path={corpus_dir}", f"model.block_size={BLOCK}", "data.stride=3")
+    assert cache.cache_key(corpus, changed.data, changed.tokenizer, BLOCK, cfg.seed) != key

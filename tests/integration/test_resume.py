@@ -1,0 +1,108 @@
+"""Checkpoints and exact resume, with a real interrupted run (Ctrl-C in the middle of training)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from conftest import CACHE_DIR, make_config, prepare, start_like_a_terminal
+from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.cli.train import resume_checkpoint, run
+from raydp_llm.core.errors import InputError
+from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.spec import build_spec
+
+pytestmark = pytest.mark.integration
+
+# A run long enough (~10 s of training) to be interrupted after its first checkpoint, with dropout
+# (RNG), a shuffle buffer, 2 DDP workers and gradient accumulation all in play.
+OVERRIDES = [
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=64",
+    "model.block_size=32",
+    "model.dropout=0.1",
+    "train.batch_size=16",
+    "train.grad_accum=2",
+    "train.max_steps=240",
+    "train.eval_interval=20",
+    "train.eval_batches=null",
+    "train.checkpoint_interval=40",
+    "train.shuffle_buffer=300",
+    f"data.cache_dir={CACHE_DIR}",
+]
+
+
+def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tmp_path):
+    overrides = [f"data.path={corpus_dir}", *OVERRIDES]
+    cfg = make_config(*overrides)
+    data = prepare(
+        cfg, check_inputs(cfg), tmp_path, to_ray=False, store=CACHE_DIR
+    )  # runs read the cache
+    whole = tmp_path / "uninterrupted"
+    run(cfg, whole / "run")
+    expected = {r["step"]: r for r in read_metrics(whole / "run" / "metrics.csv")}
+
+    runs = tmp_path / "outputs"
+    proc = start_like_a_terminal(
+        "raydp_llm.train", *overrides, f"hydra.run.dir={runs / 'interrupted'}"
+    )
+    deadline = time.time() + 240
+    while not (list((runs / "interrupted").glob("ray_results/*/checkpoint_*/train_state.json"))
+               and (runs / "interrupted" / "metrics.csv").exists()):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-3000:]
+    saved = [
+        json.loads(p.read_text())["step"]
+        for p in (runs / "interrupted").glob("ray_results/*/*/train_state.json")
+    ]
+    assert saved and max(saved) < 240  # stopped mid-run
+
+    summary = run(make_config(*overrides, "train.resume=auto"), runs / "resumed")
+    k = max(saved)
+    assert summary["resumed_from"] and json.loads((runs / "resumed" / "summary.json").read_text())[
+        "resumed_from"
+    ].endswith(summary["resumed_from"][-20:])
+    rows = read_metrics(runs / "resumed" / "metrics.csv")
+    assert [r["step"] for r in rows] == [s for s in expected if s > k]
+    for r in rows:
+        want = expected[r["step"]]
+        assert r["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3), r["step"]
+        assert r["train_loss"] == pytest.approx(want["train_loss"], rel=1e-3), r["step"]
+    assert (runs / "resumed" / "model" / "model.safetensors").is_file()
+    assert not (
+        runs / "resumed" / "model" / "train_state.pt"
+    ).exists()  # the model dir holds no optimizer state
+
+    # Until it stopped, the interrupted run (another process, its own Ray) trained exactly like the
+    # first one.
+    before = read_metrics(runs / "interrupted" / "metrics.csv")
+    assert before and all(
+        r["val_loss"] == pytest.approx(expected[r["step"]]["val_loss"], rel=1e-6) for r in before
+    )
+    # train.resume=never ignores the checkpoint that auto found; a path names one.
+    spec = build_spec(cfg, data.tokenizer, data.manifest)
+    assert (
+        resume_checkpoint(make_config(*overrides, "train.resume=never"), spec, runs / "new") is None
+    )
+    # The resumed run continued the interrupted one and finished: auto continues neither again.
+    assert (
+        resume_checkpoint(make_config(*overrides, "train.resume=auto"), spec, runs / "new") is None
+    )
+    found = summary["resumed_from"]
+    assert check_inputs(make_config(*overrides, f"train.resume={found}")).files
+    # A checkpoint of another model shape is refused before any engine starts.
+    with pytest.raises(InputError, match=r"the checkpoint's model has n_layer=2, block_size=32, "
+                                         r"the config asks for model.n_layer=3, "
+                                         r"model.block_size=64; resume with the checkpoint's"):
+        check_inputs(
+            make_config(
+                *overrides, f"train.resume={found}", "model.block_size=64", "model.n_layer=3"
+            )
+        )

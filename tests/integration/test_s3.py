@@ -1,0 +1,294 @@
+"""S3 without AWS: a local S3-compatible server (moto, bound to 127.0.0.1; conftest's ``s3``) stands
+in for it. The ETL reads ``s3://`` input in the executors, Ray Train writes checkpoints to
+``storage_path=s3://...``, runs resume from them, and text is generated from a model on S3."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import BUCKET, ROOT, make_config, prepare
+from flaky_s3 import FlakyS3
+from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.cli.train import resume_checkpoint, run
+from raydp_llm.core import integrity, storage
+from raydp_llm.core.errors import InputError, RunFailure
+from raydp_llm.core.tokenizer import load_tokenizer
+from raydp_llm.data import s3_reader
+from raydp_llm.data.etl import EtlPlan, run_etl
+from raydp_llm.engines.spark import spark_session
+from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.spec import build_spec
+
+# A run of four steps with checkpoints at 2 and 4, small enough for the S3 stand-in's pace.
+TINY_RUN = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "model.block_size=32",
+    "train.batch_size=8",
+    "train.max_steps=4",
+    "train.eval_interval=2",
+    "train.checkpoint_interval=2",
+    "train.eval_batches=2",
+    "data.cache=false",
+]
+
+
+def reference_lines(data: bytes) -> list[bytes]:
+    """Lines as Spark's text source (Hadoop's LineReader) reads a whole file: \\n, \\r\\n or \\r end
+    a line."""
+    text = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return (text[:-1] if text.endswith(b"\n") else text).split(b"\n") if text else []
+
+
+def test_byte_range_splits_read_every_line_exactly_once(monkeypatch):
+    monkeypatch.setattr(s3_reader, "READ_AHEAD", 3)  # lines longer than a read-ahead, too
+    rng = random.Random(7)
+    for _ in range(2000):
+        data = bytes(rng.choice(b"ab\n\r") for _ in range(rng.randint(0, 60)))
+        split = rng.randint(1, 17)
+        lines = [line for _, start, end in s3_reader.text_splits([("f", len(data))], split)
+                 for line in s3_reader.lines_in_range(pa.BufferReader(data), len(data), start, end)]
+        assert lines == reference_lines(data), (data, split)
+
+
+def test_s3_corpora_are_listed_with_sizes_and_times(s3, corpus_dir):
+    storage.copy(corpus_dir, f"s3://{BUCKET}/listed", s3)
+    (corpus_dir.parent / "_SUCCESS").write_text("")  # Hadoop's marker objects are no input
+    storage.copy(corpus_dir.parent / "_SUCCESS", f"s3://{BUCKET}/listed/_SUCCESS", s3)
+    endpoint = f"s3.endpoint_url={s3.endpoint_url}"
+    names = [f"s3://{BUCKET}/listed/part{i}.txt" for i in range(3)]
+    for path in (f"s3://{BUCKET}/listed/", f"s3a://{BUCKET}/listed", f"s3://{BUCKET}/listed/part*.txt"):
+        corpus = check_inputs(make_config(f"data.path={path}", endpoint))
+        assert corpus.files == names, path
+        assert [f["size"] for f in corpus.fingerprints] == [
+            (corpus_dir / f"part{i}.txt").stat().st_size for i in range(3)
+        ]
+        assert all(
+            f["mtime_ns"] for f in corpus.fingerprints
+        )  # with sizes: the ETL cache can key S3 input
+    for path, message in [
+        (f"s3://{BUCKET}/nothing/", f"data.path=s3://{BUCKET}/nothing/: no objects there"),
+        ("s3://no-such-bucket/corpus/", "data.path=s3://no-such-bucket/corpus/: there is no "
+                                        "bucket no-such-bucket"),
+    ]:
+        with pytest.raises(InputError, match=message.replace("(", r"\(")):
+            check_inputs(make_config(f"data.path={path}", endpoint))
+    with pytest.raises(InputError, match="train.storage_path=s3://no-such-bucket/runs: there is "
+                                         "no bucket no-such-bucket; create it"):
+        check_inputs(make_config("train.storage_path=s3://no-such-bucket/runs", endpoint))
+    with pytest.raises(InputError, match=r"data.path=s3://b/x: cannot read it \(.*\); check the "
+                                         r"URI, the AWS credentials \(environment, ~/.aws, "
+                                         r"instance role\) and s3.endpoint_url"):
+        check_inputs(
+            make_config("data.path=s3://b/x", "s3.endpoint_url=http://127.0.0.1:9")
+        )  # nothing listens
+
+
+@pytest.mark.integration
+def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir, tmp_path):
+    local = tmp_path / "corpus"
+    local.mkdir()
+    for f in corpus_dir.iterdir():
+        (local / f.name).write_bytes(f.read_bytes())
+    (local / "part3.txt").write_bytes(
+        (corpus_dir / "part0.txt").read_bytes().replace(b"\n", b"\r\n")
+    )  # Windows
+    storage.copy(local, f"s3://{BUCKET}/etl", s3)
+    cfg = make_config(
+        "model.block_size=16",
+        "data.stride=5",
+        "data.cache=false",
+        f"s3.endpoint_url={s3.endpoint_url}",
+    )
+    cfg.cluster.spark_conf = {
+        "spark.sql.files.maxPartitionBytes": "8k"
+    }  # several input splits per file
+
+    def windows(path: str):
+        cfg.data.path = path
+        out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
+        blocks = sorted(
+            {
+                (r.src.rsplit("/", 1)[1], r.block)
+                for r in out.encoded.select("src", "block").collect()
+            }
+        )
+        return out.manifest, {n: sorted((r.start, bytes(r.tokens)) for r in df.collect())
+                              for n, df in (("train", out.train), ("val", out.val))}, blocks
+
+    rows = [
+        line
+        for f in sorted(corpus_dir.iterdir())
+        for line in f.read_text().split("\n\n")
+        if line.strip()
+    ]
+    (tmp_path / "parquet").mkdir()
+    pq.write_table(
+        pa.table({"id": range(len(rows)), "text": rows}),
+        tmp_path / "parquet" / "docs.parquet",
+        row_group_size=20,
+    )  # several row groups: several splits
+    storage.copy(tmp_path / "parquet", f"s3://{BUCKET}/parquet", s3)
+    with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
+        from_s3, from_disk = windows(f"s3://{BUCKET}/etl/"), windows(str(local))
+        cfg.data.format = "parquet"
+        parquet_from_s3, parquet_from_disk = (
+            windows(f"s3://{BUCKET}/parquet/"),
+            windows(str(tmp_path / "parquet")),
+        )
+    assert max(block for _, block in from_s3[2]) > 0  # files were read as several byte ranges
+    assert from_s3[2] == from_disk[2]  # ... the same ones as Spark's reader cuts
+    assert from_s3[1] == from_disk[1]  # the same windows, token for token
+    same = (
+        "files",
+        "documents",
+        "characters",
+        "bytes",
+        "tokens",
+        "windows_train",
+        "windows_val",
+        "vocab_size",
+    )
+    assert {k: from_s3[0][k] for k in same} == {k: from_disk[0][k] for k in same}
+    assert from_s3[0]["bytes"] == sum(f.stat().st_size for f in local.iterdir())
+    assert len(parquet_from_s3[2]) > 1 and parquet_from_s3[0]["documents"] == len(
+        rows
+    )  # a document per row
+    assert parquet_from_s3[1] == parquet_from_disk[1]
+
+
+@pytest.mark.integration
+def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus_dir, tmp_path):
+    storage.copy(corpus_dir, f"s3://{BUCKET}/corpus", s3)
+    runs = f"s3://{BUCKET}/runs"
+    overrides = [
+        "name=s3run",
+        f"data.path=s3://{BUCKET}/corpus/",
+        f"train.storage_path={runs}",
+        f"s3.endpoint_url={s3.endpoint_url}",
+        *TINY_RUN,
+        "sample.max_new_tokens=40",
+    ]
+    first = run(make_config(*overrides), tmp_path / "first")
+    run_uri = first["storage"]
+    assert run_uri.startswith(f"{runs}/s3run-")
+    fs, root = storage.resolve(run_uri, s3)
+    states = {int(json.loads(storage.read_text(uri, s3))["step"]): uri.rsplit("/", 1)[0]
+              for uri, _, _ in storage.find_files(run_uri, "train_state.json", s3)}
+    assert sorted(states) == [2, 4]  # both checkpoints, written by Ray Train straight to S3
+    for name in (
+        "model/model.safetensors",
+        "model/config.json",
+        "model/tokenizer.json",
+        "metrics.csv",
+        "summary.json",
+        "samples.txt",
+        "loss.png",
+    ):  # and the run's outputs beside them
+        assert fs.get_file_info(f"{root}/{name}").type == pafs.FileType.File, name
+    assert not (tmp_path / "first" / "ray_results").exists()
+
+    # A resume from the step-2 checkpoint on S3 continues exactly as the first run went on.
+    resumed = run(make_config(*overrides, f"train.resume={states[2]}"), tmp_path / "resumed")
+    assert resumed["resumed_from"] == states[2]
+    rows = read_metrics(tmp_path / "resumed" / "metrics.csv")
+    expected = read_metrics(tmp_path / "first" / "metrics.csv")
+    assert [r["step"] for r in rows] == [4]
+    assert rows[0]["val_loss"] == pytest.approx(expected[-1]["val_loss"], rel=1e-5)
+
+    # train.resume=auto looks among the name's runs in storage_path: finished runs are not resumed;
+    # a run whose last checkpoint is gone (as if it had been stopped after step 2) is.
+    cfg = make_config(*overrides)
+    manifest = json.loads((tmp_path / "first" / "manifest.json").read_text())
+    spec = build_spec(cfg, load_tokenizer(tmp_path / "first" / "model"), manifest)
+    assert resume_checkpoint(cfg, spec, tmp_path / "next") is None
+    for uri in (resumed["storage"], states[4]):
+        fs.delete_dir(storage.resolve(uri, s3)[1])
+    assert resume_checkpoint(cfg, spec, tmp_path / "next") == states[2]
+
+    # Generation from the model on S3 gives the text generation from the local copy gives.
+    local = generate(f"model_dir={tmp_path / 'first' / 'model'}")
+    assert local.returncode == 0 and len(local.stdout) > 20, local.stderr
+    remote = generate(f"model_dir={run_uri}/model", f"s3.endpoint_url={s3.endpoint_url}")
+    assert remote.returncode == 0 and remote.stdout == local.stdout, remote.stderr
+    missing = generate(f"model_dir={runs}/nothing/model", f"s3.endpoint_url={s3.endpoint_url}")
+    assert missing.returncode == 1 and missing.stderr.strip() == (f"error: {runs}/nothing/model: "
+                                                                  "no model.safetensors; give the "
+                                                                  "model/ directory of a finished "
+                                                                  "run")
+
+
+def generate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "raydp_llm.generate", *args, "prompt=ROMEO:", "max_new_tokens=30"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.integration
+def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
+    ray_cluster, s3, corpus_dir, tmp_path
+):
+    """Every 4th S3 request fails (503 SlowDown) during the ETL's reads, Ray Train's checkpoint
+    uploads and the final copy: each is retried and the run trains to its end. The final copy of
+    summary.json fails for good: one line names where the outputs are (complete) and how to copy
+    them."""
+    storage.copy(corpus_dir, f"s3://{BUCKET}/flaky-corpus", s3)
+    runs = f"s3://{BUCKET}/flaky-runs"
+    with FlakyS3(s3.endpoint_url, every=4, broken="/summary.json") as flaky:
+        overrides = [
+            "name=flaky",
+            f"data.path=s3://{BUCKET}/flaky-corpus/",
+            f"train.storage_path={runs}",
+            f"s3.endpoint_url={flaky.endpoint}",
+            "s3.max_attempts=6",
+            *TINY_RUN,
+            "sample.max_new_tokens=20",
+        ]
+        with pytest.raises(RunFailure) as failure:
+            run(make_config(*overrides), tmp_path / "run")
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["storage"].startswith(f"{runs}/flaky-")
+    assert str(failure.value).startswith("the run's outputs could not be copied to "
+                                         f"{summary['storage']} (")
+    assert str(failure.value).endswith(f"they are complete in {out}: copy them with `aws s3 cp "
+                                       f"--recursive {out} {summary['storage']}`")
+    assert integrity.problem(out / "model") is None and (out / "samples.txt").is_file()
+    assert flaky.failed > 10  # transient faults were injected, and survived
+    states = storage.find_files(summary["storage"], "train_state.json", s3)
+    checkpoints = [uri.rsplit("/", 1)[0] for uri, _, _ in states]
+    assert len(checkpoints) == 2 and all(integrity.problem(c, s3) is None for c in checkpoints)
+
+
+@pytest.mark.integration
+def test_an_s3_object_that_cannot_be_read_is_one_line(ray_cluster, s3, corpus_dir, tmp_path):
+    """Every read of one object fails in the executors (its listing works): after s3.max_attempts
+    attempts per request and Spark's task retries, one line names the object."""
+    storage.copy(corpus_dir / "part0.txt", f"s3://{BUCKET}/broken-corpus/a.txt", s3)
+    storage.copy(corpus_dir / "part1.txt", f"s3://{BUCKET}/broken-corpus/broken.txt", s3)
+    with FlakyS3(s3.endpoint_url, broken="/broken.txt", methods=("GET",)) as flaky:
+        cfg = make_config(
+            f"data.path=s3://{BUCKET}/broken-corpus/",
+            f"s3.endpoint_url={flaky.endpoint}",
+            "s3.max_attempts=2",
+            "data.cache=false",
+        )
+        with pytest.raises(RunFailure, match=r"^data.path: the executors could not read from S3 "
+                                             r"after s3.max_attempts=2 attempts: "
+                                             rf"s3://{BUCKET}/broken-corpus/broken.txt: AWS Error "
+                                             r".*; check the object, the bucket and "
+                                             r"s3.endpoint_url"):
+            prepare(cfg, check_inputs(cfg), tmp_path, to_ray=False, store=tmp_path / "dataset")

