@@ -1,10 +1,12 @@
-"""A screenshot of a live Ray dashboard page, as docs/monitoring.md shows, with Debian's headless chromium.
+"""A screenshot of a live Ray dashboard page, as docs/monitoring.md shows, with Debian's headless
+chromium.
 
     python -m raydp_llm.train +experiment=smoke &          # a run to look at
     python docs/dashboard_screenshot.py --page '#/jobs' --out docs/dashboard-jobs.png
 
-The dashboard wants its token, which chromium's command line cannot send: a small proxy on 127.0.0.1 adds the
-``Authorization`` header to every request the page makes (a person pastes the token into the dashboard once).
+The dashboard wants its token, which chromium's command line cannot send: a small proxy on 127.0.0.1
+adds the ``Authorization`` header to every request the page makes (a person pastes the token into
+the dashboard once).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from aiohttp import web
 
 
 def serve_with_token(dashboard: str, token: str, port: int) -> None:
-    """Forward every request on 127.0.0.1:``port`` to ``dashboard`` with the token; runs until the process ends."""
+    """Forward every request on 127.0.0.1:``port`` to ``dashboard`` with the token; runs until the
+    process ends."""
 
     async def forward(request: web.Request) -> web.Response:
         async with aiohttp.ClientSession() as session:
@@ -45,7 +48,8 @@ def serve_with_token(dashboard: str, token: str, port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dashboard", default="http://127.0.0.1:8265")
-    parser.add_argument("--page", default="#/jobs", help="the dashboard page, e.g. '#/jobs', '#/actors', '#/train'")
+    parser.add_argument("--page", default="#/jobs", help="the dashboard page, e.g. '#/jobs', "
+                                                         "'#/actors', '#/train'")
     parser.add_argument("--out", type=Path, default=Path("docs/dashboard.png"))
     parser.add_argument("--token-file", type=Path, default=Path.home() / ".ray" / "auth_token")
     parser.add_argument("--port", type=int, default=8299, help="the proxy's port on 127.0.0.1")
