@@ -68,12 +68,12 @@ def run(settings: Settings, out_dir: Path) -> dict:
     total = Stopwatch()
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
-    runs.claim(out_dir, record)  # this directory is this run's alone
     run_storage = settings.train.storage_path or str(out_dir / "ray_results")
     # never another run's: Ray Train would silently continue it
     run_name = f"{settings.name}-{record.run_id}"
     store = Path(settings.data.cache_dir) if settings.data.cache else None
-    with ray_session(settings.cluster, settings.name):
+    # this directory is this run's alone (a run refused for its input gives it back)
+    with runs.claimed(out_dir, record), ray_session(settings.cluster, settings.name):
         timings = {"ray_start_s": total.seconds()}
         # the cluster's nodes are known now, before the ETL
         preflight(settings.cluster, settings.train, store)

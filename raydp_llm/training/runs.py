@@ -89,6 +89,20 @@ def claim(out_dir: Path, record: RunRecord) -> None:
         json.dump(asdict(record), f, indent=1)
 
 
+@contextlib.contextmanager
+def claimed(out_dir: Path, record: RunRecord) -> Iterator[None]:
+    """``claim`` for the block; a run refused for its input (``InputError``) before it wrote any
+    output or checkpoint gives the directory back, so the corrected command may use it."""
+    claim(out_dir, record)
+    try:
+        yield
+    except InputError:
+        written = [name for name in (*OUTPUTS, "ray_results") if (out_dir / name).exists()]
+        if not written:
+            (out_dir / RECORD).unlink(missing_ok=True)
+        raise
+
+
 def check_unused(out_dir: Path) -> None:
     """One line when another run has written into ``out_dir`` (its record, its metrics, summary or
     model)."""

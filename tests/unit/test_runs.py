@@ -124,3 +124,21 @@ def test_a_run_directory_belongs_to_one_run(tmp_path):
     with pytest.raises(InputError, match=r"another run wrote there already \(metrics.csv\)"):
         runs.claim(tmp_path / "old", record)
     assert len({runs.new_run_id() for _ in range(100)}) == 100  # the same second, different ids
+
+
+def test_a_run_refused_for_its_input_gives_its_directory_back(tmp_path):
+    record = RunRecord(run_id=runs.new_run_id(), out_dir=str(tmp_path))
+    with pytest.raises(InputError), runs.claimed(tmp_path / "refused", record):
+        assert (tmp_path / "refused" / runs.RECORD).exists()
+        raise InputError("train.storage_path is not set")
+    runs.claim(tmp_path / "refused", record)  # the corrected command may use the directory
+    # a run that wrote its metrics keeps the directory, refused or not
+    with pytest.raises(InputError), runs.claimed(tmp_path / "wrote", record):
+        (tmp_path / "wrote" / "metrics.csv").write_text("step\n")
+        raise InputError("late")
+    with pytest.raises(InputError, match="another run wrote there already"):
+        runs.claim(tmp_path / "wrote", record)
+    # any other failure keeps the claim: the run may have started work there
+    with pytest.raises(RuntimeError), runs.claimed(tmp_path / "failed", record):
+        raise RuntimeError("lost")
+    assert (tmp_path / "failed" / runs.RECORD).exists()
