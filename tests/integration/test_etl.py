@@ -305,20 +305,18 @@ def test_a_file_changed_or_deleted_during_the_etl_is_one_line(spark, tmp_path, c
     """The ETL reads its inputs in several passes: a file changed or deleted between them is
     refused, with its name, never cut into windows from two versions."""
     from raydp_llm.data.prepare import _run_etl
-    from raydp_llm.training.progress import PhaseBar
 
     for i in range(2):
         (tmp_path / f"part{i}.txt").write_text("To be, or not to be, that is the question.\n" * 400)
     victim = tmp_path / "part1.txt"
 
-    class Interfere(PhaseBar):
-        def done(self, phase, seconds):
-            if phase == "read":  # after the scan pass, before the encode pass reads the files again
-                if change == "append":
-                    with victim.open("a") as f:
-                        f.write("A line added while the ETL ran.\n")
-                else:
-                    victim.unlink()
+    def interfere(phase: str, seconds: float) -> None:
+        if phase == "read":  # after the scan pass, before the encode pass reads the files again
+            if change == "append":
+                with victim.open("a") as f:
+                    f.write("A line added while the ETL ran.\n")
+            else:
+                victim.unlink()
 
     cfg = make_config(f"data.path={tmp_path}", "model.block_size=8")
     corpus = check_inputs(cfg)
@@ -328,7 +326,7 @@ def test_a_file_changed_or_deleted_during_the_etl_is_one_line(spark, tmp_path, c
         else "was deleted while the ETL read it"
     )
     with pytest.raises(InputError, match=rf"data.path: {victim} {message}"):
-        _run_etl(spark, EtlPlan.of(cfg, corpus), Interfere(None))
+        _run_etl(spark, EtlPlan.of(cfg, corpus), interfere)
 
 
 def test_unknown_spark_settings_are_warned_about(spark, caplog):
