@@ -96,11 +96,18 @@ def run(settings: Settings, out_dir: Path) -> dict:
                     )
                     keeper.finish("diverged" if outcome.diverged else "finished")
                 if outcome.diverged is None:
-                    with outcome.checkpoint.as_directory() as d:
-                        export_model_dir(Path(d), out_dir / "model")
+                    storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"),
+                                    spec.s3)
             timings |= data.timings
     trained = Trained(data, outcome, timings, storage.join(run_storage, run_name))
     return finish(settings, out_dir, trained, total)
+
+
+def _export(checkpoint, directory: Path) -> None:
+    """The model of Ray Train's final ``checkpoint`` (local, or downloaded from S3) into
+    ``directory``."""
+    with checkpoint.as_directory() as d:
+        export_model_dir(Path(d), directory)
 
 
 def finish(settings: Settings, out_dir: Path, trained: Trained, total: Stopwatch) -> dict:

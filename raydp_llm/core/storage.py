@@ -15,14 +15,17 @@ import fnmatch
 import functools
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
 from raydp_llm.core.errors import InputError
 
+T = TypeVar("T")
 S3_SCHEMES = (
     "s3",
     "s3a",
@@ -55,6 +58,20 @@ class S3Options:
         if self.region:
             kwargs["region"] = self.region
         return pafs.S3FileSystem(**kwargs)
+
+
+def retried(work: Callable[[], T], s3: S3Options) -> T:
+    """``work()``, tried again with backoff (``s3.max_attempts`` times in all) while it fails with
+    an OSError: the SDK's legacy retry mode gives up on some of S3's bodiless 503 answers to HEAD
+    requests (seen with 1 request in 4 refused), and a whole download is cheap to repeat."""
+    for attempt in range(s3.max_attempts):
+        try:
+            return work()
+        except OSError:
+            if attempt == s3.max_attempts - 1:
+                raise
+            time.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")  # max_attempts ≥ 1
 
 
 def unreachable(key: str, value, err: OSError) -> InputError:

@@ -6,41 +6,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.training.spec import TrainSpec, steps_per_epoch
 from raydp_llm.training.trainer import epoch_steps, lr_at
 
 pytestmark = pytest.mark.integration  # real Ray Data iterators
 
 
-def spec(**kw) -> TrainSpec:
-    base = dict(
-        model={},
+def spec(seed: int = 7) -> TrainSpec:
+    """The spec of 100 windows, 12 per step over grad_accum 2, 100 steps with 10 of warmup."""
+    train = TrainSettings(batch_size=12, grad_accum=2, max_steps=100, shuffle_buffer=16)
+    return TrainSpec(
+        model=GPTConfig(),
+        optim=OptimSettings(lr=1e-3, min_lr=1e-4, warmup_steps=10),
+        train=train,
+        seed=seed,
         tokenizer_json="",
         token_dtype="uint16",
         chars_per_token=None,
-        batch_size=12,
-        grad_accum=2,
-        max_steps=100,
         steps_per_epoch=steps_per_epoch(100, 12),
-        eval_interval=10,
-        eval_batches=None,
-        checkpoint_interval=0,
-        lr=1e-3,
-        min_lr=1e-4,
-        warmup_steps=10,
-        weight_decay=0.1,
-        beta1=0.9,
-        beta2=0.99,
-        grad_clip=1.0,
-        seed=7,
-        cpus_per_worker=1,
-        shuffle_buffer=16,
-        precision="fp32",
-        compile=False,
-        peak_flops=None,
+        max_steps=100,
         fingerprint="x",
     )
-    return TrainSpec(**(base | kw))
 
 
 def stream(blocks: int):

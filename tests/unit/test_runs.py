@@ -142,3 +142,24 @@ def test_a_run_refused_for_its_input_gives_its_directory_back(tmp_path):
     with pytest.raises(RuntimeError), runs.claimed(tmp_path / "failed", record):
         raise RuntimeError("lost")
     assert (tmp_path / "failed" / runs.RECORD).exists()
+
+
+def test_a_download_that_s3_breaks_off_is_tried_again(tmp_path):
+    """storage.retried: the whole download again while it fails with an OSError, up to
+    s3.max_attempts times; the last failure is raised."""
+    from raydp_llm.core.storage import S3Options, retried
+
+    target, attempts = tmp_path / "later.txt", []
+
+    def download() -> str:
+        attempts.append(1)
+        if len(attempts) == 3:
+            target.write_text("complete")
+        return target.read_text()  # FileNotFoundError (an OSError) until the third attempt
+
+    assert retried(download, S3Options(max_attempts=3)) == "complete" and len(attempts) == 3
+    target.unlink()
+    attempts.clear()
+    with pytest.raises(FileNotFoundError):
+        retried(download, S3Options(max_attempts=2))
+    assert len(attempts) == 2
