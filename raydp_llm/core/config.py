@@ -11,12 +11,10 @@ job`` (raydp_llm/cli/help.py).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
 import secrets
 import sys
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -24,19 +22,20 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.model_config import (  # noqa: F401 - the model group, re-exported
+    MODEL_CONFIGS,
+    GPTConfig,
+    LSTMConfig,
+    ModelConfig,
+    model_config,
+    setting,
+)
 
 # conf/ beside the package (a checkout, an editable install), else the copy a wheel installs
 # (pyproject.toml's data-files): Hydra takes this absolute path as the entry points' config_path.
 _CHECKOUT_CONF = Path(__file__).resolve().parents[2] / "conf"
 CONF_DIR = str(_CHECKOUT_CONF if (_CHECKOUT_CONF / "config.yaml").is_file()
                else Path(sys.prefix) / "share" / "raydp_llm" / "conf")
-
-
-def setting(default: Any, help: str) -> Any:  # noqa: A002 - the name Hydra users know
-    """A dataclass field with its meaning (and unit) for ``--help``."""
-    if isinstance(default, (dict, list)) or is_dataclass(default):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -90,77 +89,6 @@ class BPETokenizerSettings(CharTokenizerSettings):
     vocab_size: int = setting(4096, "ids, including the end-of-document token <|endoftext|>; at "
                                     "least 257")
     sample_mb: float = setting(32, "MB of text sampled (by Spark, seeded) to train the BPE on")
-
-
-@dataclass
-class ModelConfig:
-    """What every model has: the model group (conf/model/) and a model directory's ``config.json``
-    both hold it; ``GPTConfig`` and ``LSTMConfig`` add their own fields."""
-
-    kind: str = setting("gpt", "model family: gpt | lstm (pick a preset, e.g. model=lstm, rather "
-                               "than overriding this)")
-    vocab_size: Optional[int] = setting(None, "ids the model predicts; null = the tokenizer's "
-                                              "(set after the ETL)")
-    n_layer: int = setting(4, "layers: transformer blocks (gpt) or stacked LSTM layers (lstm)")
-    n_embd: int = setting(128, "embedding width (lstm: also the hidden state size)")
-    block_size: int = setting(64, "context length, tokens (training windows are block_size + 1 "
-                                  "tokens)")
-    dropout: float = setting(0.0, "dropout probability, in [0, 1)")
-    tie_weights: bool = setting(True, "the output head shares the token embedding table")
-    init_embeddings: Optional[str] = setting(None, "token vectors to start from: CSV (id,v1..vn; "
-                                                   "optional header) or .npy; null = random")
-    freeze_embeddings: bool = setting(False, "keep the token embeddings fixed (with tie_weights "
-                                             "the head too)")
-
-    def architecture(self) -> dict:
-        """The fields that make the network, as a model directory's ``config.json`` keeps them."""
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("kind", "init_embeddings", "freeze_embeddings")}
-
-
-POS_EMBEDDINGS = ("learned", "sinusoidal")
-
-
-@dataclass
-class GPTConfig(ModelConfig):
-    n_head: int = setting(4, "attention heads per block; must divide n_embd")
-    bias: bool = setting(False, "bias terms in Linear and LayerNorm layers")
-    pos_embedding: str = setting("learned", "learned (a trained table) | sinusoidal (fixed "
-                                            "sin/cos, no parameters)")
-
-    def __post_init__(self):
-        if self.n_embd % self.n_head:
-            raise InputError(f"model.n_embd={self.n_embd} is not divisible by "
-                             f"model.n_head={self.n_head}; pick a divisor")
-        if self.pos_embedding not in POS_EMBEDDINGS:
-            raise InputError(f"model.pos_embedding={self.pos_embedding} is not one of "
-                             f"{' | '.join(POS_EMBEDDINGS)}")
-
-
-@dataclass
-class LSTMConfig(ModelConfig):
-    kind: str = "lstm"
-    n_layer: int = 2
-    n_embd: int = 256
-
-
-MODEL_CONFIGS = {"gpt": GPTConfig, "lstm": LSTMConfig}
-
-
-def model_config(kind: str, values: dict) -> ModelConfig:
-    """The config of a model of ``kind`` with ``values`` (a model directory's ``config.json``);
-    InputError for an unknown kind or a field that kind has not."""
-    if kind not in MODEL_CONFIGS:
-        raise InputError(f"model.kind={kind} is not one of {' | '.join(MODEL_CONFIGS)}; pick a "
-                         "preset, e.g. model=lstm")
-    schema = MODEL_CONFIGS[kind]
-    allowed = [f.name for f in fields(schema) if f.name != "kind"]
-    unknown = [key for key in values if key not in allowed]
-    if unknown:
-        raise InputError(f"model.kind={kind} has no setting {', '.join(unknown)} (it has "
-                         f"{', '.join(allowed)}); remove it, or pick the preset model={kind} "
-                         "rather than overriding model.kind")
-    return schema(**values)
 
 
 @dataclass

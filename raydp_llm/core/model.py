@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from raydp_llm.core.config import GPTConfig, LSTMConfig, ModelConfig
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.model_config import GPTConfig, LSTMConfig, ModelConfig
 
 
 class LanguageModel(nn.Module):
@@ -67,10 +68,11 @@ class LanguageModel(nn.Module):
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens; ``temperature`` 0 means
-        greedy."""
+        greedy. Each token sees the last block_size tokens (positions 0.. from the window's
+        start), as in training; ``next_logits`` carries what it can from one token to the next."""
+        state = None
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
-            logits = logits[:, -1, :]  # (B, V)
+            logits, state = self.next_logits(idx, state)  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -82,6 +84,30 @@ class LanguageModel(nn.Module):
             idx = torch.cat([idx, nxt], dim=1)
         return idx
 
+    def next_logits(self, idx: torch.Tensor, state=None):
+        """The logits (B, V) of the token after ``idx`` (B, T) seen through its last block_size
+        tokens, and the state to pass with ``idx`` one token longer. This one recomputes the
+        window every time; the models carry their state while the window still starts at token
+        0."""
+        logits, _ = self(idx[:, -self.config.block_size:])
+        return logits[:, -1, :], None
+
+
+class KVCache:
+    """The keys and values (B, H, t, C/H) of the tokens a block has seen, one pair per layer."""
+
+    def __init__(self, n_layer: int):
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layer
+        self.length = 0  # tokens seen
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Append this layer's new keys and values; returns all of them."""
+        past = self.kv[layer]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
@@ -92,13 +118,19 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0):
+        """``x`` (B, T, C) → (B, T, C). With ``cache``: ``x`` holds the tokens after the cached
+        ones, all of them (an empty cache) or one."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
         q, k, v = (
             t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
         )  # (B, H, T, C/H)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        causal = True
+        if cache is not None:
+            causal = cache.length == 0  # one new token attends to every cached one
+            k, v = cache.extend(layer, k, v)  # (B, H, t + T, C/H)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.proj(y))
@@ -123,8 +155,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0):
+        x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -165,17 +197,35 @@ class GPT(LanguageModel):
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                cache: KVCache | None = None):
         """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
-        cross-entropy."""
+        cross-entropy. With ``cache``, ``idx`` continues the cached tokens (positions go on from
+        ``cache.length``) and the cache grows by T."""
         B, T = idx.shape
-        assert T <= self.config.block_size, (
-            f"sequence of {T} tokens exceeds block_size {self.config.block_size}"
+        start = cache.length if cache is not None else 0
+        assert start + T <= self.config.block_size, (
+            f"sequence of {start + T} tokens exceeds block_size {self.config.block_size}"
         )
-        x = self.drop(self.wte(idx) + self.wpe(torch.arange(T, device=idx.device)))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += T
         return self._head(self.ln_f(x), targets)
+
+    def next_logits(self, idx: torch.Tensor, state: KVCache | None = None):
+        """With a KV cache: while the window still starts at token 0 each new token costs one
+        position; once it slides, every position changes (positions count from the window's
+        start), so the window is recomputed, as without a cache."""
+        block = self.config.block_size
+        if state is None or state.length != idx.size(1) - 1 or state.length == block:
+            state = KVCache(len(self.blocks))  # the window from scratch
+            logits, _ = self(idx[:, -block:], cache=state)
+        else:
+            logits, _ = self(idx[:, -1:], cache=state)
+        return logits[:, -1, :], state
 
     def flops_per_token(self) -> float:
         """6N + 12·L·H·Q·T (PaLM's estimate, as nanoGPT): L layers, H heads, Q head size, T
@@ -190,7 +240,7 @@ class GPT(LanguageModel):
 class LSTMLM(LanguageModel):
     """A stacked LSTM language model: the architecture of the Spark+DL4J projects (GravesLSTM
     layers, softmax output), kept as a baseline for the GPT. It reads any length; ``generate``
-    re-reads the last block_size tokens."""
+    reads the last block_size tokens, as the GPT does."""
 
     kind = "lstm"
 
@@ -211,6 +261,27 @@ class LSTMLM(LanguageModel):
         cross-entropy."""
         h, _ = self.lstm(self.drop(self.wte(idx)))  # (B, T, C)
         return self._head(self.drop(h), targets)
+
+    def next_logits(self, idx: torch.Tensor, state: LSTMState | None = None):
+        """Carried (h, c) while the window holds every token so far; once it slides, the window
+        is re-read from a zero state, as without carried state."""
+        T = idx.size(1)
+        if state is None or state.tokens != T - 1 or T > self.config.block_size:
+            h, (h_n, c_n) = self.lstm(self.drop(self.wte(idx[:, -self.config.block_size:])))
+        else:  # one token on from the carried state
+            h, (h_n, c_n) = self.lstm(self.drop(self.wte(idx[:, -1:])), (state.h, state.c))
+        logits, _ = self._head(self.drop(h[:, -1:]), None)  # (B, 1, V)
+        return logits[:, -1, :], LSTMState(h_n, c_n, T)
+
+
+@dataclass
+class LSTMState:
+    """What the LSTM carries between generated tokens: its layers' (h, c), each (L, B, C), after
+    reading ``tokens`` tokens."""
+
+    h: torch.Tensor
+    c: torch.Tensor
+    tokens: int
 
 
 MODELS = {cls.kind: cls for cls in (GPT, LSTMLM)}

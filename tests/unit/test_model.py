@@ -11,7 +11,7 @@ from conftest import CONF_DIR
 from raydp_llm.cli.generate import main as generate_main
 from raydp_llm.core.config import GPTConfig, LSTMConfig, model_config
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model import GPT, LSTMLM, build_model
+from raydp_llm.core.model import GPT, LSTMLM, LanguageModel, build_model
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.training.checkpoint import load_model_dir, save_model_dir
 from raydp_llm.training.sampling import sample_text, top_next_tokens
@@ -69,6 +69,24 @@ def test_generation_is_deterministic_with_a_seed(tmp_path):
     assert (
         a == b and a != c and a.startswith("abc") and len(a) >= 43
     )  # 40 tokens of one character or more
+
+
+@pytest.mark.parametrize("cfg", [CFG, replace(CFG, pos_embedding="sinusoidal"), LSTM_CFG],
+                         ids=["gpt", "gpt-sinusoidal", "lstm"])
+def test_generation_with_carried_state_equals_recomputing_the_window(cfg):
+    """The KV cache and the LSTM's carried (h, c) give the logits and tokens of the window
+    recomputed for every token: inside the block, where the window starts at token 0, and past it,
+    where the window slides (a batch of 2, 40 tokens through a block of 16)."""
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    idx = torch.randint(0, cfg.vocab_size, (2, 3))
+    state = None
+    for _ in range(40):
+        logits, state = model.next_logits(idx, state)
+        recomputed, _ = LanguageModel.next_logits(model, idx)
+        torch.testing.assert_close(logits, recomputed, atol=1e-5, rtol=1e-5)
+        idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(model.generate(idx[:, :3], 40, temperature=0), idx)
 
 
 def test_model_dir_round_trip_keeps_outputs(tmp_path):

@@ -1,0 +1,111 @@
+"""The model's training step alone, on whatever device torch sees: no Ray, no Spark, no Hydra (only
+torch and this package's model file, which need nothing else), so it runs on a bare GPU machine.
+
+    python benchmarks/gpu.py                      # every model × precision × compile case
+    python benchmarks/gpu.py --models baby --batch 2 --steps 2 --warmup 1 --no-compile  # on a CPU
+
+For each case: forward, backward, fused AdamW (on CUDA) and zero_grad, on random tokens; tokens/s
+over ``--steps`` after ``--warmup`` (torch.compile's compilation falls in the warm-up), and MFU:
+model FLOPs per token (6N + attention, as nanoGPT counts) × tokens/s ÷ the device's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from raydp_llm.core.model import build_model
+from raydp_llm.core.model_config import GPTConfig
+
+# GPT-2 small (nanoGPT's vocabulary padded to 50304) and nanoGPT's shakespeare_char "baby GPT"
+MODELS = {
+    "gpt2_small": GPTConfig(vocab_size=50304, n_layer=12, n_head=12, n_embd=768, block_size=1024),
+    "baby": GPTConfig(vocab_size=65, n_layer=6, n_head=6, n_embd=384, block_size=256),
+}
+BATCH = {"gpt2_small": 16, "baby": 64}  # micro-batch per step, sequences of block_size
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10G": 125.0}
+
+
+@dataclass
+class Case:
+    model: str
+    bf16: bool
+    compiled: bool
+
+
+def device_peak(device: torch.device, given: float | None) -> float | None:
+    """Dense bf16 TFLOP/s of the device: ``--peak-tflops``, else from the GPU's name."""
+    if given or device.type != "cuda":
+        return given
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def run_case(case: Case, device: torch.device, args: argparse.Namespace) -> dict:
+    """Tokens/s of ``steps`` training steps after ``warmup`` steps."""
+    torch.manual_seed(0)
+    cfg = MODELS[case.model]
+    model = build_model(cfg).to(device)
+    step_model = torch.compile(model) if case.compiled else model
+    fused = device.type == "cuda"  # one kernel for the whole update
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=fused)
+    batch, steps, warmup = args.batch or BATCH[case.model], args.steps, args.warmup
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size + 1), device=device)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if case.bf16
+                else nullcontext())
+    for i in range(warmup + steps):
+        if i == warmup:
+            synchronize(device)
+            start = time.perf_counter()
+        with autocast:
+            _, loss = step_model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    tokens_per_s = steps * batch * cfg.block_size / seconds
+    return {"tokens_per_s": tokens_per_s, "flops": model.flops_per_token() * tokens_per_s,
+            "params": model.num_params(), "batch": batch}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--batch", type=int, help="micro-batch (default: 16 gpt2_small, 64 baby)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile cases")
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 cases use TF32 tensor cores, as usual
+    torch.backends.cudnn.allow_tf32 = True
+    peak = device_peak(device, args.peak_tflops)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"device: {name}; torch {torch.__version__}; bf16 peak: {peak or 'unknown'} TFLOP/s")
+    print("| model | params M | batch × block | bf16 | compile | tokens/s | TFLOP/s | MFU |")
+    print("|---|---:|---:|---|---|---:|---:|---:|")
+    compiles = [False] if args.no_compile else [False, True]
+    for model in args.models:
+        for bf16 in (False, True):
+            for compiled in compiles:
+                row = run_case(Case(model, bf16, compiled), device, args)
+                tflops = row["flops"] / 1e12
+                mfu = f"{tflops / peak:.1%}" if peak else "n/a"
+                print(f"| {model} | {row['params'] / 1e6:.1f} | {row['batch']} × "
+                      f"{MODELS[model].block_size} | {bf16} | {compiled} | "
+                      f"{row['tokens_per_s']:,.0f} | {tflops:.1f} | {mfu} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
