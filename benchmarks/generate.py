@@ -65,7 +65,7 @@ def measure(case: Case, new: int) -> dict:
     recomputed, recomputed_s = timed_generate(model, prompt, new)
     return {
         "model": case.name,
-        "block": case.model.block_size,
+        "block": str(case.model.block_size),
         "params M": f"{model.num_params() / 1e6:.1f}",
         "recompute tok/s": f"{new / recomputed_s:,.0f}",
         "carried tok/s": f"{new / carried_s:,.0f}",
@@ -80,12 +80,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [measure(case, args.new_tokens) for case in CASES]
     print(f"{args.new_tokens} new tokens after {PROMPT}, greedy, {args.threads} torch threads")
-    print("| " + " | ".join(rows[0]) + " |")
-    print("|" + "---|" * len(rows[0]))
-    for row in rows:
-        print("| " + " | ".join(row.values()) + " |")
+    for i, case in enumerate(CASES):
+        row = measure(case, args.new_tokens)
+        if i == 0:
+            print("| " + " | ".join(row) + " |")
+            print("|" + "---|" * len(row))
+        print("| " + " | ".join(row.values()) + " |", flush=True)
 
 
 if __name__ == "__main__":
