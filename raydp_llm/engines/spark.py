@@ -129,7 +129,9 @@ def _driver_environment(cfg: ClusterSettings, configs: dict[str, str]) -> None:
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
 
 
-def _init_spark(init: dict, verbose: bool, log_dir: Path) -> "pyspark.sql.SparkSession":  # noqa: F821
+def _init_spark(
+    init: dict, verbose: bool, log_dir: Path
+) -> "pyspark.sql.SparkSession":  # noqa: F821
     """``raydp.init_spark(**init)``, its driver JVM's output in ``log_dir`` unless ``verbose``."""
     import raydp
 

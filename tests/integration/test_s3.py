@@ -66,7 +66,9 @@ def test_s3_corpora_are_listed_with_sizes_and_times(s3, corpus_dir):
     storage.copy(corpus_dir.parent / "_SUCCESS", f"s3://{BUCKET}/listed/_SUCCESS", s3)
     endpoint = f"s3.endpoint_url={s3.endpoint_url}"
     names = [f"s3://{BUCKET}/listed/part{i}.txt" for i in range(3)]
-    for path in (f"s3://{BUCKET}/listed/", f"s3a://{BUCKET}/listed", f"s3://{BUCKET}/listed/part*.txt"):
+    for path in (
+        f"s3://{BUCKET}/listed/", f"s3a://{BUCKET}/listed", f"s3://{BUCKET}/listed/part*.txt"
+    ):
         corpus = check_inputs(make_config(f"data.path={path}", endpoint))
         assert corpus.files == names, path
         assert [f["size"] for f in corpus.fingerprints] == [

