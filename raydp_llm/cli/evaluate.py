@@ -33,8 +33,10 @@ from raydp_llm.core.model import LanguageModel
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import TOKENIZER_FILE
-from raydp_llm.data.batches import WindowBatch, read_windows
-from raydp_llm.data.prepare import dataset_store, prepared, write_json
+from raydp_llm.data import cache
+from raydp_llm.data.batches import WindowBatch
+from raydp_llm.data.prepare import dataset_store, prepared, samplings, windows_of, write_json
+from raydp_llm.data.stream import iter_windows
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.checkpoint import MODEL_FILES, load_model_dir
@@ -120,16 +122,21 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
         preflight(settings.cluster, None, store)
         with prepared(settings, corpus, out_dir, to_ray=False, store=store) as data:
             timings = dict(data.timings)
+    data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
     m = data.manifest
     with timed(timings, "eval_s"):
         torch.set_num_threads(os.cpu_count())
+        cut = samplings(settings)  # in stream order; random offsets read as a stride of one block
+        sources = cache.parquet_sources(data.entry, data.index)
         batches = (
             w
             for split in ("train", "val")
-            for w in read_windows(data.entry / split, settings.eval_batch_size)
+            for w in iter_windows(sources[split], data.index[split],
+                                  replace(cut[split], random=False), m["token_dtype"],
+                                  settings.eval_batch_size)
         )
-        collate = WindowBatch(m["token_dtype"], model.config.block_size, torch.device("cpu"))
-        result = metrics(score(model, batches, collate), m["chars_per_token"])
+        result = metrics(score(model, batches, WindowBatch(torch.device("cpu"))),
+                         m["chars_per_token"])
     timings["total_s"] = total.seconds()
     evaluation = {
         "model_dir": settings.model_dir,

@@ -1,8 +1,8 @@
 """``python -m raydp_llm.prepare [overrides]``: the Spark ETL alone.
 
-Writes the windows (Parquet), tokenizer and manifest to the ETL cache (or, with
-``data.cache=false``, to ``dataset/`` in the run directory), and ``manifest.json`` into the run
-directory.
+Writes the token stream's chunks (Parquet), their index, the tokenizer and manifest to the ETL
+cache (or, with ``data.cache=false``, to ``dataset/`` in the run directory), and ``manifest.json``
+into the run directory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.core.config import CONF_DIR
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.data.prepare import PreparedData, dataset_store, prepared, write_json
+from raydp_llm.data.prepare import PreparedData, dataset_store, prepared, windows_of, write_json
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 
@@ -36,7 +36,8 @@ def main(cfg: DictConfig) -> None:
     with ray_session(settings.cluster, settings.name):
         preflight(settings.cluster, None, store)
         with prepared(settings, corpus, out_dir, to_ray=False, store=store) as data:
-            manifest = data.manifest | {"cache_hit": data.cache_hit, "dataset": str(data.entry)}
+            manifest = data.manifest | windows_of(settings, data.index, data.manifest) | {
+                "cache_hit": data.cache_hit, "dataset": str(data.entry)}
             write_json(out_dir / "manifest.json", manifest)
     print(describe(data, manifest))
     print(f"  done in {total.seconds():.0f}s; manifest.json and etl_stats.json in "
@@ -52,7 +53,9 @@ def describe(data: PreparedData, m: dict) -> str:
     return (f"{m['corpus']}: {m['files']} files, {m['documents']} documents, {m['characters']:,} "
             f"characters\n  tokenizer {m['tokenizer']} (vocab {m['vocab_size']}{per_token}), "
             f"{m['tokens']:,} tokens: train {m['tokens_train']:,} / val {m['tokens_val']:,}\n  "
-            f"windows of {m['block_size'] + 1} tokens, stride {m['stride']}: train "
+            f"{m['chunks_train']:,} / {m['chunks_val']:,} chunks, "
+            f"{m['token_bytes_stored'] / max(m['tokens'], 1):.2f} bytes per token; windows of "
+            f"{m['block_size'] + 1} tokens ({m['sampling']}, stride {m['stride']}): train "
             f"{m['windows_train']:,} / val {m['windows_val']:,}\n  Spark: {st.get('jobs', 0)} "
             f"jobs, {st.get('stages', 0)} stages, {st.get('tasks', 0)} tasks "
             f"({st.get('failed_tasks', 0)} failed), {st.get('input_bytes', 0):,} bytes read, "

@@ -19,7 +19,7 @@ from raydp_llm.core.config import CONF_DIR, Settings
 from raydp_llm.core.errors import RunFailure
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
-from raydp_llm.data.prepare import PreparedData, prepared, write_json
+from raydp_llm.data.prepare import PreparedData, prepared, samplings, windows_of, write_json
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training import runs
@@ -78,8 +78,9 @@ def run(settings: Settings, out_dir: Path) -> dict:
         # the cluster's nodes are known now, before the ETL
         preflight(settings.cluster, settings.train, store)
         with prepared(settings, corpus, out_dir, to_ray=True, store=store) as data:
+            data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
             write_json(out_dir / "manifest.json", data.manifest)
-            spec = build_spec(settings, data.tokenizer, data.manifest)
+            spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
             record.resumed_from = resume_checkpoint(settings, spec, out_dir)
             keeper = runs.RecordKeeper(
                 record,
@@ -91,7 +92,7 @@ def run(settings: Settings, out_dir: Path) -> dict:
                     outcome = fit(
                         spec,
                         RunContext(run_name, resume_from=record.resumed_from),
-                        data.datasets,
+                        {name: (data.sources[name], data.index[name]) for name in data.index},
                         Launch(out_dir, run_storage, settings.cluster.placement),
                     )
                     keeper.finish("diverged" if outcome.diverged else "finished")

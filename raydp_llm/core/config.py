@@ -49,11 +49,19 @@ class DataSettings:
                                              "all")
     document_split: str = setting("file", "where documents end: file | blank_line | line "
                                           "(an end-of-document token joins them)")
+    sampling: str = setting("stride", "how training windows are cut from the token stream: stride "
+                                      "(every data.stride tokens) | random (seeded random "
+                                      "offsets, nanoGPT's sampling; as many per epoch as a stride "
+                                      "of model.block_size gives)")
     stride: Optional[int] = setting(None, "tokens between training window starts; null = "
                                           "model.block_size (no overlap); smaller = overlapping "
-                                          "windows")
+                                          "windows (no new ETL: windows are cut when read)")
     val_stride: Optional[int] = setting(None, "the same for validation windows; null = "
                                               "model.block_size (every token scored once)")
+    chunk_tokens: int = setting(262144, "tokens per stored chunk of the stream: the unit a worker "
+                                        "reads")
+    halo_tokens: int = setting(1024, "tokens stored after each chunk, so windows are cut from one "
+                                     "chunk: the largest model.block_size the ETL output serves")
     split: str = setting("tail", "tail = the last val_fraction of the token stream is validation "
                                  "(nanoGPT) | hash = seeded chunks")
     val_fraction: float = setting(0.1, "fraction of tokens held out for validation, in (0, 1)")
@@ -134,8 +142,6 @@ class TrainSettings:
                                                 "(<storage_path>/<run>/): a directory or "
                                                 "s3://bucket/prefix; null = ray_results/ in the "
                                                 "run directory")
-    shuffle_buffer: int = setting(2000, "windows permuted together per epoch (seeded), on top of "
-                                        "the ETL's global shuffle; 0 = none")
     precision: str = setting("auto", "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16")
     compile: bool = setting(False, "torch.compile the model (worth it on GPUs)")
     peak_flops: Optional[float] = setting(None, "one worker's peak FLOP/s for MFU (e.g. 989e12 "
@@ -281,11 +287,14 @@ def _within(low, high):
 RULES = {
     "data.max_files": _optional(_at_least(1)),
     "data.document_split": _one_of("file", "blank_line", "line"),
+    "data.sampling": _one_of("stride", "random"),
     "data.stride": _optional(_at_least(1)),
     "data.val_stride": _optional(_at_least(1)),
     "data.split": _one_of("tail", "hash"),
     "data.val_fraction": (lambda v: 0 < v < 1, "a fraction strictly between 0 and 1"),
     "data.segment_tokens": _at_least(1),
+    "data.chunk_tokens": _at_least(1),
+    "data.halo_tokens": _at_least(1),
     "data.format": _one_of("text", "ids", "parquet"),
     "data.vocab_size": _optional(_at_least(1)),
     "tokenizer.kind": _one_of("char", "bpe"),
@@ -318,7 +327,6 @@ RULES = {
     "train.eval_batches": _optional(_at_least(1)),
     "train.checkpoint_interval": _at_least(0),
     "train.keep_checkpoints": _at_least(1),
-    "train.shuffle_buffer": _at_least(0),
     "train.precision": _one_of("auto", "fp32", "bf16"),
     "train.peak_flops": _optional((lambda v: v > 0, "a number > 0")),
     "cluster.num_cpus": _optional((lambda v: v > 0, "a number > 0")),
@@ -371,6 +379,10 @@ def validate(settings: Settings) -> None:
         raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at "
                          "min_lr ≤ lr")
     _check_batch(t)
+    if settings.model.block_size > settings.data.halo_tokens:
+        raise InputError(f"model.block_size={settings.model.block_size} is above "
+                         f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
+                         "ETL output serves; set data.halo_tokens to at least the block size")
     if t.checkpoint_interval % t.eval_interval:
         raise InputError(f"train.checkpoint_interval={t.checkpoint_interval} is not a multiple of "
                          f"train.eval_interval={t.eval_interval}; checkpoints are taken at "

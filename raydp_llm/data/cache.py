@@ -1,8 +1,9 @@
-"""The ETL cache: windows (Parquet), tokenizer, manifest and Spark's stats under
-``data.cache_dir/<key>/``.
+"""The ETL cache: the token stream's chunks (Parquet, a row group per chunk), their index,
+tokenizer, manifest and Spark's stats under ``data.cache_dir/<key>/``.
 
 The key hashes the inputs' fingerprints (paths, sizes, modification times) and every setting the ETL
-reads.
+reads; not the window settings (``model.block_size``, ``data.stride``, ``data.sampling``): windows
+are cut when read, so one entry serves them all.
 
 An entry is complete or rebuilt, never trained on in part:
 - it is written under a temporary name (``.<key>.tmp-<pid>-<random>``), everything in it (the Spark
@@ -35,29 +36,28 @@ import pyarrow.parquet as pq
 from raydp_llm.core import integrity
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.tokenizer import Tokenizer, load_tokenizer
+from raydp_llm.data import stream
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.etl import EtlOutput, check_window_count
+from raydp_llm.data.etl import EtlOutput, check_chunk_count, sorted_chunks
+from raydp_llm.data.stream import ChunkIndex, ParquetChunks
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 STATS_FILE = "etl_stats.json"
 SPLITS = ("train", "val")
-ETL_VERSION = 3  # bump when the ETL's output changes for the same inputs and settings
+ETL_VERSION = 4  # bump when the ETL's output changes for the same inputs and settings
 TMP_NAME = re.compile(r"^\.(?P<key>[^.]+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
+# Windows are cut when read: these settings are not the ETL's (nor is model.block_size)
+READ_SETTINGS = ("stride", "val_stride", "sampling")
 
 
-def cache_key(
-    corpus: Corpus, data: DataSettings, tokenizer_settings, block_size: int, seed: int
-) -> str:
+def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int) -> str:
     """The ETL's inputs (their fingerprints) and every setting it reads, hashed."""
     settings = asdict(data)
-    for irrelevant in (
-        "cache",
-        "cache_dir",
-        "path",
-        "max_files",
-    ):  # the inputs are in the fingerprints
+    # the inputs are in the fingerprints; the window settings are read, not written
+    for irrelevant in ("cache", "cache_dir", "path", "max_files", *READ_SETTINGS):
         settings.pop(irrelevant, None)
     tokenizer = asdict(tokenizer_settings)
     if tokenizer_settings.path:
@@ -71,7 +71,6 @@ def cache_key(
             "markdown": corpus.markdown,
             "data": settings,
             "tokenizer": tokenizer,
-            "block_size": block_size,
             "seed": seed,
         },
         sort_keys=True,
@@ -114,7 +113,7 @@ def remove_leftovers(cache_dir: Path) -> None:
 
 def entry_problem(entry: Path) -> str | None:
     """None when ``entry`` is complete: sealed, its files as the seal lists them, and each split's
-    Parquet files holding the manifest's windows; else what is wrong."""
+    Parquet files holding the manifest's chunks; else what is wrong."""
     damage = integrity.problem(entry, hashes=False)
     if damage:
         return damage
@@ -127,8 +126,8 @@ def entry_problem(entry: Path) -> str | None:
             )
         except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
             return f"{split}/ has an unreadable Parquet file ({str(err).splitlines()[0][:100]})"
-        if rows != manifest[f"windows_{split}"]:
-            return f"{split}/ holds {rows} windows, the manifest {manifest[f'windows_{split}']}"
+        if rows != manifest[f"chunks_{split}"]:
+            return f"{split}/ holds {rows} chunks, the manifest {manifest[f'chunks_{split}']}"
     return None
 
 
@@ -147,17 +146,25 @@ def lookup(cache_dir: Path, key: str) -> Path | None:
 
 
 def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
-    """Write the windows from the executors, then the tokenizer and manifest, under a temporary
-    name; ``commit`` puts it in place. Hold ``locked(cache_dir, key)``."""
+    """Write the chunks from the executors (sorted, a row group per chunk), then their index, the
+    tokenizer and the manifest, under a temporary name; ``commit`` puts it in place. Hold
+    ``locked(cache_dir, key)``."""
     tmp = Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    row_group = out.manifest["chunk_tokens"] * out.tokenizer.token_dtype.itemsize
     try:
-        for name, df in (("train", out.train), ("val", out.val)):
-            df.write.parquet(str(tmp / name))
-            check_window_count(
+        for name, df in out.chunks.items():
+            # parquet-mr closes a row group once it holds parquet.block.size bytes, checked after
+            # every row (page.size.row.check.min=1): a worker reads its chunks and no more
+            (sorted_chunks(df, len(out.index[name]), CHUNKS_PER_FILE).write
+             .option("parquet.block.size", row_group)
+             .option("parquet.page.size.row.check.min", 1)
+             .parquet(str(tmp / name)))
+            check_chunk_count(
                 name,
                 sum(pq.ParquetFile(f).metadata.num_rows for f in (tmp / name).glob("*.parquet")),
-                out.manifest,
+                out.index[name],
             )
+        stream.write_index(tmp, out.index)
         out.tokenizer.save(tmp)
         (tmp / MANIFEST).write_text(json.dumps(out.manifest, indent=2))
     except BaseException:
@@ -198,13 +205,14 @@ def _remove(entry: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def read_entry(entry: Path, to_ray: bool) -> tuple[dict | None, Tokenizer, dict, dict]:
-    """The tokenizer, the manifest, Spark's stats and, when ``to_ray``, the windows as Ray datasets
-    (``read_parquet``)."""
-    datasets = None
-    if to_ray:
-        import ray.data
-
-        datasets = {name: ray.data.read_parquet(str(entry / name)).materialize() for name in SPLITS}
+def read_entry(entry: Path) -> tuple[dict[str, ChunkIndex], Tokenizer, dict, dict]:
+    """The chunk index, the tokenizer, the manifest and Spark's stats of an entry."""
     stats = json.loads((entry / STATS_FILE).read_text()) if (entry / STATS_FILE).is_file() else {}
-    return datasets, load_tokenizer(entry), json.loads((entry / MANIFEST).read_text()), stats
+    manifest = json.loads((entry / MANIFEST).read_text())
+    return stream.read_index(entry), load_tokenizer(entry), manifest, stats
+
+
+def parquet_sources(entry: Path, index: dict[str, ChunkIndex]) -> dict[str, ParquetChunks]:
+    """Where the workers read each split's chunks: the entry's Parquet files, row group by row
+    group."""
+    return {name: ParquetChunks(str(entry / name), index[name]) for name in SPLITS}

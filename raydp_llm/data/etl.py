@@ -1,9 +1,9 @@
-"""The Spark ETL: lines → scan → tokenizer → token ids (in the executors) → windows → train/val
-splits.
+"""The Spark ETL: lines → scan → tokenizer → token ids (in the executors) → chunks of the token
+stream, per train/val split.
 
 Everything that touches the corpus runs in Spark executors; the driver collects only per-file
 statistics, the tokenizer's training sample (one joined text per batch) and the length and first
-``block_size`` tokens of each piece of the stream.
+``data.halo_tokens`` tokens of each piece of the stream.
 
 1. *read*: one row per line with its file and the start of its input split (``src``, ``block``), so
    huge files are split and read in parallel; markdown is stripped in the JVM.
@@ -13,9 +13,11 @@ statistics, the tokenizer's training sample (one joined text per batch) and the 
 4. *encode*: ``mapInArrow`` batches through the tokenizer, a paragraph at a time; documents are
    joined by the end-of-document token; each input split becomes pieces of about ``PIECE_TOKENS``
    ids.
-5. *window*: from the pieces' lengths the driver knows every piece's offset in the stream, and from
-   their heads every piece's halo; each piece cuts its own windows where it lies (no shuffle, see
-   windows.py). The training windows get one seeded shuffle.
+5. *chunk*: from the pieces' lengths the driver knows every piece's offset in the stream, and from
+   their heads every piece's halo; each piece cuts its own chunks (at most ``data.chunk_tokens``
+   tokens of one segment, with up to ``data.halo_tokens`` tokens after them) where it lies, and the
+   driver knows the chunks' index by arithmetic (windows.py). Windows are cut when read (stream.py):
+   the output holds each token about once, whatever the stride or the block size.
 """
 
 from __future__ import annotations
@@ -49,15 +51,15 @@ from raydp_llm.core.tokenizer import (
 )
 from raydp_llm.data import s3_reader, windows
 from raydp_llm.data.corpus import Corpus, read_head, utf16
+from raydp_llm.data.stream import CHUNK_SCHEMA as CHUNK_ARROW
+from raydp_llm.data.stream import BlockChunks, ChunkIndex
 from raydp_llm.engines import raydp_fixes
 
 log = logging.getLogger(__name__)
 
-WINDOW_SCHEMA = "start long, tokens binary"
-WINDOW_ARROW = pa.schema([("start", pa.int64()), ("tokens", pa.binary())])
+CHUNK_SCHEMA = "start long, tokens binary"
 PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
 PARAGRAPH_LINES = 1000  # lines encoded as one text at most
-WINDOWS_PER_BATCH = 8192  # windows per Arrow batch out of the executors
 REPLACEMENT = "\ufffd"  # what invalid UTF-8 sequences are decoded to
 
 # Markdown → plain text, line by line in the JVM: **SPEAKER** lines, headings, emphasis, escapes,
@@ -73,9 +75,9 @@ _MARKDOWN_RULES = [
 
 @dataclass
 class EtlOutput:
-    train: DataFrame  # WINDOW_SCHEMA rows, tokens = (block_size + 1) ids as raw `token_dtype` bytes
-    val: DataFrame
-    encoded: DataFrame  # the cached token stream both are cut from
+    chunks: dict[str, DataFrame]  # per split: CHUNK_SCHEMA rows, tokens as raw `token_dtype` bytes
+    index: dict[str, ChunkIndex]  # per split: the chunks, by arithmetic
+    encoded: DataFrame  # the cached token stream the chunks are cut from
     tokenizer: Tokenizer
     manifest: dict
     phase_s: dict = field(default_factory=dict)
@@ -314,7 +316,7 @@ PIECE_SCHEMA = pa.schema(
 
 class Piece(NamedTuple):
     """A piece of the token stream as the driver sees it: where it comes from (file, input split,
-    part), its length and documents, and its first ``block_size`` tokens (the halo of the piece
+    part), its length and documents, and its first ``halo_tokens`` tokens (the halo of the piece
     before it)."""
 
     src: str
@@ -441,50 +443,32 @@ def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) ->
                             "src string, block long, part long, docs long, n long, tokens binary")
 
 
-def cut_split(encoded: DataFrame, stream: Stream, name: str) -> DataFrame:
-    """``start, tokens``: the windows of split ``name``. Each piece cuts the windows that start in
-    it, in its executor, from its tokens and its halo (the tokens after it)."""
+def cut_chunks(encoded: DataFrame, stream: Stream, name: str) -> DataFrame:
+    """``start, tokens``: the chunks of split ``name``, sorted by start. Each piece cuts the chunks
+    that start in it, in its executor, from its tokens and its halo (the tokens after it); a chunk's
+    row holds its own tokens and up to ``halo`` tokens after them in its segment."""
     # plain values for the closure Spark ships to the executors (not the pieces' heads)
-    pieces, dtype, block_size, stride = (stream.placed, stream.dtype, stream.block_size,
-                                         stream.strides[name])
-    data = stream.data
-    seg = dict(n=stream.n_tokens, split=data.split, val_fraction=data.val_fraction,
-               seed=stream.seed, segment_tokens=data.segment_tokens)
+    placed, dtype, halo = stream.placed, stream.dtype, stream.halo
+    segments, chunk_tokens = stream.segments_of, stream.data.chunk_tokens
 
     def cut(batches):
         for batch in batches:
             for src, block, part, raw in zip(
                 *(batch.column(c).to_pylist() for c in ("src", "block", "part", "tokens"))
             ):
-                offset, halo = pieces[(src, block, part)]
+                offset, piece_halo = placed[(src, block, part)]
                 ids = np.frombuffer(raw, dtype=dtype)
-                stream = np.concatenate([ids, np.frombuffer(halo, dtype=dtype)])
-                for seg_name, seg_start, seg_end in windows.segments(
-                    offset, offset + len(ids), **seg
-                ):
-                    if seg_name != name:
-                        continue
-                    starts = windows.window_starts(
-                        seg_start, seg_end, offset, offset + len(ids), block_size, stride
-                    )
-                    for i in range(0, len(starts), WINDOWS_PER_BATCH):
-                        chosen = starts[i:i + WINDOWS_PER_BATCH]
-                        cut = windows.cut_windows(stream, offset, chosen, block_size)
-                        yield pa.RecordBatch.from_pydict(
-                            {"start": chosen, "tokens": [w.tobytes() for w in cut]},
-                            schema=WINDOW_ARROW,
-                        )
+                local = np.concatenate([ids, np.frombuffer(piece_halo, dtype=dtype)])
+                spans = windows.chunk_spans(offset, offset + len(ids), segments, chunk_tokens)
+                chosen = [s for s in spans if s.split == name]
+                if chosen:
+                    yield pa.RecordBatch.from_pydict({
+                        "start": [s.start for s in chosen],
+                        "tokens": [local[s.start - offset:min(s.end + halo, s.seg_end) - offset]
+                                   .tobytes() for s in chosen],
+                    }, schema=CHUNK_ARROW)
 
-    return encoded.mapInArrow(cut, WINDOW_SCHEMA)
-
-
-def count_windows(n_tokens: int, data: DataSettings, block_size: int, strides: dict[str, int],
-                  seed: int) -> dict[str, int]:
-    counts = {"train": 0, "val": 0}
-    for name, lo, hi in windows.segments(0, n_tokens, n_tokens, data.split, data.val_fraction, seed,
-                                         data.segment_tokens):
-        counts[name] += windows.count_windows(lo, hi, block_size, strides[name])
-    return counts
+    return encoded.mapInArrow(cut, CHUNK_SCHEMA)
 
 
 def check_files(files: dict[str, dict], data: DataSettings, s3: S3Options) -> list[str]:
@@ -526,29 +510,28 @@ class Phases:
 
 @dataclass(frozen=True)
 class EtlPlan:
-    """What the ETL builds: windows of ``block_size + 1`` tokens of ``corpus``, read and split as
-    ``data`` says, tokenized with ``tokenizer`` (settings, or a ``SavedTokenizer``), split and
-    shuffled with ``seed``; ``s3`` reaches ``s3://`` inputs."""
+    """What the ETL builds: the token stream of ``corpus`` in chunks, read and split as ``data``
+    says, tokenized with ``tokenizer`` (settings, or a ``SavedTokenizer``), split with ``seed``;
+    ``s3`` reaches ``s3://`` inputs. No window setting: windows are cut when read."""
 
     corpus: Corpus
     data: DataSettings
     tokenizer: object
-    block_size: int
     seed: int
     s3: S3Options = S3Options()
 
     @classmethod
     def of(cls, settings: Settings, corpus: Corpus, tokenizer: object = None) -> EtlPlan:
         """The plan a run's settings make (``tokenizer`` instead of ``settings.tokenizer``)."""
-        return cls(corpus, settings.data, tokenizer or settings.tokenizer,
-                   settings.model.block_size, settings.seed, S3Options.of(settings.s3))
+        return cls(corpus, settings.data, tokenizer or settings.tokenizer, settings.seed,
+                   S3Options.of(settings.s3))
 
 
 def run_etl(spark: SparkSession, plan: EtlPlan,
             on_phase: Callable[[str, float], None] | None = None) -> EtlOutput:
-    """The whole ETL on ``spark``, in five steps: read (and scan), tokenizer, encode, windows,
-    manifest. Returns the window DataFrames (cut when written or handed to Ray) and the manifest.
-    ``on_phase(name, seconds)`` is called as each of the first three phases ends."""
+    """The whole ETL on ``spark``, in five steps: read (and scan), tokenizer, encode, chunks,
+    manifest. Returns the chunk DataFrames (cut when written or handed to Ray), their index and the
+    manifest. ``on_phase(name, seconds)`` is called as each of the first three phases ends."""
     phases, data = Phases(on_phase), plan.data
     lines, files, skipped = phases.run("read", lambda: read_and_scan(spark, plan))
     tokenizer = phases.run(
@@ -558,16 +541,15 @@ def run_etl(spark: SparkSession, plan: EtlPlan,
     document_split = "line" if data.format == "parquet" else data.document_split
     encoded = encode_lines(lines, tokenizer, document_split).cache()
     pieces = phases.run(
-        "encode", lambda: collect_pieces(encoded, plan.block_size * tokenizer.token_dtype.itemsize)
+        "encode", lambda: collect_pieces(encoded, data.halo_tokens * tokenizer.token_dtype.itemsize)
     )
-    stream = Stream(pieces, data, plan.block_size, plan.seed, tokenizer.token_dtype)
-    stream.check_enough(plan.corpus.name)
-    train, val = cut_windows(encoded, stream)
+    stream = Stream(pieces, data, plan.seed, tokenizer.token_dtype)
+    chunks = {name: cut_chunks(encoded, stream, name) for name in windows.SPLITS}
     manifest = build_manifest(plan.corpus, files, skipped, stream, tokenizer) | {
         "document_split": document_split
     }
-    return EtlOutput(train=train, val=val, encoded=encoded, tokenizer=tokenizer, manifest=manifest,
-                     phase_s=phases.seconds)
+    return EtlOutput(chunks=chunks, index=stream.index, encoded=encoded, tokenizer=tokenizer,
+                     manifest=manifest, phase_s=phases.seconds)
 
 
 def read_and_scan(spark: SparkSession,
@@ -602,68 +584,48 @@ def collect_pieces(encoded: DataFrame, head_bytes: int) -> list[Piece]:
 
 
 class Stream:
-    """The token stream as the pieces make it: each piece's offset and halo (the tokens after it),
-    the train/validation segments, and the windows each split gets (by arithmetic, checked against
-    what Spark cuts)."""
+    """The token stream as the pieces make it: each piece's offset and halo (the ``halo`` tokens
+    after it), the train/validation segments, and each split's chunks (``index``), by arithmetic."""
 
-    def __init__(
-        self, pieces: list[Piece], data: DataSettings, block_size: int, seed: int, dtype: np.dtype
-    ):
-        self.pieces, self.data, self.block_size = pieces, data, block_size
-        self.seed, self.dtype = seed, dtype
+    def __init__(self, pieces: list[Piece], data: DataSettings, seed: int, dtype: np.dtype):
+        self.pieces, self.data, self.seed, self.dtype = pieces, data, seed, dtype
+        self.halo = data.halo_tokens
         self.n_tokens = sum(p.n for p in pieces)
-        self.strides = {"train": data.stride or block_size, "val": data.val_stride or block_size}
         offsets = np.concatenate(
             [[0], np.cumsum([p.n for p in pieces], dtype=np.int64)[:-1]]
         ).tolist()
-        halos = windows.halos([np.frombuffer(p.head, dtype) for p in pieces], block_size)
+        halos = windows.halos([np.frombuffer(p.head, dtype) for p in pieces], self.halo)
         self.placed = {(p.src, p.block, p.part): (offset, halo.tobytes())
                        for p, offset, halo in zip(pieces, offsets, halos)}
-        self.windows = count_windows(self.n_tokens, data, block_size, self.strides, seed)
+        self.segments_of = functools.partial(
+            windows.segments, n=self.n_tokens, split=data.split, val_fraction=data.val_fraction,
+            seed=seed, segment_tokens=data.segment_tokens)
+        rows = {name: [] for name in windows.SPLITS}
+        for p, offset in zip(pieces, offsets):
+            for s in windows.chunk_spans(offset, offset + p.n, self.segments_of, data.chunk_tokens):
+                rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
+        self.index = {name: ChunkIndex.of(r) for name, r in rows.items()}
 
     def segments(self):
-        d = self.data
-        return windows.segments(0, self.n_tokens, self.n_tokens, d.split, d.val_fraction, self.seed,
-                                d.segment_tokens)
+        return self.segments_of(0, self.n_tokens)
 
-    def check_enough(self, corpus_name: str) -> None:
-        """One line for a corpus too small for a window in each split."""
-        if self.windows["train"] and self.windows["val"]:
-            return
-        b, d = self.block_size, self.data
-        needed = math.ceil((b + 1) / min(d.val_fraction, 1 - d.val_fraction))
-        raise InputError(f"data.path: the corpus {corpus_name} has {self.n_tokens} tokens, giving "
-                         f"{self.windows['train']} training and {self.windows['val']} validation "
-                         f"windows of {b + 1} tokens; at least {needed} tokens are needed: use a "
-                         "larger corpus or a smaller model.block_size")
-
-
-def cut_windows(encoded: DataFrame, stream: Stream) -> tuple[DataFrame, DataFrame]:
-    """The training and validation windows, each piece cutting those that start in it. Training
-    windows get a seeded shuffle (hash-partitioned, then sorted by the hash within each partition),
-    so that training reads them in a random but reproducible order; validation keeps stream order.
-    Both are cut when they are written or handed to Ray (``check_window_count`` then checks the
-    arithmetic)."""
-    cut = {
-        name: cut_split(encoded, stream, name)
-        for name in ("train", "val")
-    }
-    order = F.hash("start", F.lit(stream.seed))
-    train = (
-        cut["train"]
-        .repartition(max(2, encoded.rdd.getNumPartitions()), order)
-        .sortWithinPartitions(order)
-    )
-    return train, cut["val"].sortWithinPartitions("start")
+    def stored_tokens(self) -> int:
+        """Tokens the chunks hold, halos included."""
+        total = 0
+        for index in self.index.values():
+            ends = index.start + index.n
+            total += int(np.minimum(ends + self.halo, index.seg_end).sum() - index.start.sum())
+        return total
 
 
 def build_manifest(corpus: Corpus, files: dict[str, dict], skipped: list[str], stream: Stream,
                    tokenizer: Tokenizer) -> dict:
-    """What the ETL made, for ``manifest.json``: the inputs, the text, the tokens, the windows, the
+    """What the ETL made, for ``manifest.json``: the inputs, the text, the tokens, the chunks, the
     settings."""
     n, d = stream.n_tokens, stream.data
-    tokens_val = sum(hi - lo for name, lo, hi in stream.segments() if name == "val")
+    tokens_val = stream.index["val"].tokens()
     characters = sum(f["chars"] for f in files.values())
+    stored = stream.stored_tokens() * tokenizer.token_dtype.itemsize
     return {
         "corpus": corpus.name,
         "files": len(files),
@@ -676,15 +638,15 @@ def build_manifest(corpus: Corpus, files: dict[str, dict], skipped: list[str], s
         "tokens_train": n - tokens_val,
         "tokens_val": tokens_val,
         "chars_per_token": characters / n if tokenizer.kind != "ids" else None,
-        "windows_train": stream.windows["train"],
-        "windows_val": stream.windows["val"],
+        "chunks_train": len(stream.index["train"]),
+        "chunks_val": len(stream.index["val"]),
+        "chunk_tokens": d.chunk_tokens,
+        "halo_tokens": d.halo_tokens,
+        "token_bytes_stored": stored,
         "vocab_size": tokenizer.vocab_size,
         "tokenizer": tokenizer.kind,
         "tokenizer_hash": tokenizer.fingerprint,
         "token_dtype": tokenizer.token_dtype.name,
-        "block_size": stream.block_size,
-        "stride": stream.strides["train"],
-        "val_stride": stream.strides["val"],
         "split": d.split,
         "val_fraction": d.val_fraction,
         "format": d.format,
@@ -693,28 +655,35 @@ def build_manifest(corpus: Corpus, files: dict[str, dict], skipped: list[str], s
     }
 
 
-def check_window_count(name: str, count: int, manifest: dict) -> None:
-    """Spark's output against the window arithmetic: a mismatch is a bug, never silently trained
+def sorted_chunks(df: DataFrame, chunks: int, per_partition: int) -> DataFrame:
+    """The chunk rows sorted by start, ``per_partition`` chunks to a partition (a Ray block, or a
+    Parquet file), partitions in stream order."""
+    parts = max(1, math.ceil(chunks / per_partition))
+    return df.repartitionByRange(parts, "start").sortWithinPartitions("start")
+
+
+def check_chunk_count(name: str, count: int, index: ChunkIndex) -> None:
+    """Spark's output against the chunk arithmetic: a mismatch is a bug, never silently trained
     on."""
-    if count != manifest[f"windows_{name}"]:
-        raise RuntimeError(f"window count mismatch in {name}: Spark cut {count}, the arithmetic "
-                           f"says {manifest[f'windows_{name}']}")
+    if count != len(index):
+        raise RuntimeError(f"chunk count mismatch in {name}: Spark cut {count}, the arithmetic "
+                           f"says {len(index)}")
 
 
-def to_ray_datasets(out: EtlOutput) -> dict:
-    """Hand the windows to Ray (``ray.data.from_spark``), then release Spark's cached copy.
-
-    The Ray datasets are materialized in the object store, owned by this driver, so they outlive
-    Spark.
-    """
+def to_object_store(out: EtlOutput) -> dict[str, BlockChunks]:
+    """Hand the chunks to Ray (``ray.data.from_spark``, a block per chunk), then release Spark's
+    cached copy. The blocks are materialized in the object store, owned by this driver, so they
+    outlive Spark; each worker later fetches only the blocks of its own chunks."""
     import ray.data
     from raydp.spark import release_spark_recoverable
 
     raydp_fixes.install()
-    datasets = {}
-    for name, df in (("train", out.train), ("val", out.val)):
-        datasets[name] = ray.data.from_spark(df).materialize()
+    sources = {}
+    for name, df in out.chunks.items():
+        df = sorted_chunks(df, len(out.index[name]), per_partition=1)
+        dataset = ray.data.from_spark(df).materialize()
         release_spark_recoverable(df)
-        check_window_count(name, datasets[name].count(), out.manifest)
+        check_chunk_count(name, dataset.count(), out.index[name])
+        sources[name] = BlockChunks(dataset.to_arrow_refs(), out.index[name])
     out.encoded.unpersist()
-    return datasets
+    return sources

@@ -1,5 +1,5 @@
-"""The ETL step every entry point runs: windows from the ETL cache, or from a Spark ETL on the
-running Ray.
+"""The ETL step every entry point runs: the token stream's chunks from the ETL cache, or from a
+Spark ETL on the running Ray; and the windows a run's settings cut from them (``windows_of``).
 
 ``prepared`` is a context manager, so the caller holds Spark's lifetime: Spark stops before the data
 is handed over, unless ``cluster.keep_executors``, when it stays up until the caller's ``with``
@@ -27,8 +27,9 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl import EtlOutput, EtlPlan, run_etl, to_ray_datasets
+from raydp_llm.data.etl import EtlOutput, EtlPlan, run_etl, to_object_store
 from raydp_llm.data.spark_stats import read_event_log
+from raydp_llm.data.stream import ChunkIndex, Sampling
 from raydp_llm.engines.dashboard import RunGauges
 from raydp_llm.engines.spark import EVENT_LOG_DIR, spark_session
 
@@ -40,10 +41,11 @@ STATS_FILE = cache.STATS_FILE
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    manifest: dict
+    manifest: dict  # the ETL's (manifest.json), windows_of adds the run's windows
     entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
     cache_hit: bool
-    datasets: dict | None = None  # Ray datasets {"train", "val"} when asked for
+    index: dict[str, ChunkIndex]  # each split's chunks
+    sources: dict | None = None  # where workers read each split's chunks, when asked for
     stats: dict = field(default_factory=dict)  # etl_stats.json: Spark's metrics and the phase times
     timings: dict = field(default_factory=dict)  # seconds: etl_s, and spark_start_s when Spark ran
 
@@ -64,7 +66,7 @@ def etl_tokenizer(tok):
 
 
 def dataset_store(data: DataSettings, out_dir: Path) -> Path:
-    """Where an entry point that reads the windows from disk has the ETL write them: the ETL cache,
+    """Where an entry point that reads the chunks from disk has the ETL write them: the ETL cache,
     or ``dataset/`` in the run directory with ``data.cache=false``."""
     return Path(data.cache_dir) if data.cache else out_dir / "dataset"
 
@@ -72,13 +74,14 @@ def dataset_store(data: DataSettings, out_dir: Path) -> Path:
 @contextlib.contextmanager
 def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
              store: Path | None) -> Iterator[PreparedData]:
-    """Windows from the ETL cache (``data.cache``) or from a Spark ETL run on the running Ray.
+    """Chunks from the ETL cache (``data.cache``) or from a Spark ETL run on the running Ray.
 
-    A Spark run writes its dataset to ``store/<key>`` when ``store`` is given and hands the windows
-    to Ray with ``from_spark`` when ``to_ray``; Spark's driver log goes to ``out_dir``. One run at a
-    time checks or builds a key (``cache.locked``)."""
+    A Spark run writes its dataset to ``store/<key>`` when ``store`` is given; with ``to_ray`` the
+    workers read their chunks from there, or, without a store, from Ray's object store
+    (``from_spark``). Spark's driver log goes to ``out_dir``. One run at a time checks or builds a
+    key (``cache.locked``)."""
     tok = etl_tokenizer(settings.tokenizer)
-    key = cache.cache_key(corpus, settings.data, tok, settings.model.block_size, settings.seed)
+    key = cache.cache_key(corpus, settings.data, tok, settings.seed)
     fingerprinted = all(f["size"] is not None for f in corpus.fingerprints)
     if settings.data.cache and not fingerprinted:
         log.info("ETL cache not used: remote inputs have no size or modification time to key it by")
@@ -97,10 +100,11 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
 def _from_cache(entry: Path, out_dir: Path, to_ray: bool) -> PreparedData:
     clock = Stopwatch()
     log.info("ETL cache hit: %s (Spark not started)", entry)
-    datasets, tokenizer, manifest, stats = cache.read_entry(entry, to_ray)
+    index, tokenizer, manifest, stats = cache.read_entry(entry)
+    sources = cache.parquet_sources(entry, index) if to_ray else None
     write_json(out_dir / STATS_FILE, stats)
-    return PreparedData(tokenizer, manifest, entry, cache_hit=True, datasets=datasets, stats=stats,
-                        timings={"etl_s": clock.seconds()})
+    return PreparedData(tokenizer, manifest, entry, cache_hit=True, index=index, sources=sources,
+                        stats=stats, timings={"etl_s": clock.seconds()})
 
 
 @dataclass(frozen=True)
@@ -118,13 +122,13 @@ class Job:
 def _spark_etl(
     job: Job, to_ray: bool, store: Path | None, kept: contextlib.ExitStack
 ) -> PreparedData:
-    """Spark's part of ``prepared``: start Spark, run the ETL, stage the cache entry and hand the
-    windows to Ray; then Spark's stats, and the entry committed with them."""
+    """Spark's part of ``prepared``: start Spark, run the ETL, stage the cache entry or hand the
+    chunks to Ray; then Spark's stats, and the entry committed with them."""
     settings = job.settings
     phases = ["spark start", "read", "tokenizer", "encode"]
     phases += ["write"] if store else []
-    phases += ["convert"] if to_ray else []
-    timings, staged, datasets = {}, None, None
+    phases += ["convert"] if to_ray and not store else []
+    timings, staged, sources = {}, None, None
     with contextlib.ExitStack() as local, console_bar(len(phases), "ETL", "phase") as bar:
         progress = PhaseBar(bar)
         scope = kept if settings.cluster.keep_executors else local
@@ -138,8 +142,8 @@ def _spark_etl(
         out = _run_etl(spark, plan, progress.done)
         if store:
             staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
-        if to_ray:
-            datasets = _phase(out, "convert", progress, lambda: to_ray_datasets(out))
+        if to_ray and not store:
+            sources = _phase(out, "convert", progress, lambda: to_object_store(out))
         check_unchanged(job.corpus, plan.s3)  # every pass read the same inputs
     _report(out, settings.name)
     timings["etl_s"] = etl_clock.seconds()
@@ -150,35 +154,22 @@ def _spark_etl(
     }
     write_json(job.out_dir / STATS_FILE, stats)
     entry = cache.commit(staged, stats) if staged else None
-    return PreparedData(
-        out.tokenizer,
-        out.manifest,
-        entry,
-        cache_hit=False,
-        datasets=datasets,
-        stats=stats,
-        timings=timings,
-    )
+    if to_ray and entry:
+        sources = cache.parquet_sources(entry, out.index)
+    return PreparedData(out.tokenizer, out.manifest, entry, cache_hit=False, index=out.index,
+                        sources=sources, stats=stats, timings=timings)
 
 
 def _report(out: EtlOutput, run_name: str) -> None:
     """The ETL's figures on the console and in Ray's metrics."""
     m = out.manifest
-    log.info(
-        "ETL: %d files, %d documents, %d tokens, vocab %d (%s), windows train %d / val %d",
-        m["files"],
-        m["documents"],
-        m["tokens"],
-        m["vocab_size"],
-        m["tokenizer"],
-        m["windows_train"],
-        m["windows_val"],
-    )
+    log.info("ETL: %d files, %d documents, %d tokens, vocab %d (%s), chunks train %d / val %d "
+             "(%.2f bytes per token stored)", m["files"], m["documents"], m["tokens"],
+             m["vocab_size"], m["tokenizer"], m["chunks_train"], m["chunks_val"],
+             m["token_bytes_stored"] / max(m["tokens"], 1))
     gauges = RunGauges(run_name)
     gauges.set_tagged("etl_phase_s", "phase", out.phase_s)
-    gauges.set_tagged(
-        "etl_windows", "split", {"train": m["windows_train"], "val": m["windows_val"]}
-    )
+    gauges.set_tagged("etl_chunks", "split", {"train": m["chunks_train"], "val": m["chunks_val"]})
 
 
 def _phase(out: EtlOutput, name: str, progress: PhaseBar, work):
@@ -241,6 +232,33 @@ def unknown_characters(err: Exception, tok) -> InputError | None:
     return InputError(f"data.path: the corpus has characters that tokenizer.path={tok.path} lacks, "
                       f"among them {chars}; remove them from the corpus or use a tokenizer (a "
                       "model) whose vocabulary has them")
+
+
+def samplings(settings: Settings) -> dict[str, Sampling]:
+    """How a run cuts each split's windows: training as ``data.sampling`` and ``data.stride`` say,
+    validation always every ``data.val_stride`` tokens."""
+    block, d = settings.model.block_size, settings.data
+    return {"train": Sampling(block, d.stride or block, random=d.sampling == "random"),
+            "val": Sampling(block, d.val_stride or block)}
+
+
+def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: dict) -> dict:
+    """The run's windows on the ETL's chunks (``index``, ``manifest``), for the run's manifest: how
+    they are cut and how many each split has per epoch. One line when a split has none (a corpus
+    too small for the block)."""
+    cut = samplings(settings)
+    counts = {name: int(cut[name].counts(index[name]).sum()) for name in cut}
+    if not (counts["train"] and counts["val"]):
+        b, d = settings.model.block_size, settings.data
+        needed = -(-(b + 1) // min(d.val_fraction, 1 - d.val_fraction))
+        raise InputError(f"data.path: the corpus {manifest['corpus']} has "
+                         f"{manifest['tokens']} tokens, giving {counts['train']} training "
+                         f"and {counts['val']} validation windows of {b + 1} tokens; at least "
+                         f"{int(needed)} tokens are needed: use a larger corpus or a smaller "
+                         "model.block_size")
+    return {"block_size": cut["train"].block_size, "sampling": settings.data.sampling,
+            "stride": cut["train"].stride, "val_stride": cut["val"].stride,
+            "windows_train": counts["train"], "windows_val": counts["val"]}
 
 
 def write_json(path: Path, content: dict) -> Path:

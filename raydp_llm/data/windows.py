@@ -1,4 +1,5 @@
-"""Window arithmetic over one token stream: pure functions, used inside the Spark executors.
+"""Segment, chunk and window arithmetic over one token stream: pure functions, used inside the Spark
+executors and on the driver.
 
 The stream (all documents, concatenated in order) has ``n`` tokens and is cut into *segments*, each
 wholly training or validation data. ``tail`` split: two segments, the last ``val_fraction`` of the
@@ -7,13 +8,19 @@ assigned by a seeded hash (for corpora spread over many files). A window is ``bl
 consecutive tokens (inputs and shifted targets); windows start every ``stride`` tokens from their
 segment's first position and never leave their segment, so no window mixes the splits.
 
-To cut windows in parallel, every piece of the stream cuts the windows that *start* in it, so it
-needs the ``block_size`` tokens that follow it (its halo), taken from the heads of the next pieces.
+The ETL stores *chunks*: each piece of the stream (an encoded part of an input split) is cut where
+it meets a segment boundary and every ``chunk_tokens`` tokens; a chunk is stored with the ``halo``
+tokens that follow it in its segment, taken (for a piece's last chunk) from the heads of the next
+pieces, so that any window of up to ``halo + 1`` tokens that starts in the chunk is cut from it.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+SPLITS = ("train", "val")
 
 
 def split_boundary(n_tokens: int, val_fraction: float) -> int:
@@ -42,23 +49,23 @@ def segments(lo: int, hi: int, n: int, split: str, val_fraction: float, seed: in
              min((j + 1) * segment_tokens, n)) for j in range(first, last + 1)]
 
 
-def window_starts(
-    seg_start: int, seg_end: int, lo: int, hi: int, block_size: int, stride: int
-) -> np.ndarray:
-    """Starts of the windows that lie inside segment ``[seg_start, seg_end)`` and start in ``[lo,
-    hi)``."""
-    last = seg_end - (block_size + 1)  # last allowed start
-    if last < seg_start:
-        return np.empty(0, dtype=np.int64)
-    first_j = max(0, -(-(lo - seg_start) // stride))  # ceil division
-    last_j = min((last - seg_start) // stride, (hi - 1 - seg_start) // stride)
-    if last_j < first_j:
-        return np.empty(0, dtype=np.int64)
-    return seg_start + stride * np.arange(first_j, last_j + 1, dtype=np.int64)
+class Span(NamedTuple):
+    split: str
+    start: int
+    end: int
+    seg_start: int
+    seg_end: int
 
 
-def count_windows(seg_start: int, seg_end: int, block_size: int, stride: int) -> int:
-    return len(window_starts(seg_start, seg_end, seg_start, seg_end, block_size, stride))
+def chunk_spans(lo: int, hi: int, segments_of, chunk_tokens: int) -> list[Span]:
+    """The chunks of the piece ``[lo, hi)``: each segment's part of it (``segments_of(lo, hi)``, as
+    ``segments`` gives them), cut every ``chunk_tokens`` tokens from where the piece enters it."""
+    out = []
+    for name, seg_start, seg_end in segments_of(lo, hi):
+        a, b = max(lo, seg_start), min(hi, seg_end)
+        out += [Span(name, start, min(start + chunk_tokens, b), seg_start, seg_end)
+                for start in range(a, b, chunk_tokens)]
+    return out
 
 
 def halos(heads: list[np.ndarray], block_size: int) -> list[np.ndarray]:
@@ -70,12 +77,3 @@ def halos(heads: list[np.ndarray], block_size: int) -> list[np.ndarray]:
         out.append(after)
         after = np.concatenate([head, after])[:block_size]
     return out[::-1]
-
-
-def cut_windows(
-    tokens: np.ndarray, tokens_start: int, starts: np.ndarray, block_size: int
-) -> np.ndarray:
-    """Windows ``[s, s + block_size + 1)`` of a stream slice that begins at position
-    ``tokens_start``."""
-    idx = (starts - tokens_start)[:, None] + np.arange(block_size + 1)[None, :]
-    return tokens[idx]

@@ -55,9 +55,9 @@ class RunGauges:
         "val_loss": "validation loss at the latest evaluation (nats per token)",
         "tokens_per_s": "training throughput, tokens per second over all workers",
         "etl_phase_s": "seconds an ETL phase took (tag phase)",
-        "etl_windows": "training and validation windows the ETL cut (tag split)",
+        "etl_chunks": "chunks of the token stream the ETL stored, per split (tag split)",
     }
-    TAGS = {"etl_phase_s": "phase", "etl_windows": "split"}  # a second tag beside ``run``
+    TAGS = {"etl_phase_s": "phase", "etl_chunks": "split"}  # a second tag beside ``run``
 
     def __init__(self, run: str):
         from ray.util.metrics import Gauge

@@ -56,6 +56,8 @@ COLUMNS = [
     "gpu_mem_mb",
     "elapsed_s",
     "workers",
+    "windows_read",
+    "chunks_read",
 ]
 METRICS_FILE, EVENTS_FILE, DIVERGED_FILE = "metrics.csv", "events.jsonl", "diverged.json"
 LOST = (

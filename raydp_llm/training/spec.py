@@ -13,6 +13,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import read_embeddings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer
+from raydp_llm.data.stream import Sampling
 
 # Settings that change how a run is watched, how fast it goes or where it runs, not what it trains:
 # a run may continue another's checkpoints with other values (and with another number of workers).
@@ -45,6 +46,7 @@ class TrainSpec:
     tokenizer_json: str
     token_dtype: str
     chars_per_token: float | None  # for bits per character; None for pre-tokenized ids
+    sampling: dict[str, Sampling]  # how each split's windows are cut from its chunks
     steps_per_epoch: int
     max_steps: int
     fingerprint: str  # identifies runs that may resume each other's checkpoints
@@ -60,10 +62,12 @@ def steps_per_epoch(windows: int, batch_size: int) -> int:
     return windows // batch_size
 
 
-def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict) -> TrainSpec:
-    """The spec of a run on the ETL's output (its ``tokenizer`` and ``manifest``). One line when the
-    corpus holds fewer windows than a batch, or ``model.init_embeddings`` holds ids the vocabulary
-    lacks (checked here, on the driver: in the workers Ray Train would retry the error)."""
+def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,
+               sampling: dict[str, Sampling]) -> TrainSpec:
+    """The spec of a run on the ETL's output (its ``tokenizer``, and its ``manifest`` with the
+    run's windows, cut as ``sampling`` says). One line when the corpus holds fewer windows than a
+    batch, or ``model.init_embeddings`` holds ids the vocabulary lacks (checked here, on the driver:
+    in the workers Ray Train would retry the error)."""
     train = settings.train
     per_epoch = steps_per_epoch(manifest["windows_train"], train.batch_size)
     if per_epoch == 0:
@@ -76,7 +80,8 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict) -> Trai
     max_steps = train.epochs * per_epoch if train.epochs else train.max_steps
     spec = TrainSpec(model=model, optim=settings.optim, train=train, seed=settings.seed,
                      tokenizer_json=tokenizer.to_json(), token_dtype=manifest["token_dtype"],
-                     chars_per_token=manifest["chars_per_token"], steps_per_epoch=per_epoch,
+                     chars_per_token=manifest["chars_per_token"], sampling=sampling,
+                     steps_per_epoch=per_epoch,
                      max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3))
     return replace(spec, fingerprint=fingerprint(spec, manifest))
 

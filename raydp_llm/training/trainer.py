@@ -1,12 +1,10 @@
 """Training with Ray Train: a ``TorchTrainer`` runs ``train_loop`` on every DDP worker.
 
-Data order is fixed by the seed, whatever the dataset's blocks and the number of workers: every
-worker reads the whole (ETL-shuffled) window stream in order, permutes each ``shuffle_buffer``
-windows with a seed from (seed, epoch, chunk), and takes micro-batch ``j`` when ``j % world ==
-rank``. Optimizer step ``s`` thus trains on windows ``s·batch_size`` to ``(s+1)·batch_size - 1`` of
-that stream with any number of workers. A checkpoint stores the step and the epoch, so a resumed
-run, with the same or another number of workers, skips exactly the micro-batches already trained on
-and continues as if never stopped.
+Data order is fixed by the seed, whatever the number of workers (data/stream.py): the batch of
+optimizer step ``s`` of an epoch is window ``s`` of each of ``batch_size`` lanes of the epoch's
+seeded window sequence, and each worker reads only its own lanes' chunks. A checkpoint stores the
+step and the epoch, so a resumed run, with the same or another number of workers, seeks to its step
+(reading nothing before it) and continues as if never stopped.
 
 Every ``eval_interval`` steps all ranks report metrics (``ray.train.report`` is a barrier); every
 ``checkpoint_interval`` steps and at the end rank 0 attaches a training checkpoint (see
@@ -34,14 +32,7 @@ import ray
 import ray.train
 import torch
 import torch.distributed as dist
-from ray.train import (
-    Checkpoint,
-    CheckpointConfig,
-    DataConfig,
-    FailureConfig,
-    RunConfig,
-    ScalingConfig,
-)
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raydp_llm.core.model import build_model
@@ -49,6 +40,7 @@ from raydp_llm.core.storage import resolve
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.core.tokenizer import tokenizer_from_json
 from raydp_llm.data.batches import WindowBatch
+from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
 from raydp_llm.training.checkpoint import load_train_checkpoint, save_train_checkpoint
 from raydp_llm.training.metrics import MetricsWriter, RestartRecorder, read_divergence, read_events
 from raydp_llm.training.progress import LivePosts, ProgressBoard, TrainingProgress
@@ -100,42 +92,43 @@ def make_optimizer(model: torch.nn.Module, spec: TrainSpec) -> torch.optim.AdamW
     return torch.optim.AdamW(groups, lr=spec.optim.lr, betas=(spec.optim.beta1, spec.optim.beta2))
 
 
-def shuffled_micro_batches(shard, micro_batch: int, buffer: int, seed: int, epoch: int):
-    """The epoch's window stream in micro-batches: read in order, each ``buffer`` windows permuted
-    by a seeded RNG. Only row order matters, not how Ray cut the dataset into blocks, nor the
-    micro-batch size. No prefetching: a chunk lasts many steps, and a prefetch thread steals CPU
-    from torch's threads (0.73× → 0.95× a bare loop's speed on 2 cores)."""
-    pending, chunk = np.empty(0, dtype=object), 0
-    for batch in shard.iter_batches(
-        batch_size=buffer or micro_batch, batch_format="numpy", prefetch_batches=0
-    ):
-        windows = batch["tokens"]
-        if buffer:
-            windows = windows[np.random.default_rng([seed, epoch, chunk]).permutation(len(windows))]
-        pending, chunk = np.concatenate([pending, windows]), chunk + 1
-        while len(pending) >= micro_batch:
-            yield pending[:micro_batch]
-            pending = pending[micro_batch:]
+class WorkerData:
+    """One worker's windows: its lanes of each epoch's training sequence, and its share of the
+    validation windows. ``data`` = ``{split: (source, ChunkIndex)}`` (data/stream.py)."""
 
+    def __init__(self, spec: TrainSpec, data: dict, rank: int, world: int):
+        self.spec, self.rank, self.world = spec, rank, world
+        self.lanes = Lanes(spec.train.batch_size, rank, world)
+        open_chunks = spec.train.batch_size // world + 2  # at most one per lane, and some slack
+        self.readers = {name: ChunkReader(source, index, spec.token_dtype, open_chunks)
+                        for name, (source, index) in data.items()}
+        self.val_order = EpochOrder(data["val"][1], spec.sampling["val"], spec.seed, epoch=None)
+        self.epoch_reads = {"epoch": None, "windows": 0, "chunks": 0}
 
-def epoch_steps(shard, spec: TrainSpec, epoch: int, first_step: int, rank: int, world: int):
-    """This worker's micro-batches for the optimizer steps ``first_step..`` of ``epoch``,
-    ``grad_accum`` at a time: global micro-batch ``j`` belongs to step ``j // (world * grad_accum)``
-    and to rank ``j % world``."""
-    per_step = world * spec.train.grad_accum
-    first, end = first_step * per_step, spec.steps_per_epoch * per_step
-    group = []
-    stream = shuffled_micro_batches(
-        shard, spec.micro_batch(world), spec.train.shuffle_buffer, spec.seed, epoch
-    )
-    for j, windows in enumerate(stream):
-        if j >= end:
-            return
-        if j >= first and j % world == rank:
-            group.append(windows)
-            if len(group) == spec.train.grad_accum:
-                yield group
-                group = []
+    def steps(self, epoch: int, first_step: int):
+        """This worker's micro-batches for the optimizer steps ``first_step..`` of ``epoch``,
+        ``grad_accum`` at a time."""
+        spec, reader = self.spec, self.readers["train"]
+        order = EpochOrder(reader.index, spec.sampling["train"], spec.seed, epoch)
+        before = reader.counts()
+        for step in range(first_step, spec.steps_per_epoch):
+            windows = reader.windows(order, self.lanes.positions(step, spec.steps_per_epoch))
+            after = reader.counts()
+            self.epoch_reads = {"epoch": epoch,
+                                "windows": after["windows_read"] - before["windows_read"],
+                                "chunks": after["chunks_read"] - before["chunks_read"]}
+            yield np.split(windows, spec.train.grad_accum)
+
+    def val_batches(self):
+        """This worker's contiguous share of the first ``eval_batches × batch_size / grad_accum``
+        validation windows (all when None: the same windows with any number of workers)."""
+        spec = self.spec
+        micro = spec.micro_batch(self.world)
+        limit = None if spec.train.eval_batches is None else spec.train.eval_batches * micro * \
+            self.world
+        positions = ordered_positions(self.val_order.total, limit, self.rank, self.world)
+        for lo in range(0, len(positions), micro):
+            yield self.readers["val"].windows(self.val_order, positions[lo:lo + micro])
 
 
 def _all_reduce_sum(*values: float) -> list[float]:
@@ -152,33 +145,26 @@ def _loss_and_hits(model, x: torch.Tensor, y: torch.Tensor, autocast) -> tuple[t
 
 
 @torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    shard,
-    collate: WindowBatch,
-    spec: TrainSpec,
-    rank: int,
-    world: int,
-    autocast,
-) -> tuple[float, float]:
-    """Validation loss (per token) and top-1 accuracy over the first ``eval_batches × batch_size /
-    grad_accum`` windows (all if None: the same windows with any number of workers), summed over the
-    workers."""
+def evaluate(model: torch.nn.Module, data: WorkerData, collate: WindowBatch,
+             autocast) -> tuple[float, float]:
+    """Validation loss (per token) and top-1 accuracy over this worker's share of the validation
+    windows, summed over the workers."""
     model.eval()
     loss_sum = hits = count = 0
-    limit = None if spec.train.eval_batches is None else spec.train.eval_batches * world
-    for i, batch in enumerate(
-        shard.iter_batches(batch_size=spec.micro_batch(world), batch_format="numpy")
-    ):
-        if limit is not None and i >= limit:
-            break
-        if i % world == rank:
-            x, y = collate(batch["tokens"])
-            loss, h = _loss_and_hits(model, x, y, autocast)
-            loss_sum, hits, count = loss_sum + loss.item() * y.numel(), hits + h, count + y.numel()
+    for windows in data.val_batches():
+        x, y = collate(windows)
+        loss, h = _loss_and_hits(model, x, y, autocast)
+        loss_sum, hits, count = loss_sum + loss.item() * y.numel(), hits + h, count + y.numel()
     model.train()
     loss_sum, hits, count = _all_reduce_sum(loss_sum, hits, count)
     return loss_sum / max(count, 1), hits / max(count, 1)
+
+
+def _all_reduce_max(*values: float) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 class Interval:
@@ -246,12 +232,13 @@ class StepResult:
 class Worker:
     """One DDP worker's model, optimizer and data, and the optimizer step (nanoGPT's inner loop)."""
 
-    def __init__(self, spec: TrainSpec, run: RunContext):
+    def __init__(self, spec: TrainSpec, run: RunContext, data: dict):
         self.spec, self.run = spec, run
         torch.set_num_threads(spec.train.cpus_per_worker)
         torch.manual_seed(spec.seed)
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.data = WorkerData(spec, data, self.rank, self.world)
         self.device = ray.train.torch.get_device()
         bf16 = spec.train.precision == "bf16" or (
             spec.train.precision == "auto" and self.device.type == "cuda"
@@ -268,7 +255,7 @@ class Worker:
         )  # on the device; DDP when world > 1
         self.optimizer = make_optimizer(self.model, spec)
         self.forward = torch.compile(self.ddp_model) if spec.train.compile else self.ddp_model
-        self.collate = WindowBatch(spec.token_dtype, self.model.config.block_size, self.device)
+        self.collate = WindowBatch(self.device)
         self.tokens_per_step = spec.train.batch_size * self.model.config.block_size
         self.process = psutil.Process()
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
@@ -314,15 +301,9 @@ class Worker:
         train_loss, train_hits, train_count = _all_reduce_sum(
             interval.loss, interval.hits, interval.count
         )
-        val_loss, val_acc = evaluate(
-            self.model,
-            ray.train.get_dataset_shard("val"),
-            self.collate,
-            spec,
-            self.rank,
-            world,
-            self.autocast,
-        )
+        val_loss, val_acc = evaluate(self.model, self.data, self.collate, self.autocast)
+        windows_read, chunks_read = _all_reduce_max(self.data.epoch_reads["windows"],
+                                                    self.data.epoch_reads["chunks"])
         tokens_per_s = interval.tokens_per_s(self.tokens_per_step)
         flops_per_token = self.model.flops_per_token()
         return {
@@ -347,6 +328,8 @@ class Worker:
             **system_stats(self.process, self.device),
             "elapsed_s": elapsed_s,
             "workers": world,
+            "windows_read": int(windows_read),  # this epoch, the most any worker read
+            "chunks_read": int(chunks_read),
         }
 
 
@@ -369,17 +352,13 @@ def train_loop(config: dict) -> None:
     micro-batches; every ``eval_interval`` steps an evaluation and a report (with a checkpoint
     every ``checkpoint_interval``). A divergence ends the run on every rank at the same step."""
     spec, run = config["spec"], config["run"]
-    worker = Worker(spec, run)
+    worker = Worker(spec, run, config["data"])
     state = worker.restore()
-    train_shard = ray.train.get_dataset_shard("train")
     step, epoch = state["step"], state["epoch"]
     run_clock, interval = Stopwatch(already_s=state["elapsed_s"]), Interval()
     live = LivePosts(run.board, run.run_name) if worker.rank == 0 else None
     while step < spec.max_steps:
-        groups = epoch_steps(
-            train_shard, spec, epoch, state["step_in_epoch"], worker.rank, worker.world
-        )
-        for group in groups:
+        for group in worker.data.steps(epoch, state["step_in_epoch"]):
             step_clock, lr = Stopwatch(), lr_at(step, spec)
             result = worker.train_step(group, lr)
             step, state["step_in_epoch"] = step + 1, state["step_in_epoch"] + 1
@@ -449,12 +428,6 @@ def _report(metrics: dict, worker: Worker, state: dict | None) -> None:
         ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
 
-def _in_order():
-    options = DataConfig.default_ingest_options()
-    options.preserve_order = True
-    return options
-
-
 @dataclass
 class FitResult:
     checkpoint: Checkpoint | None  # the last one Ray Train registered
@@ -465,8 +438,9 @@ class FitResult:
     resumed_from: str | None  # the checkpoint the run started from (RunContext.resume_from)
 
 
-def fit(spec: TrainSpec, run: RunContext, datasets: dict, launch: Launch) -> FitResult:
-    """Train on the Ray datasets ``{"train", "val"}`` (from ``run.resume_from`` if set). Checkpoints
+def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResult:
+    """Train on ``data`` = ``{split: (chunk source, ChunkIndex)}`` (from ``run.resume_from`` if
+    set). Checkpoints
     go to ``launch.storage/<run>/`` (a directory or s3://). The console follows it live
     (progress.py); ``metrics.csv``, TensorBoard events and the restarts (``events.jsonl``) go to
     ``launch.out_dir``."""
@@ -477,17 +451,13 @@ def fit(spec: TrainSpec, run: RunContext, datasets: dict, launch: Launch) -> Fit
     workers = (train.min_workers, train.num_workers) if train.min_workers else train.num_workers
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"spec": spec, "run": run},
+        train_loop_config={"spec": spec, "run": run, "data": data},
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=train.use_gpu,
             placement_strategy=launch.placement or "PACK",
             resources_per_worker={"CPU": spec.train.cpus_per_worker},
         ),
-        datasets=datasets,
-        # Every worker reads the whole stream, in order, and takes its own micro-batches (see
-        # epoch_steps).
-        dataset_config=DataConfig(datasets_to_split=[], execution_options=_in_order()),
         run_config=RunConfig(
             name=run.run_name,
             storage_path=storage_path,

@@ -14,6 +14,8 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
 from raydp_llm.data import windows
 from raydp_llm.data.etl import EtlPlan, run_etl
+from raydp_llm.data.prepare import samplings, windows_of
+from raydp_llm.data.stream import ChunkReader, EpochOrder
 from raydp_llm.engines.spark import spark_session
 
 pytestmark = pytest.mark.integration
@@ -32,13 +34,35 @@ def spark(ray_cluster, tmp_path_factory):
 
 
 def etl(spark, *overrides, block=BLOCK):
+    """The ETL, and the run's windows on it (as the entry points add them to the manifest)."""
     cfg = make_config(f"model.block_size={block}", *overrides)
-    return run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
+    out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
+    out.manifest |= windows_of(cfg, out.index, out.manifest)
+    out.settings = cfg
+    return out
 
 
-def windows_of(out) -> dict[str, list[tuple[int, bytes]]]:
-    return {name: sorted((r.start, bytes(r.tokens)) for r in df.collect()) for name, df in
-            (("train", out.train), ("val", out.val))}
+class Rows:
+    """Chunk rows collected from Spark, as a chunk source."""
+
+    def __init__(self, df):
+        self.rows = {r.start: bytes(r.tokens) for r in df.collect()}
+
+    def fetch(self, c, start):
+        return self.rows[start]
+
+
+def cut_windows(out) -> dict[str, list[tuple[int, bytes]]]:
+    """Every window of each split, cut from the chunks Spark made, as (start, bytes)."""
+    cut, got = samplings(out.settings), {}
+    for name, df in out.chunks.items():
+        index = out.index[name]
+        order = EpochOrder(index, cut[name], seed=0, epoch=None)
+        positions = np.arange(order.total)
+        cut_here = ChunkReader(Rows(df), index, out.manifest["token_dtype"], 2)
+        got[name] = sorted(zip(order.window_starts(positions).tolist(),
+                               (w.tobytes() for w in cut_here.windows(order, positions))))
+    return got
 
 
 def file_lines(path: Path) -> list[str]:
@@ -87,7 +111,7 @@ def test_char_etl_equals_a_single_process_reference(spark, corpus_dir):
     tok = CharTokenizer(text + "\n")
     ids = reference_ids(corpus_dir, tok)
     boundary = windows.split_boundary(len(ids), 0.1)
-    got = windows_of(out)
+    got = cut_windows(out)
     assert got == expected_windows(
         ids, [("train", 0, boundary), ("val", boundary, len(ids))], BLOCK, STRIDE, 3
     )
@@ -111,7 +135,7 @@ def test_bpe_is_trained_on_a_spark_sample_and_encodes_in_the_executors(spark, co
     assert tok.kind == "bpe" and tok.vocab_size == 600 and tok.eod_id == 0
     ids = reference_ids(corpus_dir, tok)
     boundary = windows.split_boundary(len(ids), 0.1)
-    assert windows_of(out) == expected_windows(
+    assert cut_windows(out) == expected_windows(
         ids, [("train", 0, boundary), ("val", boundary, len(ids))], 32, 32
     )
     assert 2.0 < out.manifest["chars_per_token"] < 4.0
@@ -136,7 +160,7 @@ def test_hash_split_keeps_windows_inside_seeded_segments(spark, corpus_dir):
     out = etl(spark, *overrides, "data.stride=8")
     n = out.manifest["tokens"]
     segs = windows.segments(0, n, n, "hash", 0.2, 1337, 512)
-    got = windows_of(out)
+    got = cut_windows(out)
     text = "".join(p.read_text() for p in corpus_dir.iterdir())
     ids = reference_ids(corpus_dir, CharTokenizer(text + "\n"))
     assert got == expected_windows(ids, segs, BLOCK, 8)
@@ -147,7 +171,7 @@ def test_hash_split_keeps_windows_inside_seeded_segments(spark, corpus_dir):
     assert val and not val & {s // 512 for s, _ in got["train"]}
     assert 0.05 < out.manifest["tokens_val"] / n < 0.4
     other = etl(spark, *overrides, "data.stride=8", "seed=7")
-    assert {s // 512 for s, _ in windows_of(other)["val"]} != val  # the seed picks the segments
+    assert {s // 512 for s, _ in cut_windows(other)["val"]} != val  # the seed picks the segments
 
 
 @pytest.mark.parametrize("split,documents", [("file", 2), ("blank_line", 5), ("line", 7)])
@@ -162,7 +186,7 @@ def test_document_split(spark, tmp_path, split, documents):
         block=2,
     )
     assert out.manifest["documents"] == documents
-    ids = np.concatenate([np.frombuffer(t, np.uint16) for _, t in windows_of(out)["train"]])
+    ids = np.concatenate([np.frombuffer(t, np.uint16) for _, t in cut_windows(out)["train"]])
     assert (ids == out.tokenizer.eod_id).sum() >= 1
 
 
@@ -209,9 +233,14 @@ def test_a_50_mb_line_without_newline_works(spark, tmp_path):
     assert (
         m["characters"] == 50_000_001 and m["tokens"] == 50_000_002
     )  # + newline + end-of-document
-    assert m["windows_train"] == windows.count_windows(0, m["tokens_train"], 64, 64)
-    last = out.val.orderBy("start", ascending=False).first()
-    assert out.tokenizer.decode(np.frombuffer(last.tokens, np.uint16)) in word * 3
+    assert m["windows_train"] == (m["tokens_train"] - 65) // 64 + 1
+    assert m["chunks_train"] == -(-m["tokens_train"] // m["chunk_tokens"])
+    # one token stored per token, and the halos: at most data.halo_tokens per chunk
+    assert m["tokens"] * 2 <= m["token_bytes_stored"] <= m["tokens"] * 2 * 1.01
+    last = out.chunks["val"].orderBy("start", ascending=False).first()
+    text = out.tokenizer.decode(np.frombuffer(last.tokens, np.uint16))
+    assert len(last.tokens) // 2 == m["tokens"] - last.start  # the last chunk ends the stream
+    assert text.endswith("abcdefghij\n") and text[:-1] in word * (len(text) // len(word) + 2)
 
 
 def test_markdown_sample_corpus_is_plain_text(spark):
@@ -229,7 +258,7 @@ def test_pre_tokenized_id_files(spark, tmp_path):
     m = out.manifest
     assert out.tokenizer.kind == "ids" and m["vocab_size"] == ids.max() + 1 and m["tokens"] == 3000
     assert m["chars_per_token"] is None
-    got = windows_of(out)
+    got = cut_windows(out)
     assert got == expected_windows(
         ids.astype(np.uint16), [("train", 0, 2400), ("val", 2400, 3000)], 32, 32
     )
@@ -269,7 +298,7 @@ def test_parquet_text_column_rows_are_documents(spark, tmp_path):
     assert out.manifest["documents"] == 300 and out.manifest["tokens"] == len(expected)
     n = len(expected)
     b = windows.split_boundary(n, 0.1)
-    assert windows_of(out) == expected_windows(expected, [("train", 0, b), ("val", b, n)], 16, 16)
+    assert cut_windows(out) == expected_windows(expected, [("train", 0, b), ("val", b, n)], 16, 16)
     with pytest.raises(InputError, match=r"data.text_column=text: no such column .* its columns "
                                          r"are id, body"):
         etl(spark, f"data.path={tmp_path}", "data.format=parquet", block=16)

@@ -18,6 +18,7 @@ from raydp_llm.core.config import GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import build_model
 from raydp_llm.core.tokenizer import CharTokenizer
+from raydp_llm.data.stream import read_index
 from raydp_llm.training.checkpoint import load_model_dir, save_model_dir
 
 pytestmark = pytest.mark.integration
@@ -36,6 +37,19 @@ def model_dir(directory: Path, chars: str) -> Path:
     return save_model_dir(directory, model, tokenizer)
 
 
+def stream_of(entry: Path, dtype: str) -> np.ndarray:
+    """The whole token stream, put together from the chunks the ETL stored (halos dropped)."""
+    index = read_index(entry)
+    parts = {}
+    for split in ("train", "val"):
+        own = dict(zip(index[split].start.tolist(), index[split].n.tolist()))
+        table = pq.read_table(entry / split)
+        for start, tokens in zip(table.column("start").to_pylist(),
+                                 table.column("tokens").to_pylist()):
+            parts[start] = np.frombuffer(tokens, dtype)[:own[start]]
+    return np.concatenate([parts[s] for s in sorted(parts)])
+
+
 def test_evaluate_matches_a_direct_computation(ray_cluster, corpus_dir, tmp_path):
     chars = "".join(set().union(*(p.read_text() for p in corpus_dir.iterdir())))
     model_path = model_dir(tmp_path / "model", chars)
@@ -49,13 +63,10 @@ def test_evaluate_matches_a_direct_computation(ray_cluster, corpus_dir, tmp_path
     assert (
         m["block_size"] == BLOCK and m["tokenizer_hash"] == CharTokenizer("\n" + chars).fingerprint
     )
-    windows = np.stack(
-        [
-            np.frombuffer(t, m["token_dtype"])
-            for split in ("train", "val")
-            for t in pq.read_table(Path(result["dataset"]) / split).column("tokens").to_pylist()
-        ]
-    )
+    ids = stream_of(Path(result["dataset"]), m["token_dtype"])
+    boundary, n = m["tokens_train"], m["tokens"]
+    windows = np.stack([ids[s:s + BLOCK + 1] for lo, hi in ((0, boundary), (boundary, n))
+                        for s in range(lo, hi - BLOCK, BLOCK)])  # a stride of one block
     assert result["windows"] == len(windows) == m["windows_train"] + m["windows_val"]
     assert result["tokens"] == len(windows) * BLOCK
     model, _ = load_model_dir(model_path)

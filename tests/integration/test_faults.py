@@ -42,7 +42,6 @@ OVERRIDES = [
     "train.eval_batches=null",
     "train.checkpoint_interval=40",
     "train.keep_checkpoints=4",
-    "train.shuffle_buffer=300",
     "optim.lr=3e-3",
     f"data.cache_dir={CACHE_DIR}",
 ]

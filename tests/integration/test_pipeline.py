@@ -138,16 +138,27 @@ def test_lstm_baseline_trains_for_whole_epochs(ray_cluster, corpus_dir, tmp_path
     assert model.kind == "lstm" and model.num_params() == summary["num_params"]
 
 
-def test_ray_datasets_outlive_spark(ray_cluster, corpus_dir, tmp_path):
+def test_chunks_in_the_object_store_outlive_spark(ray_cluster, corpus_dir, tmp_path):
+    import numpy as np
     import ray
 
-    cfg = make_config(f"data.path={corpus_dir}", "model.block_size=64", "data.cache=false")
+    from raydp_llm.data.prepare import samplings, windows_of
+    from raydp_llm.data.stream import BlockChunks, ChunkReader, EpochOrder
+
+    cfg = make_config(f"data.path={corpus_dir}", "model.block_size=64", "data.cache=false",
+                      "data.chunk_tokens=20000")
     data = prepare(cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None)
-    datasets = data.datasets
     assert not data.cache_hit and data.entry is None
-    assert datasets["train"].count() == data.manifest["windows_train"]  # Spark is stopped by now
-    batch = datasets["val"].take_batch(4)
-    assert all(len(t) == 65 * 2 for t in batch["tokens"])  # 65 uint16 tokens per window
+    m = data.manifest | windows_of(cfg, data.index, data.manifest)
+    for name, cut in samplings(cfg).items():  # Spark is stopped by now
+        source = data.sources[name]
+        assert isinstance(source, BlockChunks) and len(source.where) == m[f"chunks_{name}"]
+        assert len(source.refs) == m[f"chunks_{name}"]  # a block per chunk: a worker reads its own
+        order = EpochOrder(data.index[name], cut, seed=0, epoch=None)
+        windows = ChunkReader(source, data.index[name], "uint16", 2).windows(
+            order, np.arange(order.total))
+        assert windows.shape == (m[f"windows_{name}"], 65)
+    assert m["chunks_train"] > 1
     assert ray.available_resources().get("CPU", 0) >= 2  # the executors gave their CPUs back
     # RayDP's fetch tasks must not leave workers that break later actors (raydp_fixes): Ray Data's
     # Parquet reader creates actors on the same worker pool.
@@ -164,7 +175,7 @@ def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_
     with prepared(
         cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None
     ) as data:  # the caller holds Spark
-        assert data.datasets["val"].count() == data.manifest["windows_val"]
+        assert len(data.sources["val"].where) == data.manifest["chunks_val"]
         assert SparkContext._active_spark_context is not None  # Spark is still running
         ui = (
             SparkContext._active_spark_context.uiWebUrl
@@ -215,7 +226,7 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
         f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}"
     )
     corpus = check_inputs(cfg)
-    key = cache.cache_key(corpus, cfg.data, cfg.tokenizer, BLOCK, cfg.seed)
+    key = cache.cache_key(corpus, cfg.data, cfg.tokenizer, cfg.seed)
     (cache_dir / key).mkdir(parents=True)  # a partial entry: no manifest
     (cache_dir / f".{key}.tmp-dead").mkdir()  # a crashed write
 
@@ -223,7 +234,10 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     assert not miss.cache_hit and "spark_start_s" in miss.timings
     entry = miss.entry
     assert entry == cache_dir / "fresh" / key and (entry / "manifest.json").is_file()
-    assert pq.read_table(entry / "train").num_rows == miss.manifest["windows_train"]
+    assert pq.read_table(entry / "train").num_rows == miss.manifest["chunks_train"]
+    row_groups = sum(pq.ParquetFile(f).metadata.num_row_groups
+                     for f in (entry / "train").glob("*.parquet"))
+    assert row_groups == miss.manifest["chunks_train"]  # a worker reads its chunks, no more
     assert not list((cache_dir / "fresh").glob(".*tmp*"))  # the temporary name is gone
     stats = json.loads(
         (tmp_path / "etl_stats.json").read_text()
@@ -244,20 +258,24 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     )
     assert {"read", "tokenizer", "encode", "write"} <= set(
         stats["phase_s"]
-    )  # windows are cut as written
+    )  # chunks are cut as written
     assert len(stats["per_stage"]) == stats["stages"]
 
     cfg_hit = make_config(f"data.path={corpus_dir}", f"data.cache_dir={cache_dir / 'fresh'}",
                           f"model.block_size={BLOCK}")
     hit = prepare(cfg_hit, corpus, tmp_path, to_ray=True, store=None)
     assert hit.cache_hit and "spark_start_s" not in hit.timings
-    assert hit.datasets["train"].count() == miss.manifest["windows_train"]
+    assert len(hit.sources["train"].where) == miss.manifest["chunks_train"]
     assert hit.manifest == json.loads((entry / "manifest.json").read_text())
     assert hit.tokenizer.to_json() == miss.tokenizer.to_json()
     assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
 
     # Any change of the inputs or ETL settings is a new key.
     os.utime(corpus_dir / "part1.txt", ns=(0, 0))
-    assert cache.cache_key(check_inputs(cfg), cfg.data, cfg.tokenizer, BLOCK, cfg.seed) != key
-    changed = make_config(f"data.path={corpus_dir}", f"model.block_size={BLOCK}", "data.stride=3")
-    assert cache.cache_key(corpus, changed.data, changed.tokenizer, BLOCK, cfg.seed) != key
+    assert cache.cache_key(check_inputs(cfg), cfg.data, cfg.tokenizer, cfg.seed) != key
+    changed = make_config(f"data.path={corpus_dir}", "data.segment_tokens=100", "data.split=hash")
+    assert cache.cache_key(corpus, changed.data, changed.tokenizer, cfg.seed) != key
+    # Windows are cut when read: another block, stride or sampling is the same entry.
+    windows = make_config(f"data.path={corpus_dir}", "model.block_size=64", "data.stride=3",
+                          "data.val_stride=5", "data.sampling=random")
+    assert cache.cache_key(corpus, windows.data, windows.tokenizer, cfg.seed) == key

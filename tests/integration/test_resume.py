@@ -31,7 +31,6 @@ OVERRIDES = [
     "train.eval_interval=20",
     "train.eval_batches=null",
     "train.checkpoint_interval=40",
-    "train.shuffle_buffer=300",
     f"data.cache_dir={CACHE_DIR}",
 ]
 

@@ -115,7 +115,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         "spark.sql.files.maxPartitionBytes": "8k"
     }  # several input splits per file
 
-    def windows(path: str):
+    def chunks(path: str):
         cfg.data.path = path
         out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
         blocks = sorted(
@@ -125,7 +125,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
             }
         )
         return out.manifest, {n: sorted((r.start, bytes(r.tokens)) for r in df.collect())
-                              for n, df in (("train", out.train), ("val", out.val))}, blocks
+                              for n, df in out.chunks.items()}, blocks
 
     rows = [
         line
@@ -141,23 +141,23 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     )  # several row groups: several splits
     storage.copy(tmp_path / "parquet", f"s3://{BUCKET}/parquet", s3)
     with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
-        from_s3, from_disk = windows(f"s3://{BUCKET}/etl/"), windows(str(local))
+        from_s3, from_disk = chunks(f"s3://{BUCKET}/etl/"), chunks(str(local))
         cfg.data.format = "parquet"
         parquet_from_s3, parquet_from_disk = (
-            windows(f"s3://{BUCKET}/parquet/"),
-            windows(str(tmp_path / "parquet")),
+            chunks(f"s3://{BUCKET}/parquet/"),
+            chunks(str(tmp_path / "parquet")),
         )
     assert max(block for _, block in from_s3[2]) > 0  # files were read as several byte ranges
     assert from_s3[2] == from_disk[2]  # ... the same ones as Spark's reader cuts
-    assert from_s3[1] == from_disk[1]  # the same windows, token for token
+    assert from_s3[1] == from_disk[1]  # the same chunks, token for token
     same = (
         "files",
         "documents",
         "characters",
         "bytes",
         "tokens",
-        "windows_train",
-        "windows_val",
+        "chunks_train",
+        "chunks_val",
         "vocab_size",
     )
     assert {k: from_s3[0][k] for k in same} == {k: from_disk[0][k] for k in same}

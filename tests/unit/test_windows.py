@@ -1,7 +1,13 @@
+"""The stream's arithmetic: segments, chunks cut per piece with halos, and the windows cut from the
+chunks, against brute force over the whole stream."""
+
+import functools
+
 import numpy as np
 import pytest
 
 from raydp_llm.data import windows
+from raydp_llm.data.stream import ChunkIndex, ChunkReader, EpochOrder, Sampling
 
 
 def reference_windows(n, boundary, block, stride):
@@ -12,49 +18,66 @@ def reference_windows(n, boundary, block, stride):
     return out
 
 
-@pytest.mark.parametrize("n,block,stride,val_fraction", [
-    (1000, 8, 8, 0.1), (1000, 8, 3, 0.1), (997, 16, 1, 0.25), (100, 9, 20, 0.5), (64, 64, 64, 0.1),
-])
-def test_window_starts_match_brute_force(n, block, stride, val_fraction):
-    boundary = windows.split_boundary(n, val_fraction)
-    expected = reference_windows(n, boundary, block, stride)
-    assert windows.window_starts(0, boundary, 0, n, block, stride).tolist() == expected["train"]
-    assert windows.window_starts(boundary, n, 0, n, block, stride).tolist() == expected["val"]
-    assert windows.count_windows(0, boundary, block, stride) == len(expected["train"])
+class StoredChunks:
+    """Chunk rows as the ETL stores them: cut per piece, each with the halo after it."""
+
+    def __init__(self, rows: dict[int, bytes]):
+        self.rows, self.fetched = rows, []
+
+    def fetch(self, c, start):
+        self.fetched.append(c)
+        return self.rows[start]
 
 
-def test_no_window_crosses_the_split():
-    n, block, stride = 5000, 32, 5
-    boundary = windows.split_boundary(n, 0.1)
-    for lo, hi in ((0, boundary), (boundary, n)):
-        starts = windows.window_starts(lo, hi, 0, n, block, stride)
-        assert (starts >= lo).all() and (starts + block + 1 <= hi).all()
+def chunked(stream, lengths, segments_of, chunk_tokens, halo):
+    """What the ETL makes of ``stream`` cut into pieces of ``lengths``: each split's index and its
+    stored chunks, cut piece by piece from the piece's tokens and its halo (etl.cut_chunks)."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    pieces = [stream[o:o + k] for o, k in zip(offsets, lengths)]
+    piece_halos = windows.halos([p[:halo] for p in pieces], halo)
+    rows = {"train": [], "val": []}
+    stored = {"train": {}, "val": {}}
+    for off, piece, after in zip(offsets, pieces, piece_halos):
+        local = np.concatenate([piece, after])
+        for s in windows.chunk_spans(int(off), int(off) + len(piece), segments_of, chunk_tokens):
+            rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
+            stored[s.split][s.start] = local[s.start - off:min(s.end + halo, s.seg_end) - off]
+    return ({k: ChunkIndex.of(v) for k, v in rows.items()},
+            {k: StoredChunks({a: t.tobytes() for a, t in v.items()}) for k, v in stored.items()})
 
 
-def test_split_boundary_is_the_tail():
-    assert windows.split_boundary(1000, 0.1) == 900
-    assert windows.split_boundary(1001, 0.1) == 901
-
-
-@pytest.mark.parametrize("block,stride", [(10, 7), (10, 10), (10, 1), (40, 3)])
-def test_per_piece_cut_with_halos_equals_whole_stream_cut(block, stride):
-    """Each piece cutting the windows that start in it, with its halo, gives exactly the
-    whole-stream windows, also when pieces are shorter than a block (empty ones included)."""
+@pytest.mark.parametrize("block,stride,chunk", [(10, 7, 16), (10, 10, 5), (10, 1, 64), (40, 3, 8)])
+def test_windows_cut_from_chunks_equal_the_whole_stream_cut(block, stride, chunk):
+    """Pieces shorter than a block (empty ones too) and chunks shorter than a window: every window
+    of every split, cut from its chunk row alone, equals the whole-stream brute force."""
     rng = np.random.default_rng(0)
     lengths = [37, 1, 0, 120, 64, 9, 3, 250]
     stream = rng.integers(0, 60, sum(lengths)).astype(np.uint16)
     n = len(stream)
     boundary = windows.split_boundary(n, 0.2)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    pieces = [stream[o:o + k] for o, k in zip(offsets, lengths)]
-    halos = windows.halos([p[:block] for p in pieces], block)
-    got = {"train": [], "val": []}
-    for off, piece, halo in zip(offsets, pieces, halos):
-        local = np.concatenate([piece, halo])
-        for name, lo, hi in (("train", 0, boundary), ("val", boundary, n)):
-            starts = windows.window_starts(lo, hi, int(off), int(off) + len(piece), block, stride)
-            cut = windows.cut_windows(local, int(off), starts, block)
-            got[name] += [(int(s), w.tolist()) for s, w in zip(starts, cut)]
+    segments_of = functools.partial(windows.segments, n=n, split="tail", val_fraction=0.2, seed=0,
+                                    segment_tokens=8192)
+    index, sources = chunked(stream, lengths, segments_of, chunk, halo=48)
     expected = reference_windows(n, boundary, block, stride)
     for name in ("train", "val"):
-        assert sorted(got[name]) == [(s, stream[s:s + block + 1].tolist()) for s in expected[name]]
+        order = EpochOrder(index[name], Sampling(block, stride), seed=0, epoch=None)
+        reader = ChunkReader(sources[name], index[name], "uint16", capacity=2)
+        got = reader.windows(order, np.arange(order.total))
+        assert got.tolist() == [stream[s:s + block + 1].tolist() for s in expected[name]]
+
+
+def test_chunks_never_cross_a_segment():
+    n = 50_000
+    segments_of = functools.partial(windows.segments, n=n, split="hash", val_fraction=0.3, seed=3,
+                                    segment_tokens=1000)
+    spans = windows.chunk_spans(1234, 40_000, segments_of, 300)
+    assert spans[0].start == 1234 and spans[-1].end == 40_000
+    assert all(a.end == b.start for a, b in zip(spans, spans[1:]))  # they tile the piece
+    assert all(s.seg_start <= s.start < s.end <= s.seg_end and s.end - s.start <= 300
+               for s in spans)
+    assert {s.split for s in spans} == {"train", "val"}
+
+
+def test_split_boundary_is_the_tail():
+    assert windows.split_boundary(1000, 0.1) == 900
+    assert windows.split_boundary(1001, 0.1) == 901

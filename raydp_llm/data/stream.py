@@ -1,0 +1,296 @@
+"""Windows cut from the token stream as it is read: the chunk index, the epoch's order, and what
+each worker reads.
+
+The ETL stores tokens, not windows. Each split is a list of *chunks*: consecutive tokens of one
+segment (never crossing a split or segment boundary), stored as one row with up to ``halo`` tokens
+that follow it in its segment, so every window that starts in a chunk is cut from that row alone.
+Windows (``block_size + 1`` tokens) are cut here, when read, at any stride or at seeded random
+offsets (``Sampling``): the same ETL output serves every stride and every block up to the halo.
+
+The order of an epoch is a seeded function of (seed, epoch) alone (``EpochOrder``): the chunks are
+permuted, the windows within each chunk are permuted (or drawn at random offsets), and the resulting
+sequence of ``N`` windows is cut into ``batch_size`` *lanes* of ``S = N // batch_size`` windows.
+Optimizer step ``s`` trains on window ``s`` of every lane. Worker ``r`` of ``W`` owns lanes ``r·B/W
+.. (r+1)·B/W - 1``: one contiguous ``1/W`` of the sequence, so it reads about ``1/W`` of the chunks,
+and exactly ``S·B/W`` windows per epoch. The batch of a step is the same with any number of workers,
+and a resumed run seeks to its step without reading anything before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import ray
+
+from raydp_llm.core.storage import S3Options, resolve
+
+SPLITS = ("train", "val")
+INDEX_FILE = "index.parquet"
+CHUNK_SCHEMA = pa.schema([("start", pa.int64()), ("tokens", pa.binary())])
+_INDEX_COLUMNS = ("start", "n", "seg_start", "seg_end")
+
+
+@dataclass(frozen=True)
+class ChunkIndex:
+    """The chunks of one split, in stream order: first position, own tokens (without the halo) and
+    the segment each lies in. Built by the ETL's driver from arithmetic alone (etl.py)."""
+
+    start: np.ndarray  # int64, ascending
+    n: np.ndarray
+    seg_start: np.ndarray
+    seg_end: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, int, int, int]]) -> ChunkIndex:
+        """From ``(start, n, seg_start, seg_end)`` rows, sorted by start."""
+        cols = np.array(sorted(rows), dtype=np.int64).reshape(-1, 4)
+        return cls(*(np.ascontiguousarray(cols[:, i]) for i in range(4)))
+
+    def window_counts(self, block_size: int, stride: int) -> np.ndarray:
+        """Per chunk: the windows that start in it every ``stride`` tokens from its segment's start
+        and end inside the segment."""
+        first_k = -((self.seg_start - self.start) // stride)  # ceil((start - seg_start) / stride)
+        last = np.minimum(self.seg_end - (block_size + 1), self.start + self.n - 1)
+        last_k = (last - self.seg_start) // stride
+        return np.maximum(0, last_k - first_k + 1)
+
+    def window_starts(self, c: int, block_size: int, stride: int) -> np.ndarray:
+        """The starts counted by ``window_counts`` for chunk ``c``, ascending."""
+        first_k = -((int(self.seg_start[c]) - int(self.start[c])) // stride)
+        count = int(self.window_counts(block_size, stride)[c])
+        return int(self.seg_start[c]) + stride * np.arange(first_k, first_k + count, dtype=np.int64)
+
+    def tokens(self) -> int:
+        return int(self.n.sum())
+
+
+def write_index(directory, indexes: dict[str, ChunkIndex]) -> None:
+    table = pa.table({
+        "split": [name for name in SPLITS for _ in range(len(indexes[name]))],
+        **{col: np.concatenate([getattr(indexes[name], col) for name in SPLITS])
+           for col in _INDEX_COLUMNS},
+    })
+    pq.write_table(table, f"{directory}/{INDEX_FILE}")
+
+
+def read_index(directory) -> dict[str, ChunkIndex]:
+    table = pq.read_table(f"{directory}/{INDEX_FILE}")
+    split = np.array(table.column("split").to_pylist())
+    cols = {col: table.column(col).to_numpy() for col in _INDEX_COLUMNS}
+    return {name: ChunkIndex(**{col: v[split == name] for col, v in cols.items()})
+            for name in SPLITS}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How windows are cut: ``block_size + 1`` tokens every ``stride`` tokens, or (``random``) at
+    seeded random offsets, as many per chunk as a stride of ``block_size`` gives (nanoGPT's
+    sampling, with no window crossing a split or segment boundary)."""
+
+    block_size: int
+    stride: int
+    random: bool = False
+
+    def counts(self, index: ChunkIndex) -> np.ndarray:
+        return index.window_counts(self.block_size, self.block_size if self.random else self.stride)
+
+    def starts(self, index: ChunkIndex, c: int, rng: np.random.Generator | None) -> np.ndarray:
+        """Chunk ``c``'s window starts in the order they are taken: ascending without ``rng``,
+        permuted (stride) or drawn (random) with it."""
+        if not self.random:
+            starts = index.window_starts(c, self.block_size, self.stride)
+            return starts if rng is None else starts[rng.permutation(len(starts))]
+        count = int(self.counts(index)[c])
+        lo = int(index.start[c])
+        hi = min(lo + int(index.n[c]), int(index.seg_end[c]) - self.block_size)  # last start + 1
+        rng = rng or np.random.default_rng([int(index.start[c])])
+        return rng.integers(lo, hi, size=count, dtype=np.int64)
+
+
+class EpochOrder:
+    """The windows of one epoch in training order (see the module's docstring): position ``p`` of
+    the sequence is window ``p - ends[k-1]`` of the ``k``-th chunk of the permutation."""
+
+    def __init__(self, index: ChunkIndex, sampling: Sampling, seed: int, epoch: int | None):
+        self.index, self.sampling, self.seed, self.epoch = index, sampling, seed, epoch
+        counts = sampling.counts(index)
+        shuffled = epoch is not None
+        self.chunks = (np.random.default_rng([seed, epoch]).permutation(len(index)) if shuffled
+                       else np.arange(len(index)))
+        self.ends = np.cumsum(counts[self.chunks])
+        self.total = int(self.ends[-1]) if len(self.ends) else 0
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk and the window within it of each sequence position."""
+        k = np.searchsorted(self.ends, positions, side="right")
+        before = np.where(k > 0, self.ends[np.maximum(k - 1, 0)], 0)
+        return self.chunks[k], positions - before
+
+    def window_starts(self, positions: np.ndarray) -> np.ndarray:
+        """The stream position each window at ``positions`` starts at."""
+        chunks, inner = self.locate(positions)
+        out = np.empty(len(positions), dtype=np.int64)
+        for c in np.unique(chunks):
+            rows = chunks == c
+            out[rows] = self.starts(int(c))[inner[rows]]
+        return out
+
+    def starts(self, c: int) -> np.ndarray:
+        """Chunk ``c``'s window starts in the order this epoch takes them."""
+        rng = None if self.epoch is None else np.random.default_rng([self.seed, self.epoch, c])
+        return self.sampling.starts(self.index, c, rng)
+
+
+def steps_per_epoch(index: ChunkIndex, sampling: Sampling, batch_size: int) -> int:
+    return int(sampling.counts(index).sum()) // batch_size
+
+
+class ChunkReader:
+    """One worker's reads of one split: each chunk fetched from its source once while it is in
+    use (the ``capacity`` most recently used are kept), its window starts computed once per epoch;
+    counts the chunks, tokens and windows it read."""
+
+    def __init__(self, source, index: ChunkIndex, dtype: str, capacity: int):
+        self.source, self.index, self.dtype = source, index, np.dtype(dtype)
+        self.capacity, self.cache = capacity, {}
+        self.chunks_read = self.tokens_read = self.windows_read = 0
+
+    def windows(self, order: EpochOrder, positions: np.ndarray) -> np.ndarray:
+        """The windows at ``positions`` of ``order``: (len(positions), block_size + 1) token ids."""
+        width = order.sampling.block_size + 1
+        chunks, inner = order.locate(positions)
+        out = np.empty((len(positions), width), dtype=self.dtype)
+        for c in np.unique(chunks):
+            tokens, starts = self._chunk(order, int(c))
+            rows = np.flatnonzero(chunks == c)
+            local = starts[inner[rows]] - int(self.index.start[c])
+            out[rows] = tokens[local[:, None] + np.arange(width)]
+        self.windows_read += len(positions)
+        return out
+
+    def _chunk(self, order: EpochOrder, c: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (order.epoch, c)
+        if key not in self.cache:
+            if c not in {k[1] for k in self.cache}:
+                self.chunks_read += 1
+            tokens = np.frombuffer(self.source.fetch(c, int(self.index.start[c])), self.dtype)
+            self.tokens_read += len(tokens)
+            self.cache[key] = (tokens, order.starts(c))
+            while len(self.cache) > self.capacity:
+                self.cache.pop(next(iter(self.cache)))
+        self.cache[key] = self.cache.pop(key)  # most recently used last
+        return self.cache[key]
+
+    def counts(self) -> dict:
+        return {"chunks_read": self.chunks_read, "tokens_read": self.tokens_read,
+                "windows_read": self.windows_read}
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """Worker ``rank`` of ``world``'s lanes of a ``batch_size``-lane epoch of ``steps`` steps."""
+
+    batch_size: int
+    rank: int
+    world: int
+
+    def positions(self, step: int, steps: int) -> np.ndarray:
+        """Sequence positions of this worker's windows of ``step``: window ``step`` of each of its
+        lanes (lane ``b`` holds positions ``b·steps .. (b+1)·steps - 1``)."""
+        per = self.batch_size // self.world
+        lanes = np.arange(self.rank * per, (self.rank + 1) * per, dtype=np.int64)
+        return lanes * steps + step
+
+
+def ordered_positions(total: int, limit: int | None, rank: int, world: int) -> np.ndarray:
+    """Worker ``rank``'s contiguous share of the first ``limit`` (all when None) positions of a
+    sequence read in order (validation)."""
+    n = total if limit is None else min(limit, total)
+    return np.arange(n * rank // world, n * (rank + 1) // world, dtype=np.int64)
+
+
+# ------------------------------------------------------------------------------ chunk sources
+
+
+class ParquetChunks:
+    """A split's chunks in the Parquet files of an ETL cache entry (local or s3://): one row group
+    read per chunk fetched (the ETL writes a row group per chunk). ``groups[c]`` = (file, row group,
+    row) of chunk ``c``, found on the driver from the files' footers."""
+
+    def __init__(self, split_dir: str, index: ChunkIndex, s3: S3Options = S3Options()):
+        self.fs, path = resolve(split_dir, s3)
+        self.files = sorted(f.path for f in self.fs.get_file_info(pafs.FileSelector(path))
+                            if f.path.endswith(".parquet"))
+        where = {}
+        for i, f in enumerate(self.files):
+            meta = pq.ParquetFile(f, filesystem=self.fs).metadata
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                first = group.column(0).statistics.min
+                ids = np.searchsorted(index.start, first) + np.arange(group.num_rows)
+                where.update({int(c): (i, g, r) for r, c in enumerate(ids)})
+        self.where, self._open = where, None
+
+    def fetch(self, c: int, start: int) -> bytes:
+        i, g, r = self.where[c]
+        if self._open is None or self._open[0] != (i, g):
+            table = pq.ParquetFile(self.files[i], filesystem=self.fs).read_row_group(g)
+            self._open = ((i, g), table)
+        return _row(self._open[1], r, start, f"{self.files[i]} row group {g}")
+
+    def __getstate__(self):
+        return self.__dict__ | {"_open": None}
+
+
+class BlockChunks:
+    """A split's chunks in Ray's object store, as ``ray.data.from_spark`` left them (Arrow blocks):
+    one block fetched per chunk read. ``where[c]`` = (block, row)."""
+
+    def __init__(self, refs: list, index: ChunkIndex):
+        starts = ray.get([_block_starts.remote(ref) for ref in refs])
+        self.refs, self.where, self._open = refs, {}, None
+        for b, block_starts in enumerate(starts):
+            ids = np.searchsorted(index.start, block_starts)
+            self.where.update({int(c): (b, r) for r, c in enumerate(ids)})
+
+    def fetch(self, c: int, start: int) -> bytes:
+        b, r = self.where[c]
+        if self._open is None or self._open[0] != b:
+            self._open = (b, ray.get(self.refs[b]))
+        return _row(self._open[1], r, start, f"object store block {b}")
+
+    def __getstate__(self):
+        return self.__dict__ | {"_open": None}
+
+
+def _row(table: pa.Table, r: int, start: int, where: str) -> bytes:
+    """Row ``r``'s tokens, checked against the index: a chunk read from the wrong place is an
+    error, never trained on."""
+    found = table.column("start")[r].as_py()
+    if found != start:
+        raise RuntimeError(f"{where}: row {r} holds the chunk at {found}, the index expects "
+                           f"{start}")
+    return table.column("tokens")[r].as_py()
+
+
+@ray.remote(num_cpus=0)
+def _block_starts(table: pa.Table) -> np.ndarray:
+    """A block's chunk starts, read where the block lies."""
+    return table.column("start").to_numpy()
+
+
+def iter_windows(source, index: ChunkIndex, sampling: Sampling, dtype: str,
+                 batch: int) -> Iterator[np.ndarray]:
+    """Every window of a split in stream order, ``batch`` at a time (offline evaluation)."""
+    order = EpochOrder(index, sampling, seed=0, epoch=None)
+    reader = ChunkReader(source, index, dtype, capacity=2)
+    for lo in range(0, order.total, batch):
+        yield reader.windows(order, np.arange(lo, min(lo + batch, order.total), dtype=np.int64))
