@@ -4,10 +4,12 @@ and text."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
+import psutil
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -28,7 +30,7 @@ from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
 from raydp_llm.training.sampling import sample_text
 from raydp_llm.training.spec import TrainSpec, build_spec
-from raydp_llm.training.trainer import FitResult, Launch, RunContext, fit
+from raydp_llm.training.trainer import FitResult, Launch, RunContext, fit, startup_phases
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class Trained:
 def run(settings: Settings, out_dir: Path) -> dict:
     """The whole job into ``out_dir``; returns the summary."""
     total = Stopwatch()
+    started = {"command": psutil.Process().create_time(), "run": time.time()}
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
     run_storage = settings.train.storage_path or str(out_dir / "ray_results")
@@ -100,8 +103,20 @@ def run(settings: Settings, out_dir: Path) -> dict:
                     storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"),
                                     spec.s3)
             timings |= data.timings
+    timings["startup"] = startup(started, timings, outcome)
     trained = Trained(data, outcome, timings, storage.join(run_storage, run_name))
     return finish(settings, out_dir, trained, total)
+
+
+def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
+    """Where the seconds before the first step (and after the last) went, phase by phase."""
+    phases = {"python_start_s": started["run"] - started["command"],
+              "ray_start_s": timings["ray_start_s"], "spark_start_s": timings.get("spark_start_s"),
+              "etl_s": timings["etl_s"]}
+    phases |= startup_phases(outcome.marks)
+    if "first_step" in outcome.marks:
+        phases["command_to_first_step_s"] = outcome.marks["first_step"] - started["command"]
+    return {k: v if v is None else round(v, 2) for k, v in phases.items()}
 
 
 def _export(checkpoint, directory: Path) -> None:
@@ -140,7 +155,7 @@ def finish(settings: Settings, out_dir: Path, trained: Trained, total: Stopwatch
         restarts=outcome.restarts,
         diverged=outcome.diverged,
         storage=trained.destination if copied else None,
-        **{k: round(v, 2) for k, v in timings.items()},
+        **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
         etl=trained.data.manifest | {"cache_hit": trained.data.cache_hit},
         etl_stats={k: v for k, v in trained.data.stats.items() if k != "per_stage"},
     )

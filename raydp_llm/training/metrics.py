@@ -229,6 +229,9 @@ def write_summary(path: Path, rows: list[dict], status: str = "finished", **tota
         "tokens_per_s": (rows[-1]["tokens"] / rows[-1]["elapsed_s"])
         if rows and rows[-1]["elapsed_s"]
         else None,
+        # in the epoch of the last evaluation, the most any worker read (its share: windows/W)
+        "windows_read_per_worker": rows[-1].get("windows_read") if rows else None,
+        "chunks_read_per_worker": rows[-1].get("chunks_read") if rows else None,
         **totals,
     }
     Path(path).write_text(json.dumps(summary, indent=2))

@@ -26,12 +26,21 @@ class ProgressBoard:
 
     def __init__(self):
         self.latest: dict = {}
+        self.marks: dict = {}
 
     def post(self, latest: dict) -> None:
         self.latest = latest
 
     def read(self) -> dict:
         return self.latest
+
+    def mark(self, name: str, at: float, first: bool = True) -> None:
+        """When rank 0 reached ``name`` (``time.time()``): the first time, or the last."""
+        if not (first and name in self.marks):
+            self.marks[name] = at
+
+    def read_marks(self) -> dict:
+        return self.marks
 
 
 class TrainingProgress(threading.Thread):
@@ -122,8 +131,10 @@ class LivePosts:
 
         self.board, self.gauges, self.interval_s = board, RunGauges(run), interval_s
         self.since_post = Stopwatch(already_s=interval_s)
+        self.first_step = True  # until the first step is posted
 
     def step(self, step: int, loss: float, tokens_per_s: float) -> None:
+        self.first_step = False
         if self.since_post.seconds() < self.interval_s:
             return
         self.since_post = Stopwatch()

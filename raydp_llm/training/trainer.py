@@ -23,6 +23,7 @@ import math
 import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,8 +353,12 @@ def train_loop(config: dict) -> None:
     micro-batches; every ``eval_interval`` steps an evaluation and a report (with a checkpoint
     every ``checkpoint_interval``). A divergence ends the run on every rank at the same step."""
     spec, run = config["spec"], config["run"]
+    loop_start = time.time()
     worker = Worker(spec, run, config["data"])
     state = worker.restore()
+    if worker.rank == 0 and run.board is not None:  # start-up, phase by phase (FitResult.startup)
+        run.board.mark.remote("loop_start", loop_start)
+        run.board.mark.remote("worker_ready", time.time())
     step, epoch = state["step"], state["epoch"]
     run_clock, interval = Stopwatch(already_s=state["elapsed_s"]), Interval()
     live = LivePosts(run.board, run.run_name) if worker.rank == 0 else None
@@ -361,6 +366,8 @@ def train_loop(config: dict) -> None:
         for group in worker.data.steps(epoch, state["step_in_epoch"]):
             step_clock, lr = Stopwatch(), lr_at(step, spec)
             result = worker.train_step(group, lr)
+            if live and live.first_step:
+                run.board.mark.remote("first_step", time.time())
             step, state["step_in_epoch"] = step + 1, state["step_in_epoch"] + 1
             if not math.isfinite(result.grad_norm):  # every rank: the gradients were all-reduced
                 _report_divergence(step, f"loss {result.loss:.4g}, gradient norm "
@@ -382,6 +389,8 @@ def train_loop(config: dict) -> None:
                 break
         else:  # the epoch is over
             epoch, state["step_in_epoch"] = epoch + 1, 0
+    if live:
+        run.board.mark.remote("last_step", time.time(), first=False)
 
 
 def _reported(metrics: dict, worker: Worker, state: dict, live: LivePosts | None) -> bool:
@@ -436,6 +445,19 @@ class FitResult:
     )  # {"step", "what", "last_checkpoint"} when the run diverged (metrics.read_divergence)
     restarts: int  # worker-group restarts after lost workers
     resumed_from: str | None  # the checkpoint the run started from (RunContext.resume_from)
+    marks: dict  # when (time.time()) fit began and ended, and rank 0 reached each start-up mark
+
+
+def startup_phases(marks: dict) -> dict:
+    """Seconds of each phase of Ray Train's start and stop, from ``FitResult.marks``: the worker
+    group's start (fit called → train loop entered), the worker's set-up (model, optimizer,
+    checkpoint), the first step, and the stop (last step → fit returned)."""
+    spans = {"train_group_start_s": ("fit", "loop_start"),
+             "worker_setup_s": ("loop_start", "worker_ready"),
+             "first_step_s": ("worker_ready", "first_step"),
+             "train_group_stop_s": ("last_step", "fit_end")}
+    return {name: round(marks[b] - marks[a], 3) for name, (a, b) in spans.items()
+            if a in marks and b in marks}
 
 
 def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResult:
@@ -470,8 +492,10 @@ def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResu
     progress = TrainingProgress(run.board, launch.out_dir, spec.max_steps, train.max_failures)
     progress.start()
     sigint_handler = signal.getsignal(signal.SIGINT)
+    marks = {"fit": time.time()}
     try:
         result = trainer.fit()
+        marks |= ray.get(run.board.read_marks.remote()) | {"fit_end": time.time()}
     except SystemExit as err:  # Ray Train's SIGINT handler aborts the run, then exits with status 0
         raise KeyboardInterrupt from err
     finally:
@@ -484,4 +508,4 @@ def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResu
         raise RuntimeError("training finished without a checkpoint; see "
                            f"{launch.storage}/{run.run_name}")
     restarts = sum(1 for event in read_events(launch.out_dir) if event["event"] == "restart")
-    return FitResult(result.checkpoint, diverged, restarts, run.resume_from)
+    return FitResult(result.checkpoint, diverged, restarts, run.resume_from, marks)

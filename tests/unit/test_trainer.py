@@ -92,3 +92,13 @@ def test_learning_rate_warms_up_then_decays_to_min_lr(data):
     assert lr_at(0, s) == pytest.approx(1e-4) and lr_at(9, s) == pytest.approx(1e-3)
     assert lr_at(100, s) == pytest.approx(1e-4) and lr_at(55, s) == pytest.approx(5.5e-4)
     assert all(np.diff([lr_at(k, s) for k in range(10, 101)]) <= 0)
+
+
+def test_start_up_phases_from_the_marks():
+    from raydp_llm.training.trainer import startup_phases
+
+    marks = {"fit": 100.0, "loop_start": 104.5, "worker_ready": 105.0, "first_step": 105.25,
+             "last_step": 130.0, "fit_end": 133.0}
+    assert startup_phases(marks) == {"train_group_start_s": 4.5, "worker_setup_s": 0.5,
+                                     "first_step_s": 0.25, "train_group_stop_s": 3.0}
+    assert startup_phases({"fit": 1.0, "fit_end": 2.0}) == {}  # nothing reached: nothing said

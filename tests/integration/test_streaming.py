@@ -1,0 +1,39 @@
+"""Training on a dataset larger than Ray's object store: the chunks handed over from Spark
+(``data.cache=false``) fill the object store, Ray spills what does not fit to disk, and each worker
+fetches (restores) only the blocks of its own chunks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+OBJECT_STORE_MB = 80  # Ray's minimum is 75 MiB
+
+
+def test_training_on_a_dataset_twice_the_object_store(shakespeare, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = shakespeare.read_bytes()
+    for i in range(80):  # 89 MB of text: ~178 MB of uint16 tokens in the object store
+        (corpus / f"copy{i:02d}.txt").write_bytes(text)
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"data.path={corpus}",
+         "data.max_files=null", "data.cache=false", f"cluster.object_store_mb={OBJECT_STORE_MB}",
+         "train.max_steps=20", "train.eval_interval=20", "train.eval_batches=2",
+         "sample.max_new_tokens=5", f"hydra.run.dir={run}"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    stored = summary["etl"]["token_bytes_stored"]
+    assert stored > 2 * OBJECT_STORE_MB * 2**20  # the dataset is twice the object store
+    assert summary["status"] == "finished" and summary["steps"] == 20
+    # each worker fetched only its own lanes' chunks: 8 lanes of 16, each within one chunk or
+    # crossing into the next in 20 steps
+    assert 0 < summary["chunks_read_per_worker"] <= 16 < summary["etl"]["chunks_train"]
+    assert summary["windows_read_per_worker"] == 20 * 8
