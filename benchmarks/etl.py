@@ -6,8 +6,8 @@ baseline.
 For each corpus size (the benchmark corpus repeated into one file) it measures, each in a fresh
 process:
   etl-2   this ETL with 2 executors: read, BPE trained on a Spark sample, encode in the executors,
-  windows,
-          train/val split, Parquet written; Spark/JVM start-up timed separately
+          chunks of the token stream, train/val split, Parquet written; Spark/JVM start-up
+          timed separately
   etl-1   the same with 1 executor (the scaling baseline) single  one process doing the same work
   the usual way: read the file, train the same BPE on a sample,
           tokenizers' encode_batch (all cores), numpy windows, pyarrow Parquet
@@ -71,7 +71,7 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
         "start_s": start_s,
         "etl_s": etl_s,
         "tokens": result.manifest["tokens"],
-        "windows": result.manifest["windows_train"] + result.manifest["windows_val"],
+        "chunks": result.manifest["chunks_train"] + result.manifest["chunks_val"],
         "rss_mb": peak_rss_mb(),
         "phase_s": {k: round(v, 1) for k, v in result.phase_s.items()},
     }

@@ -4,7 +4,7 @@
     python benchmarks/etl_1gb.py [--sizes 100 1000] [--corpus ../shared/data/tinyshakespeare.txt]
 
 Each size: the benchmark corpus repeated into 8 files, then ``python -m raydp_llm.prepare`` in its
-own process (char tokenizer, block 256, 2 executors of 1 core and 1 GiB heap, windows written as
+own process (char tokenizer, block 256, 2 executors of 1 core and 1 GiB heap, chunks written as
 Parquet under the run directory), its process tree sampled every second. Prints the ETL time and,
 per role (the driver, the Spark driver JVM, the executor JVMs, the executors' Python workers, Ray),
 the peak RSS of its largest process and of its sum, and the 1 GB / 100 MB ratio.
@@ -46,7 +46,7 @@ def measure(corpus: Path, out: Path) -> dict:
         "wall_s": time.perf_counter() - t,
         "etl_s": sum(stats["phase_s"].values()),
         "tokens": manifest["tokens"],
-        "windows": manifest["windows_train"] + manifest["windows_val"],
+        "chunks": manifest["chunks_train"] + manifest["chunks_val"],
         "peaks": sampler.peaks(),
     }
 
@@ -91,10 +91,10 @@ def main() -> None:
                  for r in results.values()]
         ratio = top["peaks"].get(role, (0, 0))[0] / max(base["peaks"].get(role, (1, 1))[0], 1)
         print(f"| {role} | " + " | ".join(cells) + f" | {ratio:.2f}× |")
-    print("\n| corpus MB | tokens | windows | ETL s | wall s | MB/s "
+    print("\n| corpus MB | tokens | chunks | ETL s | wall s | MB/s "
           "|\n|---:|---:|---:|---:|---:|---:|")
     for r in results.values():
-        print(f"| {r['mb']:.0f} | {r['tokens']:,} | {r['windows']:,} | {r['etl_s']:.0f} | "
+        print(f"| {r['mb']:.0f} | {r['tokens']:,} | {r['chunks']:,} | {r['etl_s']:.0f} | "
               f"{r['wall_s']:.0f} | {r['mb'] / r['etl_s']:.2f} |")
 
 
