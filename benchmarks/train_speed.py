@@ -9,8 +9,10 @@ machine.
 The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd
 128, dropout 0).
   bare       one process, all cores for torch, nanoGPT-style random batches from a numpy array
-  (bare_loop.py) trainer-1  this trainer (Ray Train, Ray Data windows from the ETL) with 1 worker
-  holding all cores trainer-2  the same with 2 DDP workers of 1 core each
+             (bare_loop.py)
+  trainer-1  this trainer (Ray Train; windows at random offsets, cut from the ETL cache's chunks by
+             the worker) with 1 worker holding all cores
+  trainer-2  the same with 2 DDP workers of 1 core each
 Tokens/s are steady-state training throughput: start-up, ETL and evaluations excluded (the trainer's
 figure is its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh
 process; the three are taken in turn ``--repeats`` times, so that a slow spell of a shared machine

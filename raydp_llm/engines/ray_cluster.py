@@ -47,6 +47,9 @@ def ray_session(cfg: ClusterSettings, run_name: str) -> Iterator[None]:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     # Ray Train's run-state API: the dashboard's Train page and /api/train/v2/runs/v1 list the run.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
+    # Ray Train's controller polls its workers every 2 s by default: a run's end (and a lost
+    # worker) is noticed up to 2 s late; 0.5 s took 4 s off each run's stop on 2 cores.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     kwargs = dict(
         namespace=NAMESPACE,
         job_config=JobConfig(

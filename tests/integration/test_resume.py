@@ -12,6 +12,7 @@ from conftest import CACHE_DIR, make_config, prepare, start_like_a_terminal
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import resume_checkpoint, run
 from raydp_llm.core.errors import InputError
+from raydp_llm.data.prepare import samplings, windows_of
 from raydp_llm.training.metrics import read_metrics
 from raydp_llm.training.spec import build_spec
 
@@ -86,7 +87,8 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
         r["val_loss"] == pytest.approx(expected[r["step"]]["val_loss"], rel=1e-6) for r in before
     )
     # train.resume=never ignores the checkpoint that auto found; a path names one.
-    spec = build_spec(cfg, data.tokenizer, data.manifest)
+    manifest = data.manifest | windows_of(cfg, data.index, data.manifest)  # as the run's
+    spec = build_spec(cfg, data.tokenizer, manifest, samplings(cfg))
     assert (
         resume_checkpoint(make_config(*overrides, "train.resume=never"), spec, runs / "new") is None
     )
