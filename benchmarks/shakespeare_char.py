@@ -13,8 +13,8 @@ lr 1e-3, warmup 100, cosine to 1e-4 over 2000 steps) on tinyshakespeare: first 9
              at step 2000, and the whole command's wall time
   bare       the same model and schedule in one plain PyTorch process (bare_loop.py), validated on
              the same validation windows
-Targets: validation loss within 0.01 of the bare loop's (or better); the whole run's wall ÷ the bare
-loop's ≤ 1.15.
+Targets: validation loss within 0.01 of the bare loop's (or better); the whole run's wall ÷ the
+bare loop's ≤ 1.15.
 """
 
 from __future__ import annotations

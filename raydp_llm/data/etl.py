@@ -1,5 +1,5 @@
-"""The Spark ETL: lines → scan → tokenizer → token ids (in the executors) → chunks of the token
-stream, per train/val split.
+"""The Spark ETL: lines → scan → tokenizer → token ids (in the executors) → chunks of the
+token stream, per train/val split.
 
 Everything that touches the corpus runs in Spark executors; the driver collects only per-file
 statistics, the tokenizer's training sample (one joined text per batch) and the length and first

@@ -10,10 +10,10 @@ offsets (``Sampling``): the same ETL output serves every stride and every block 
 The order of an epoch is a seeded function of (seed, epoch) alone (``EpochOrder``): the chunks are
 permuted, the windows within each chunk are permuted (or drawn at random offsets), and the resulting
 sequence of ``N`` windows is cut into ``batch_size`` *lanes* of ``S = N // batch_size`` windows.
-Optimizer step ``s`` trains on window ``s`` of every lane. Worker ``r`` of ``W`` owns lanes ``r·B/W
-.. (r+1)·B/W - 1``: one contiguous ``1/W`` of the sequence, so it reads about ``1/W`` of the chunks,
-and exactly ``S·B/W`` windows per epoch. The batch of a step is the same with any number of workers,
-and a resumed run seeks to its step without reading anything before it.
+Optimizer step ``s`` trains on window ``s`` of every lane. Worker ``r`` of ``W`` owns lanes
+``r·B/W .. (r+1)·B/W - 1``: one contiguous ``1/W`` of the sequence, so it reads about ``1/W`` of
+the chunks, and exactly ``S·B/W`` windows per epoch. The batch of a step is the same with any
+number of workers, and a resumed run seeks to its step without reading anything before it.
 """
 
 from __future__ import annotations
@@ -177,17 +177,20 @@ class ChunkReader:
         return out
 
     def _chunk(self, order: EpochOrder, c: int) -> tuple[np.ndarray, np.ndarray]:
-        key = (order.epoch, c)
-        if key not in self.cache:
-            if c not in {k[1] for k in self.cache}:
-                self.chunks_read += 1
+        """Chunk ``c``'s tokens (fetched once while cached, whatever the epoch) and its window
+        starts in ``order``'s epoch."""
+        if c not in self.cache:
             tokens = np.frombuffer(self.source.fetch(c, int(self.index.start[c])), self.dtype)
+            self.chunks_read += 1
             self.tokens_read += len(tokens)
-            self.cache[key] = (tokens, order.starts(c))
+            self.cache[c] = (tokens, None, None)
             while len(self.cache) > self.capacity:
                 self.cache.pop(next(iter(self.cache)))
-        self.cache[key] = self.cache.pop(key)  # most recently used last
-        return self.cache[key]
+        tokens, epoch, starts = self.cache.pop(c)
+        if starts is None or epoch != order.epoch:
+            epoch, starts = order.epoch, order.starts(c)
+        self.cache[c] = (tokens, epoch, starts)  # most recently used last
+        return tokens, starts
 
     def counts(self) -> dict:
         return {"chunks_read": self.chunks_read, "tokens_read": self.tokens_read,
@@ -230,8 +233,9 @@ class ParquetChunks:
         self.files = sorted(f.path for f in self.fs.get_file_info(pafs.FileSelector(path))
                             if f.path.endswith(".parquet"))
         where = {}
-        for i, f in enumerate(self.files):
-            meta = pq.ParquetFile(f, filesystem=self.fs).metadata
+        # the footers, read once here: a worker opens a file with its footer in hand
+        self.footers = [pq.ParquetFile(f, filesystem=self.fs).metadata for f in self.files]
+        for i, meta in enumerate(self.footers):
             for g in range(meta.num_row_groups):
                 group = meta.row_group(g)
                 first = group.column(0).statistics.min
@@ -242,7 +246,8 @@ class ParquetChunks:
     def fetch(self, c: int, start: int) -> bytes:
         i, g, r = self.where[c]
         if self._open is None or self._open[0] != (i, g):
-            table = pq.ParquetFile(self.files[i], filesystem=self.fs).read_row_group(g)
+            parquet = pq.ParquetFile(self.files[i], metadata=self.footers[i], filesystem=self.fs)
+            table = parquet.read_row_group(g)
             self._open = ((i, g), table)
         return _row(self._open[1], r, start, f"{self.files[i]} row group {g}")
 
