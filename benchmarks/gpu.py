@@ -6,7 +6,8 @@ torch and this package's model file, which need nothing else), so it runs on a b
 
 For each case: forward, backward, fused AdamW (on CUDA) and zero_grad, on random tokens; tokens/s
 over ``--steps`` after ``--warmup`` (torch.compile's compilation falls in the warm-up), and MFU:
-model FLOPs per token (6N + attention, as nanoGPT counts) × tokens/s ÷ the device's dense bf16 peak.
+model FLOPs per token (6N + attention, as nanoGPT counts) × tokens/s ÷ the device's dense bf16
+peak.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ def serve_with_token(dashboard: str, token: str, port: int) -> None:
 
     async def forward(request: web.Request) -> web.Response:
         async with aiohttp.ClientSession() as session:
-            async with session.request(request.method, f"{dashboard}{request.path_qs}", data=await request.read(),
+            async with session.request(request.method, f"{dashboard}{request.path_qs}",
+                                       data=await request.read(),
                                        headers={"Authorization": f"Bearer {token}"}) as upstream:
                 body = await upstream.read()
                 return web.Response(body=body, status=upstream.status,
@@ -46,7 +47,8 @@ def serve_with_token(dashboard: str, token: str, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dashboard", default="http://127.0.0.1:8265")
     parser.add_argument("--page", default="#/jobs", help="the dashboard page, e.g. '#/jobs', "
                                                          "'#/actors', '#/train'")
@@ -60,7 +62,8 @@ def main() -> None:
     serve_with_token(args.dashboard.rstrip("/"), args.token_file.read_text().strip(), args.port)
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                     "--window-size=1440,900", "--virtual-time-budget=15000",
-                    f"--screenshot={args.out.resolve()}", f"http://127.0.0.1:{args.port}/{args.page}"],
+                    f"--screenshot={args.out.resolve()}",
+                    f"http://127.0.0.1:{args.port}/{args.page}"],
                    check=True, capture_output=True, timeout=120)
     print(f"wrote {args.out}")
 

@@ -1,5 +1,5 @@
-"""``python -m raydp_llm.train [overrides]``: Spark ETL on Ray → Ray Dataset → DDP training → model
-and text."""
+"""``python -m raydp_llm.train [overrides]``: Spark ETL on Ray → Ray Dataset → DDP training →
+model and text."""
 
 from __future__ import annotations
 

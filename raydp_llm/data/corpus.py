@@ -129,8 +129,8 @@ def check_unchanged(corpus: Corpus, s3: S3Options) -> None:
                              "again once the corpus no longer changes")
         if (now["size"], now["mtime_ns"]) != (before["size"], before["mtime_ns"]):
             raise InputError(f"data.path: {before['path']} changed while the ETL read it "
-                             f"({before['size']} → {now['size']} bytes); run again once the corpus "
-                             "no longer changes")
+                             f"({before['size']} → {now['size']} bytes); run again once the "
+                             "corpus no longer changes")
 
 
 def _now(path: str, listed: dict) -> dict | None:

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Iterator
 
@@ -21,7 +21,7 @@ import ray
 
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.engines.java import JVM_FLAGS, ensure_java
+from raydp_llm.engines.java import JVM_FLAGS, QUICK_START_FLAGS, ensure_java
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,11 @@ def spark_session(
         spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
         if cfg.spark_ui:
             log.info("Spark UI: %s (while the ETL runs)", spark.sparkContext.uiWebUrl)
+        # Building the first DataFrame starts Spark SQL's session state in the driver (~2 s):
+        # meanwhile the executors register.
+        warm_up = _python_worker_job(spark, cfg.executors * cfg.executor_cores)
         _wait_for_executors(spark, cfg.executors)
-        _start_python_workers(spark, cfg.executors * cfg.executor_cores)
+        warm_up.collect()  # one job; count() would add a shuffle and a second job
         warn_unknown_settings(spark, cfg.spark_conf or {})
         yield spark
     finally:
@@ -77,10 +80,18 @@ def spark_session(
         _wait_for_cpus(cpus_before)
 
 
+JAVA_OPTION_KEYS = frozenset({
+    "spark.driver.extraJavaOptions",
+    "spark.executor.extraJavaOptions",
+    "spark.ray.raydp_app_master.extraJavaOptions",
+})
+
+
 def spark_configs(cfg: ClusterSettings, log_dir: Path) -> dict[str, str]:
-    """The Spark settings every session gets, then ``cfg.spark_conf`` over them."""
+    """The Spark settings every session gets, then ``cfg.spark_conf`` over them (its Java options
+    follow ours in the same setting)."""
     level = "info" if cfg.verbose else "warn"
-    java_opts = " ".join(JVM_FLAGS)
+    java_opts = " ".join(JVM_FLAGS + (QUICK_START_FLAGS if cfg.quick_jvm else []))
     configs = {
         # The Spark driver's log4j2 file (RayDP passes it as -Dlog4j2.configurationFile).
         "spark.log4j.config.file.name": str(LOG4J_FILE),
@@ -106,7 +117,10 @@ def spark_configs(cfg: ClusterSettings, log_dir: Path) -> dict[str, str]:
         "spark.executorEnv.RAYON_NUM_THREADS": str(cfg.executor_cores),
         "spark.default.parallelism": str(cfg.executors * cfg.executor_cores * 2),
     }
-    return configs | {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
+    user = {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
+    for key in JAVA_OPTION_KEYS & user.keys():  # added to ours: Spark on JDK 17 needs --add-opens
+        user[key] = f"{configs[key]} {user[key]}"
+    return configs | user
 
 
 def _driver_environment(cfg: ClusterSettings, configs: dict[str, str]) -> None:
@@ -136,12 +150,43 @@ def _init_spark(
     import raydp
 
     quiet = contextlib.nullcontext() if verbose else _output_to(log_dir / "spark-driver.log")
-    with quiet, ThreadPoolExecutor(1) as pool:
+    with quiet, ThreadPoolExecutor(2) as pool, _driver_jvm_beside_master(pool):
         # Spark starts off the main thread so that PySpark installs no SIGINT handler: its handler
         # calls py4j from inside the handler, on the connection the interrupted call is using; py4j
         # retries and the KeyboardInterrupt is lost. Python's own handler stays, and the caller
         # stops Spark. The driver JVM starts here and keeps the stdout and stderr it inherits.
         return pool.submit(raydp.init_spark, **init).result()
+
+
+@contextlib.contextmanager
+def _driver_jvm_beside_master(pool: ThreadPoolExecutor) -> Iterator[None]:
+    """Launch the Spark driver's JVM while RayDP starts its app master, not after it.
+
+    RayDP starts the app master (a Python actor, its gateway JVM, then a Java actor: ~5 s on 2
+    cores) and only then creates the SparkContext, whose first step is launching the driver's JVM
+    (~2 s). That JVM needs nothing from the master: it is launched in ``pool`` with the settings
+    RayDP has prepared by then (class path, Java agent), and the SparkContext finds it running.
+    """
+    from pyspark import SparkConf, SparkContext
+    from raydp.spark.ray_cluster import SparkCluster
+
+    set_up_master = SparkCluster._set_up_master
+
+    def beside(self, *args, **kwargs):
+        conf = SparkConf(loadDefaults=False).setAll(self._configs.items())
+        driver_jvm = pool.submit(SparkContext._ensure_initialized, conf=conf)
+        try:
+            set_up_master(self, *args, **kwargs)
+        except BaseException:
+            wait([driver_jvm])  # started or not, the JVM is known to PySpark: the caller stops it
+            raise
+        driver_jvm.result()  # a JVM that could not start raises PySpark's own error here
+
+    SparkCluster._set_up_master = beside
+    try:
+        yield
+    finally:
+        SparkCluster._set_up_master = set_up_master
 
 
 # Families of settings Spark reads by prefix (no fixed list of keys): they are never reported as
@@ -209,12 +254,12 @@ def _wait_for_executors(spark, executors: int, timeout_s: float = 180.0) -> None
         time.sleep(0.1)
 
 
-def _start_python_workers(spark, slots: int) -> None:
-    """Run one trivial Arrow task per task slot, so that the executors' Python workers (and the JVM
-    code paths the ETL uses) are up before the first real job: start-up, not ETL time."""
-    spark.range(0, slots, 1, slots).mapInArrow(
+def _python_worker_job(spark, slots: int) -> "pyspark.sql.DataFrame":  # noqa: F821
+    """One trivial Arrow task per task slot: running it starts the executors' Python workers (and
+    the JVM code paths the ETL uses) before the first real job: start-up, not ETL time."""
+    return spark.range(0, slots, 1, slots).mapInArrow(
         lambda batches: (b.slice(0, 0) for b in batches), "id long"
-    ).count()
+    )
 
 
 @contextlib.contextmanager

