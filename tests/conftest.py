@@ -65,7 +65,18 @@ def prepare(settings, corpus, out_dir: Path, to_ray: bool, store: Path | None):
 def make_config(*overrides: str, config_name: str = "config"):
     """The typed settings an entry point makes of that config at its door
     (``cli.inputs.typed_settings``)."""
-    return typed_settings(compose_config(*overrides, config_name=config_name))
+    return typed_settings(compose_config(*overrides, config_name=config_name), overrides)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models: one thread is fastest, and far faster on a machine busy with other work."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

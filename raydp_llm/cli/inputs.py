@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterable
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from raydp_llm.core import storage
+from raydp_llm.core import hf, storage
 from raydp_llm.core.config import Settings, validate
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import read_embeddings
@@ -27,9 +29,10 @@ def absolute(path: str) -> str:
     return path if "://" in path else to_absolute_path(path)
 
 
-def typed_settings(cfg: DictConfig) -> Settings:
+def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> Settings:
     """The composed config as its schema's objects (a model config's own checks run here), with
-    absolute paths."""
+    absolute paths, and the shape and tokenizer of ``model.init_from``. ``overrides``: the command
+    line's (Hydra's, when None), which say what the user gave."""
     settings = OmegaConf.to_object(cfg)
     data, train, tok, model = settings.data, settings.train, settings.tokenizer, settings.model
     paths = data.path if data.path is None or isinstance(data.path, str) else list(data.path)
@@ -47,7 +50,45 @@ def typed_settings(cfg: DictConfig) -> Settings:
     }
     if getattr(settings, "model_dir", None):  # evaluate's
         changes["model_dir"] = absolute(settings.model_dir)
+    if getattr(model, "init_from", None):
+        changes["model"], changes["tokenizer"] = _init_from(
+            replace(model, init_from=absolute(model.init_from)), changes["tokenizer"],
+            _given(overrides, "model."))
     return replace(settings, **changes)
+
+
+def _given(overrides: Iterable[str] | None, prefix: str) -> set[str]:
+    """The keys under ``prefix`` that the command line set (``model.n_layer=2`` → ``n_layer``)."""
+    if overrides is None:
+        overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in overrides)
+    return {k.removeprefix(prefix) for k in keys if k.startswith(prefix)}
+
+
+def _init_from(model, tokenizer, given: set[str]):
+    """The model settings with the shape of the GPT-2 checkpoint ``model.init_from`` (a shape field
+    the user also gave must agree; block_size may be shorter), and the tokenizer settings reading
+    its tokenizer.json."""
+    where = model.init_from  # a GPT's setting: the LSTM's schema has none
+    shape = hf.gpt2_shape(where, hf.read_gpt2_config(where), hf.read_gpt2_tensors(where))
+    for key in sorted(given & shape.keys()):
+        mine = getattr(model, key)
+        shorter = key == "block_size" and mine <= shape[key]
+        if mine != shape[key] and not shorter:
+            raise InputError(f"model.init_from={where} has {key}={shape[key]} but model.{key}="
+                             f"{mine} was given; drop model.{key}, or give {shape[key]}")
+    if "block_size" in given:
+        shape["block_size"] = model.block_size  # the first positions of its table
+    ids = hf.read_hf_tokenizer(where).vocab_size  # it exists and has the end-of-document token
+    if ids != shape["vocab_size"]:
+        raise InputError(f"model.init_from={where}: {hf.TOKENIZER_FILE} has {ids} ids but the "
+                         f"model {shape['vocab_size']} token embeddings; give the tokenizer the "
+                         "model was trained with")
+    vocab = str(Path(where) / hf.TOKENIZER_FILE)
+    if tokenizer.path not in (None, vocab):
+        raise InputError(f"model.init_from={where} brings its tokenizer but tokenizer.path="
+                         f"{tokenizer.path} was given; drop tokenizer.path")
+    return replace(model, **shape), replace(tokenizer, path=vocab)
 
 
 def _absolute_any(path: str | list[str] | None) -> str | list[str] | None:

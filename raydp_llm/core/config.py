@@ -245,6 +245,16 @@ class GenerateSettings(SampleSettings):
 
 
 @dataclass
+class ExportSettings:
+    """``python -m raydp_llm.export``: a model directory to Hugging Face's GPT-2 format."""
+
+    model_dir: Optional[str] = setting(None, "the model/ directory of a finished run (a GPT), or "
+                                             "its s3:// URI (required)")
+    out: Optional[str] = setting(None, "the directory to write: new, or empty (required)")
+    s3: S3Settings = setting(S3Settings(), "S3 access for an s3:// model_dir")
+
+
+@dataclass
 class EvaluateSettings(Settings):
     name: str = "evaluate"
     model_dir: Optional[str] = setting(None, "the model/ directory of a finished run (required)")

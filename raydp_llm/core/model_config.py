@@ -42,10 +42,11 @@ class ModelConfig:
     def architecture(self) -> dict:
         """The fields that make the network, as a model directory's ``config.json`` keeps them."""
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("kind", "init_embeddings", "freeze_embeddings")}
+                if k not in ("kind", "init_embeddings", "freeze_embeddings", "init_from")}
 
 
 POS_EMBEDDINGS = ("learned", "sinusoidal")
+ACTIVATIONS = ("gelu", "gelu_tanh")
 
 
 @dataclass
@@ -54,6 +55,12 @@ class GPTConfig(ModelConfig):
     bias: bool = setting(False, "bias terms in Linear and LayerNorm layers")
     pos_embedding: str = setting("learned", "learned (a trained table) | sinusoidal (fixed "
                                             "sin/cos, no parameters)")
+    activation: str = setting("gelu", "the MLP's GELU: gelu (exact) | gelu_tanh (GPT-2's tanh "
+                                      "approximation)")
+    init_from: Optional[str] = setting(None, "a local Hugging Face GPT-2 directory "
+                                             "(save_pretrained: config.json, model.safetensors, "
+                                             "tokenizer.json) to start from: its shape, weights "
+                                             "and tokenizer")
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -62,6 +69,9 @@ class GPTConfig(ModelConfig):
         if self.pos_embedding not in POS_EMBEDDINGS:
             raise InputError(f"model.pos_embedding={self.pos_embedding} is not one of "
                              f"{' | '.join(POS_EMBEDDINGS)}")
+        if self.activation not in ACTIVATIONS:
+            raise InputError(f"model.activation={self.activation} is not one of "
+                             f"{' | '.join(ACTIVATIONS)}")
 
 
 @dataclass

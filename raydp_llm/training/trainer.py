@@ -36,6 +36,7 @@ import torch.distributed as dist
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from raydp_llm.core import hf
 from raydp_llm.core.model import build_model
 from raydp_llm.core.storage import resolve
 from raydp_llm.core.timing import Stopwatch
@@ -251,6 +252,9 @@ class Worker:
             else contextlib.nullcontext
         )
         self.model = build_model(spec.model)
+        if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (core/hf.py)
+            hf.load_gpt2_weights(self.model, hf.read_gpt2_tensors(spec.model.init_from),
+                                 spec.model.init_from)
         self.ddp_model = ray.train.torch.prepare_model(
             self.model
         )  # on the device; DDP when world > 1

@@ -110,6 +110,69 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
     assert out.stdout.startswith("JULIET:") and len(out.stdout) > len("JULIET:") + 20
     model, _ = load_model_dir(run_dir / "model")
     assert model.num_params() == summary["num_params"]
+    _exports_to_transformers(run_dir / "model", tmp_path / "hf", "ROMEO:")
+
+
+def _exports_to_transformers(model_dir, out, prompt: str) -> None:
+    """``python -m raydp_llm.export`` of a trained model: transformers loads it with no custom
+    code, with the same logits (float32), ids and greedy continuation."""
+    import torch
+    import transformers
+
+    from raydp_llm.cli.export import main as export_main
+
+    assert export_main([f"model_dir={model_dir}", f"out={out}"]) == 0
+    ours, tokenizer = load_model_dir(model_dir)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tokenizer.encode(prompt).tolist()])
+    assert hf_tok(prompt)["input_ids"] == ids[0].tolist()
+    with torch.no_grad():
+        assert (ours(ids)[0] - theirs(ids).logits).abs().max().item() <= 1e-4
+    new = ours.config.block_size - ids.size(1)
+    greedy = theirs.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                             attention_mask=torch.ones_like(ids))
+    assert ours.generate(ids, new, temperature=0).tolist() == greedy.tolist()
+
+
+def test_fine_tune_a_gpt2_checkpoint_then_export_it(ray_cluster, corpus_dir, tmp_path):
+    """model.init_from: a GPT-2 directory written by transformers (random weights, a BPE trained
+    here) gives the shape, the weights and the tokenizer; training goes on from those weights; the
+    result exports back to transformers exactly."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    from raydp_llm.cli.train import run
+    from raydp_llm.core.tokenizer import train_bpe
+
+    text = [p.read_text() for p in sorted(corpus_dir.iterdir())]
+    bpe = train_bpe([text], vocab_size=400)
+    hf_dir = tmp_path / "gpt2"
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=bpe.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4))
+    gpt2.save_pretrained(hf_dir)
+    PreTrainedTokenizerFast(tokenizer_object=bpe.tok, eos_token="<|endoftext|>").save_pretrained(
+        hf_dir)
+
+    with pytest.raises(InputError, match=r"model.init_from=.* has n_layer=2 but model.n_layer=3"):
+        make_config(f"model.init_from={hf_dir}", "model.n_layer=3")
+    cfg = make_config(f"data.path={corpus_dir}", f"data.cache_dir={tmp_path / 'cache'}",
+                      f"model.init_from={hf_dir}", "model.block_size=32", "train.batch_size=8",
+                      "train.max_steps=20", "train.eval_interval=20", "train.num_workers=1",
+                      "optim.warmup_steps=2", "sample.max_new_tokens=0")
+    assert (cfg.model.n_layer, cfg.model.n_embd, cfg.model.activation) == (2, 32, "gelu_tanh")
+    summary = run(cfg, tmp_path / "run")
+    assert summary["steps"] == 20 and summary["etl"]["vocab_size"] == bpe.vocab_size
+    trained, tokenizer = load_model_dir(tmp_path / "run" / "model")
+    sample = text[0][:2000]
+    assert tokenizer.encode(sample).tolist() == bpe.encode(sample).tolist()  # its tokenizer
+    start = gpt2.transformer.wte.weight.detach()
+    moved = trained.wte.weight.detach()
+    assert not torch.equal(moved, start)  # it trained ...
+    assert torch.nn.functional.cosine_similarity(moved.flatten(), start.flatten(), 0) > 0.9  # from
+    _exports_to_transformers(tmp_path / "run" / "model", tmp_path / "hf", "ROMEO:")
 
 
 def test_lstm_baseline_trains_for_whole_epochs(ray_cluster, corpus_dir, tmp_path):

@@ -34,7 +34,8 @@ def wing_of(module: str) -> str | None:
 
 def test_every_module_sits_in_a_wing_or_is_an_entry_point():
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert loose == ["__init__.py", "evaluate.py", "generate.py", "prepare.py", "train.py"]
+    assert loose == ["__init__.py", "evaluate.py", "export.py", "generate.py", "prepare.py",
+                     "train.py"]
     for entry in loose[1:]:
         assert imports_of(PACKAGE / entry) == {f"raydp_llm.cli.{entry[:-3]}"}, entry
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
@@ -54,7 +55,7 @@ def test_imports_run_one_way():
     assert upward == []
 
 
-@pytest.mark.parametrize("entry", ["train", "prepare", "evaluate", "generate"])
+@pytest.mark.parametrize("entry", ["train", "prepare", "evaluate", "generate", "export"])
 def test_every_entry_point_answers_help(entry):
     done = subprocess.run([sys.executable, "-m", f"raydp_llm.{entry}", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
@@ -75,7 +76,8 @@ def test_the_wheel_holds_the_console_scripts_and_the_configuration(tmp_path):
     for script, target in [("raydp-llm-train", "raydp_llm.cli.train:cli"),
                            ("raydp-llm-prepare", "raydp_llm.cli.prepare:cli"),
                            ("raydp-llm-evaluate", "raydp_llm.cli.evaluate:cli"),
-                           ("raydp-llm-generate", "raydp_llm.cli.generate:cli")]:
+                           ("raydp-llm-generate", "raydp_llm.cli.generate:cli"),
+                           ("raydp-llm-export", "raydp_llm.cli.export:cli")]:
         assert f"{script} = {target}" in scripts
     confs = sorted(n.split(".data/data/")[1] for n in names if ".data/data/" in n)
     shipped = sorted(f"share/raydp_llm/conf/{p.relative_to(ROOT / 'conf')}"

@@ -20,15 +20,7 @@ CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)
 LSTM_CFG = LSTMConfig(vocab_size=11, block_size=16, n_layer=2, n_embd=32)
 TOKENIZER = CharTokenizer("abcdefghij")  # 10 characters + the end-of-document token: vocab_size 11
 PRESETS = {"gpt", "gpt_nano", "gpt_mini", "gpt2_small", "lstm"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and far faster on a machine busy with other work."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_shapes_and_loss():
