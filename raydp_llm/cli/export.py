@@ -14,7 +14,7 @@ from pathlib import Path
 from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
 from raydp_llm.core.config import ExportSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.hf import NotExpressible, gpt2_tensors, save_gpt2_dir
+from raydp_llm.core.hf import NotExpressible, check_exportable, save_gpt2_dir
 from raydp_llm.core.storage import S3Options
 from raydp_llm.training.checkpoint import load_model_dir
 
@@ -34,7 +34,7 @@ def export(settings: ExportSettings) -> tuple[Path, bool]:
         raise InputError(f"out={out}: already exists and is not an empty directory; give a new "
                          "directory (nothing is overwritten)")
     model, tokenizer = load_model_dir(settings.model_dir, s3=S3Options.of(settings.s3))
-    gpt2_tensors(model)  # NotExpressible before anything is written
+    check_exportable(model)  # before anything is written
     text = tokenizer if tokenizer.kind != "ids" else None
     tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:

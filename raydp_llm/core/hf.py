@@ -22,11 +22,10 @@ from safetensors.torch import load_file, save_file
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import GPT, LanguageModel, SinusoidalPositions
 from raydp_llm.core.model_config import GPTConfig
-from raydp_llm.core.tokenizer import EOD, BPETokenizer, CharTokenizer, Tokenizer
+from raydp_llm.core.tokenizer import EOD, TOKENIZER_FILE, BPETokenizer, CharTokenizer, Tokenizer
 
-WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_FILE = "model.safetensors"  # transformers' names, which the model directory shares
 CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, and GPT-2's
 # GPT-2's activation names → this GPT's model.activation, and back
@@ -90,11 +89,16 @@ def gpt2_config(cfg: GPTConfig, eod_id: int | None) -> dict:
     }
 
 
-def gpt2_tensors(model: LanguageModel) -> dict[str, torch.Tensor]:
-    """``model``'s weights under GPT-2's names and layouts; NotExpressible unless it is a GPT."""
+def check_exportable(model: LanguageModel) -> None:
+    """NotExpressible unless ``model`` is a GPT (GPT-2's format holds nothing else exactly)."""
     if not isinstance(model, GPT):
         raise NotExpressible(f"a {model.kind} model has no Hugging Face GPT-2 equivalent (only "
                              "GPT models export); use it here with python -m raydp_llm.generate")
+
+
+def gpt2_tensors(model: LanguageModel) -> dict[str, torch.Tensor]:
+    """``model``'s weights under GPT-2's names and layouts; NotExpressible unless it is a GPT."""
+    check_exportable(model)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     tensors = {}
     for pair in pairs(model.config.n_layer):

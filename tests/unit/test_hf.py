@@ -70,6 +70,16 @@ def greedy_both(directory, ours: GPT, ids: torch.Tensor, new: int) -> tuple[list
     return ours.generate(ids, new, temperature=0).tolist(), out.tolist()
 
 
+def assert_matches_transformers(directory, ours: GPT, ids: torch.Tensor, prompt: int) -> None:
+    """transformers' model in ``directory`` gives ``ours``' logits on ``ids`` and its greedy
+    continuation of their first ``prompt`` tokens."""
+    with torch.no_grad():
+        diff = (ours(ids)[0] - their_logits(directory, ids)).abs().max().item()
+    assert diff <= TOL
+    mine, theirs = greedy_both(directory, ours, ids[:, :prompt], new=20)
+    assert mine == theirs
+
+
 def bpe_tokenizer():
     return train_bpe([[TEXT] * 20], vocab_size=300)
 
@@ -80,11 +90,7 @@ def test_an_imported_gpt2_computes_transformers_logits(tmp_path):
     ours = imported(tmp_path)
     assert ours.config.activation == "gelu_tanh" and ours.config.bias
     ids = torch.tensor([tok.encode(TEXT)[:32].tolist()])
-    with torch.no_grad():
-        diff = (ours(ids)[0] - their_logits(tmp_path, ids)).abs().max().item()
-    assert diff <= TOL
-    mine, theirs = greedy_both(tmp_path, ours, ids[:, :8], new=20)
-    assert mine == theirs
+    assert_matches_transformers(tmp_path, ours, ids, prompt=8)
 
 
 @pytest.mark.parametrize("variant", [
@@ -109,11 +115,7 @@ def test_export_then_transformers_then_import_round_trip(tmp_path, variant):
     assert hf_tok.decode(tokenizer.encode(TEXT).tolist()) == TEXT
     assert hf_tok.eos_token == EOD and hf_tok.eos_token_id == tokenizer.eod_id
     ids = torch.tensor([tokenizer.encode(TEXT)[:32].tolist()])
-    with torch.no_grad():
-        diff = (model(ids)[0] - their_logits(out, ids)).abs().max().item()
-    assert diff <= TOL
-    mine, theirs = greedy_both(out, model, ids[:, :6], new=20)
-    assert mine == theirs
+    assert_matches_transformers(out, model, ids, prompt=6)
 
     back = imported(out)
     assert back.config == cfg
