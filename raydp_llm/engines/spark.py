@@ -42,6 +42,7 @@ def spark_session(
     import raydp
 
     configs = spark_configs(cfg, log_dir)
+    configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
     ensure_java()
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
     _driver_environment(cfg, configs)
@@ -78,6 +79,25 @@ def spark_session(
         if placement is not None:
             ray.util.remove_placement_group(placement)
         _wait_for_cpus(cpus_before)
+
+
+FETCH_MEMORY_KEY = "spark.ray.raydp_recoverable_fetch.task.resource.memory"
+
+
+def fetch_task_memory(nodes: list[dict]) -> int:
+    """Bytes of Ray's ``memory`` resource each ``from_spark`` fetch task reserves: a node's memory
+    over twice its CPUs, so a node runs about two fetches per CPU at a time.
+
+    Why: RayDP asks 0 CPU and 0 memory for them, and a fetch waits in ``ray.get`` on an executor
+    (a waiting task gives its CPU back anyway), so Ray starts a Python worker for every partition
+    at once: 150 processes for 90 chunks, RAM exhausted and the hand-off stuck. Memory, unlike CPU,
+    stays reserved while a task waits."""
+    shares = [
+        node["Resources"]["memory"] / (2 * node["Resources"]["CPU"])
+        for node in nodes
+        if node.get("Alive") and node["Resources"].get("CPU") and node["Resources"].get("memory")
+    ]
+    return int(min(shares, default=0))
 
 
 JAVA_OPTION_KEYS = frozenset({

