@@ -127,6 +127,19 @@ def corpus_dir(tmp_path_factory, shakespeare) -> Path:
     return d
 
 
+def write_lines(path: Path, lines: list[str]) -> None:
+    """Lines to a file, compressed as its suffix says (.gz, .bz2, .zst: pyarrow's codecs)."""
+    import pyarrow as pa
+
+    data = "".join(line + "\n" for line in lines).encode()
+    codec = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}.get(path.suffix)
+    if codec is None:
+        path.write_bytes(data)
+        return
+    with pa.CompressedOutputStream(str(path), codec) as out:
+        out.write(data)
+
+
 def start_like_a_terminal(module: str, *args: str) -> subprocess.Popen:
     """``python -m module args`` with SIGINT at its default, as a terminal's Ctrl-C would find it (a
     runner started in the background, ``cmd &``, ignores SIGINT, and the child would inherit

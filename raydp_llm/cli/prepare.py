@@ -60,7 +60,17 @@ def describe(data: PreparedData, m: dict) -> str:
             f"jobs, {st.get('stages', 0)} stages, {st.get('tasks', 0)} tasks "
             f"({st.get('failed_tasks', 0)} failed), {st.get('input_bytes', 0):,} bytes read, "
             f"{st.get('shuffle_write_bytes', 0):,} bytes shuffled; phases (s): {phases}\n  "
-            f"dataset: {data.entry}{hit}")
+            f"dataset: {data.entry}{hit}{_bad_json(m)}")
+
+
+def _bad_json(m: dict) -> str:
+    """JSONL: the bad lines skipped, by kind, when there were any."""
+    bad = m.get("bad_json_lines")
+    if not bad or not bad["files"]:
+        return ""
+    kinds = ", ".join(f"{kind.replace('_', ' ')} {n:,}" for kind, n in bad.items()
+                      if kind != "files")
+    return f"\n  bad JSON lines skipped: {kinds}, in {len(bad['files'])} files (manifest.json)"
 
 
 def cli() -> None:

@@ -77,9 +77,14 @@ class DataSettings:
                                                                     "(Parquet + tokenizer + "
                                                                     "manifest)")
     format: str = setting("text", "text | ids (lines of whitespace-separated integer token ids) | "
-                                  "parquet (a text column)")
-    text_column: str = setting("text", "parquet: the column holding the text; each row is a "
-                                       "document")
+                                  "parquet (a text column) | jsonl (JSON Lines: an object per "
+                                  "line); text, ids and jsonl files may be .gz, .bz2 or .zst")
+    text_column: str = setting("text", "parquet and jsonl: the column or field holding the text; "
+                                       "each row or line is a document")
+    strict_json: bool = setting(False, "jsonl: fail on the first bad line (not JSON, no "
+                                       "data.text_column, not a string), naming its file and line, "
+                                       "instead of skipping it (bad lines are counted in "
+                                       "manifest.json)")
     vocab_size: Optional[int] = setting(None, "ids: the vocabulary size; null = the largest id + 1")
 
 
@@ -308,7 +313,7 @@ RULES = {
     "data.segment_tokens": _at_least(1),
     "data.chunk_tokens": _at_least(1),
     "data.halo_tokens": _at_least(1),
-    "data.format": _one_of("text", "ids", "parquet"),
+    "data.format": _one_of("text", "ids", "parquet", "jsonl"),
     "data.vocab_size": _optional(_at_least(1)),
     "tokenizer.kind": _one_of("char", "bpe"),
     "tokenizer.vocab_size": (

@@ -1,26 +1,45 @@
-"""An ``s3://`` corpus read inside Spark's executors with pyarrow: the pip ``pyspark`` has no S3
-connector, and Hadoop's jars are not a dependency this project wants.
+"""The files Spark's own readers cannot read, read inside Spark's executors with pyarrow:
+``s3://`` objects (the pip ``pyspark`` has no S3 connector, and Hadoop's jars are not a dependency
+this project wants) and zstd-compressed files (Hadoop reads ``.zst`` only with its native library,
+which the pip ``pyspark`` lacks).
 
-The driver lists the objects (``corpus.py``) and cuts them into input splits: byte ranges of text
-objects, row groups of Parquet objects. Each Spark task reads its splits from S3 and yields the rows
-Spark's own readers would: ``src, block, text``. A text split holds the lines that start within its
-byte range, ended by ``\\n``, ``\\r\\n`` or ``\\r`` as Hadoop's ``LineReader`` ends them, so every
-line is read exactly once.
+The driver lists the files (``corpus.py``) and cuts them into input splits: byte ranges of text
+files, row groups of Parquet files, a compressed file whole (``.gz``, ``.bz2``, ``.zst``: no byte
+range of one can be read alone). Each Spark task reads its splits and yields the rows Spark's own
+readers would: ``src, block, text``. A text split holds the lines that start within its byte range,
+ended by ``\\n``, ``\\r\\n`` or ``\\r`` as Hadoop's ``LineReader`` ends them, so every line is read
+exactly once.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.storage import S3Options, resolve
+from raydp_llm.core.storage import S3Options, is_s3, resolve
 
 SCHEMA = "src string, block long, text binary"
 ARROW_SCHEMA = pa.schema([("src", pa.string()), ("block", pa.int64()), ("text", pa.binary())])
 LINES_PER_BATCH = 8192
 READ_AHEAD = 1 << 20  # bytes read at a time past a split's end, to finish its last line
+COMPRESSED = (".gz", ".bz2", ".zst")  # pyarrow decompresses them as it reads (by the suffix)
+NATIVE_ONLY = (".zst",)  # what Hadoop reads only with its native library: read here instead
+
+
+def compressed(path: str) -> bool:
+    return path.lower().endswith(COMPRESSED)
+
+
+def reads(path: str) -> bool:
+    """Whether this reader, not Spark's, reads an input file: S3 objects, and local files Hadoop
+    cannot decompress."""
+    return is_s3(path) or ("://" not in path and path.lower().endswith(NATIVE_ONLY))
 
 
 def lines_in_range(f: pa.NativeFile, size: int, start: int, end: int) -> list[bytes]:
@@ -48,6 +67,24 @@ def lines_in_range(f: pa.NativeFile, size: int, start: int, end: int) -> list[by
         cut = [i for i in (more.find(b"\n"), more.find(b"\r")) if i >= 0]
         body += more[:min(cut) + 1] if cut else more
         pos += len(more)
+    return _lines(body)
+
+
+def stream_lines(f: pa.NativeFile) -> Iterator[bytes]:
+    """Every line of a stream read to its end (a compressed file), without terminators, ended as
+    ``lines_in_range`` ends them."""
+    rest = b""
+    while data := f.read(READ_AHEAD):
+        buf = rest + data
+        # the last line end, but not a \r at the very end: it may be the first half of a \r\n
+        last = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1))
+        yield from _lines(buf[:last + 1])
+        rest = buf[last + 1:]
+    yield from _lines(rest)
+
+
+def _lines(body: bytes) -> list[bytes]:
+    """``body``'s lines without their terminators; an unterminated last line is a line."""
     text = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     if not text:
         return []
@@ -55,9 +92,11 @@ def lines_in_range(f: pa.NativeFile, size: int, start: int, end: int) -> list[by
 
 
 def text_splits(objects: list[tuple[str, int]], split_bytes: int) -> list[tuple[str, int, int]]:
-    """``(uri, start, end)`` byte ranges of at most ``split_bytes`` covering each object."""
+    """``(uri, start, end)`` byte ranges of at most ``split_bytes`` covering each object; a
+    compressed object is one split (``end`` -1: read to its end)."""
     return [(uri, start, min(start + split_bytes, size)) for uri, size in objects
-            for start in range(0, size, split_bytes)]
+            if not compressed(uri) for start in range(0, size, split_bytes)] + \
+           [(uri, 0, -1) for uri, _ in objects if compressed(uri)]
 
 
 def parquet_splits(uris: list[str], text_column: str, s3: S3Options) -> list[tuple[str, int, int]]:
@@ -76,8 +115,9 @@ def parquet_splits(uris: list[str], text_column: str, s3: S3Options) -> list[tup
 def read_corpus(
     spark: SparkSession, objects: list[tuple[str, int]], data, s3: S3Options
 ) -> DataFrame:
-    """``src, block, text``: the objects' lines (text, ids) or text column rows (Parquet), read in
-    the executors; ``block`` is the split's first byte (text) or its row group (Parquet)."""
+    """``src, block, text``: the files' lines (text, ids, jsonl) or text column rows (Parquet), read
+    in the executors; ``block`` is the split's first byte (text; 0 for a compressed file) or its
+    row group (Parquet)."""
     parquet, text_column = data.format == "parquet", data.text_column
     if parquet:
         splits = parquet_splits([uri for uri, _ in objects], text_column, s3)
@@ -88,17 +128,21 @@ def read_corpus(
 
     def read_split(uri: str, start: int, end: int):
         fs, path = resolve(uri, s3)
+        src = uri if is_s3(uri) else Path(path).as_uri()  # named as Spark names a local file
         if parquet:
             file = pq.ParquetFile(fs.open_input_file(path))
             for rows in file.iter_batches(
                 LINES_PER_BATCH, row_groups=[start], columns=[text_column]
             ):
-                yield _rows(uri, start, rows.column(0).cast(pa.binary()))
+                yield _rows(src, start, rows.column(0).cast(pa.binary()))
+            return
+        if end < 0:  # a compressed file, decompressed as it streams in
+            with fs.open_input_stream(path, compression="detect") as f:
+                yield from _batches(src, start, stream_lines(f))
             return
         with fs.open_input_file(path) as f:
             lines = lines_in_range(f, f.size(), start, end)
-        for i in range(0, len(lines), LINES_PER_BATCH):
-            yield _rows(uri, start, pa.array(lines[i:i + LINES_PER_BATCH], pa.binary()))
+        yield from _batches(src, start, iter(lines))
 
     def read(batches):
         for batch in batches:
@@ -116,6 +160,11 @@ def read_corpus(
                                                                                   "start long, "
                                                                                   "end long")
     return table.mapInArrow(read, SCHEMA)
+
+
+def _batches(uri: str, block: int, lines: Iterator[bytes]) -> Iterator[pa.RecordBatch]:
+    while batch := list(itertools.islice(lines, LINES_PER_BATCH)):
+        yield _rows(uri, block, pa.array(batch, pa.binary()))
 
 
 def _rows(uri: str, block: int, text: pa.Array) -> pa.RecordBatch:

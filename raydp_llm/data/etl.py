@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 
 from raydp_llm.core.config import DataSettings, Settings
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.storage import S3Options, is_s3
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import timed
 from raydp_llm.core.tokenizer import (
     CharTokenizer,
@@ -49,7 +49,8 @@ from raydp_llm.core.tokenizer import (
     tokenizer_from_json,
     train_bpe,
 )
-from raydp_llm.data import s3_reader, windows
+from raydp_llm.data import arrow_reader, jsonl, windows
+from raydp_llm.data.arrow_reader import NATIVE_ONLY
 from raydp_llm.data.corpus import Corpus, read_head, utf16
 from raydp_llm.data.stream import CHUNK_SCHEMA as CHUNK_ARROW
 from raydp_llm.data.stream import BlockChunks, ChunkIndex
@@ -84,24 +85,39 @@ class EtlOutput:
 
 
 def read_lines(spark: SparkSession, corpus: Corpus, data: DataSettings, s3: S3Options) -> DataFrame:
-    """``src, block, raw``: one row per line (text, ids) or per row (Parquet's
+    """``src, block, text``: one row per line (text, ids, jsonl) or per row (Parquet's
     ``data.text_column``), as bytes, tagged with its file and the start of its input split. Spark's
-    readers read local files and the URIs Hadoop knows; ``s3://`` objects are read in the executors
-    with pyarrow (``s3_reader``).
+    readers read local files and the URIs Hadoop knows (``.gz`` and ``.bz2`` decompressed);
+    ``s3://`` objects and ``.zst`` files are read in the executors with pyarrow (``arrow_reader``).
 
     Lines stay bytes until the executors decode them (``decode``): Spark does not check UTF-8.
     """
-    local = [f for f in corpus.files if not is_s3(f)]
-    remote = [(f, corpus.sizes[f]) for f in corpus.files if is_s3(f)]
-    parts = ([spark_read(spark, local, data, corpus.name)] if local else []) + \
-            ([s3_reader.read_corpus(spark, remote, data, s3)] if remote else [])
-    lines = functools.reduce(DataFrame.unionByName, parts)
+    native_only = [f for f in corpus.files
+                   if f.lower().endswith(NATIVE_ONLY) and not arrow_reader.reads(f)]
+    if native_only:
+        raise InputError(f"{native_only[0]}: Spark's Hadoop reads {NATIVE_ONLY[0]} files only with "
+                         "its native library, which pip's pyspark lacks; decompress it, recompress "
+                         "it as .gz or .bz2, or copy it to local disk or S3")
+    ours = [(f, corpus.sizes.get(f)) for f in corpus.files if arrow_reader.reads(f)]
+    sparks = [f for f in corpus.files if not arrow_reader.reads(f)]
+    parts = ([spark_read(spark, sparks, data, corpus.name)] if sparks else []) + \
+            ([arrow_reader.read_corpus(spark, ours, data, s3)] if ours else [])
+    return functools.reduce(DataFrame.unionByName, parts)
+
+
+def documents(lines: DataFrame, corpus: Corpus, data: DataSettings) -> DataFrame:
+    """``src, block, raw``: what the ETL encodes, a line or a document per row, as bytes; JSON
+    Lines are parsed (``raw`` is the ``data.text_column`` string) and each line's verdict kept
+    (``bad``); markdown is stripped in the JVM."""
+    if data.format == "jsonl":
+        lines = jsonl.documents(lines, data.text_column)
     text = F.col("text")
     if corpus.markdown:
         text = text.cast("string")
         for pattern, replacement in _MARKDOWN_RULES:
             text = F.regexp_replace(text, pattern, replacement)
-    return lines.select("src", "block", text.cast("binary").alias("raw"))
+    verdicts = ["bad"] if data.format == "jsonl" else []
+    return lines.select("src", "block", text.cast("binary").alias("raw"), *verdicts)
 
 
 def spark_read(spark: SparkSession, files: list[str], data: DataSettings, name: str) -> DataFrame:
@@ -147,14 +163,15 @@ def decode_column(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
         return pa.array(texts, pa.string()), np.array(replaced, np.int64)
 
 
-_COUNTS = ("lines", "chars", "nonblank", "nul_lines", "replaced", "ids")
+_COUNTS = ("lines", "chars", "nonblank", "nul_lines", "replaced", "ids", *jsonl.BAD_KINDS)
+_SUMMED = ("chars", "nonblank", "nul_lines", "replaced", *jsonl.BAD_KINDS)  # by Arrow, per batch
 
 
 def scan_files(lines: DataFrame, want_charset: bool, id_file: bool) -> dict[str, dict]:
     """Per-file statistics, computed in the executors: lines, characters (newlines included),
-    non-blank characters, lines with NUL bytes, replaced invalid UTF-8 sequences, the character set
-    (``char``) and, for id files, the id count and range and the first token that is not an
-    integer."""
+    non-blank characters, lines with NUL bytes, replaced invalid UTF-8 sequences, bad JSON lines by
+    kind (jsonl), the character set (``char``) and, for id files, the id count and range and the
+    first token that is not an integer."""
 
     def scan(batches):
         stats: dict[str, dict] = {}
@@ -179,19 +196,21 @@ def _add_batch(stats: dict[str, dict], batch: pa.RecordBatch, want_charset: bool
                id_file: bool) -> None:
     """One Arrow batch of (src, raw) lines into the per-file ``stats`` (in an executor)."""
     texts, replaced = decode_column(batch.column("raw"))
+    verdicts = pa.nulls(len(texts), pa.int8())  # none but in JSON Lines
+    if "bad" in batch.schema.names:
+        verdicts = batch.column("bad")
     table = pa.table({"src": batch.column("src"), "chars": pc.add(pc.utf8_length(texts), 1),
                       "nonblank": pc.utf8_length(pc.utf8_trim_whitespace(texts)),
                       "nul_lines": pc.cast(pc.match_substring(texts, "\x00"), pa.int64()),
-                      "replaced": replaced})
-    sums = table.group_by("src").aggregate(
-        [(k, "sum") for k in ("chars", "nonblank", "nul_lines", "replaced")]
-        + [("chars", "count")]
-    )
+                      "replaced": replaced}
+                     | {kind: pc.cast(pc.equal(verdicts, code), pa.int64())
+                        for kind, code in jsonl.BAD_KINDS.items()})
+    sums = table.group_by("src").aggregate([(k, "sum") for k in _SUMMED] + [("chars", "count")])
     for row in sums.to_pylist():
         s = stats.setdefault(row["src"], _new_stats())
         s["lines"] += row["chars_count"]
-        for k in ("chars", "nonblank", "nul_lines", "replaced"):
-            s[k] += row[f"{k}_sum"]
+        for k in _SUMMED:
+            s[k] += row[f"{k}_sum"] or 0
     if not (want_charset or id_file):
         return
     for src, text in zip(batch.column("src").to_pylist(), texts.to_pylist()):
@@ -494,6 +513,30 @@ def check_files(files: dict[str, dict], data: DataSettings, s3: S3Options) -> li
     return binary
 
 
+def check_json(read: DataFrame, files: dict[str, dict], data: DataSettings) -> None:
+    """Bad JSON lines (``read``: the lines as read): with ``data.strict_json`` an error naming the
+    first one's file and line, else a warning (``manifest.json`` counts them per file and kind)."""
+    bad = json_counts(files)["files"]
+    if not bad:
+        return
+    src = next(iter(bad))
+    if data.strict_json:
+        line, kind, head = jsonl.first_bad_line(read, src, data.text_column)
+        what = jsonl.WHAT[kind].format(column=data.text_column)
+        raise InputError(f"{src}: line {line} {what} ({head.decode(errors='replace')[:60]!r}); "
+                         "fix it, or set data.strict_json=false to skip and count bad lines")
+    log.warning("skipped %d bad JSON lines in %d files, first in %s (manifest.json counts them "
+                "per file and kind; data.strict_json=true refuses them)", sum(bad.values()),
+                len(bad), src)
+
+
+def json_counts(files: dict[str, dict]) -> dict:
+    """Bad JSON lines by kind, and per file (files with none left out)."""
+    per_file = {src: sum(f[k] for k in jsonl.BAD_KINDS) for src, f in sorted(files.items())}
+    return {kind: sum(f[kind] for f in files.values()) for kind in jsonl.BAD_KINDS} | {
+        "files": {src: n for src, n in per_file.items() if n}}
+
+
 class Phases:
     """Each phase's wall time into ``seconds``, and ``on_phase(name, seconds)`` told as it ends."""
 
@@ -537,8 +580,8 @@ def run_etl(spark: SparkSession, plan: EtlPlan,
     tokenizer = phases.run(
         "tokenizer", lambda: build_tokenizer(lines, files, data, plan.tokenizer, plan.seed)
     )
-    # a Parquet row is a document
-    document_split = "line" if data.format == "parquet" else data.document_split
+    # a Parquet row or a JSON line is a document
+    document_split = "line" if data.format in ("parquet", "jsonl") else data.document_split
     encoded = encode_lines(lines, tokenizer, document_split).cache()
     pieces = phases.run(
         "encode", lambda: collect_pieces(encoded, data.halo_tokens * tokenizer.token_dtype.itemsize)
@@ -558,10 +601,13 @@ def read_and_scan(spark: SparkSession,
     the binary files skipped (``data.skip_binary``); one line for a corpus of nothing but
     whitespace."""
     corpus, data = plan.corpus, plan.data
-    lines = read_lines(spark, corpus, data, plan.s3)
+    read = read_lines(spark, corpus, data, plan.s3)
+    lines = documents(read, corpus, data)
     want_charset = plan.tokenizer.kind == "char" and data.format != "ids"
     files = scan_files(lines, want_charset=want_charset,
                        id_file=data.format == "ids")
+    if data.format == "jsonl":
+        check_json(read, files, data)
     skipped = check_files(files, data, plan.s3)
     if skipped:
         lines = lines.where(~F.col("src").isin(skipped))
@@ -626,7 +672,8 @@ def build_manifest(corpus: Corpus, files: dict[str, dict], skipped: list[str], s
     tokens_val = stream.index["val"].tokens()
     characters = sum(f["chars"] for f in files.values())
     stored = stream.stored_tokens() * tokenizer.token_dtype.itemsize
-    return {
+    json_lines = {"bad_json_lines": json_counts(files)} if d.format == "jsonl" else {}
+    return json_lines | {
         "corpus": corpus.name,
         "files": len(files),
         "skipped_binary_files": skipped,

@@ -94,6 +94,8 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
                 data = _from_cache(entry, out_dir, to_ray)
             else:
                 data = _spark_etl(Job(settings, corpus, tok, key, out_dir), to_ray, store, kept)
+        # the data's fingerprint: its inputs and every setting the ETL read (the cache key)
+        data.manifest = data.manifest | {"etl_key": key}
         yield data
 
 

@@ -14,14 +14,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import BUCKET, ROOT, make_config, prepare
+from conftest import BUCKET, ROOT, make_config, prepare, write_lines
 from flaky_s3 import FlakyS3
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import resume_checkpoint, run
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.tokenizer import load_tokenizer
-from raydp_llm.data import s3_reader
+from raydp_llm.data import arrow_reader
 from raydp_llm.data.etl import EtlPlan, run_etl
 from raydp_llm.data.prepare import samplings
 from raydp_llm.engines.spark import spark_session
@@ -51,14 +51,19 @@ def reference_lines(data: bytes) -> list[bytes]:
 
 
 def test_byte_range_splits_read_every_line_exactly_once(monkeypatch):
-    monkeypatch.setattr(s3_reader, "READ_AHEAD", 3)  # lines longer than a read-ahead, too
+    monkeypatch.setattr(arrow_reader, "READ_AHEAD", 3)  # lines longer than a read-ahead, too
     rng = random.Random(7)
     for _ in range(2000):
         data = bytes(rng.choice(b"ab\n\r") for _ in range(rng.randint(0, 60)))
         split = rng.randint(1, 17)
-        lines = [line for _, start, end in s3_reader.text_splits([("f", len(data))], split)
-                 for line in s3_reader.lines_in_range(pa.BufferReader(data), len(data), start, end)]
+        lines = [
+            line for _, start, end in arrow_reader.text_splits([("f", len(data))], split)
+            for line in arrow_reader.lines_in_range(pa.BufferReader(data), len(data), start, end)
+        ]
         assert lines == reference_lines(data), (data, split)
+        # a compressed file is read whole, as a stream: the same lines
+        assert arrow_reader.text_splits([("f.gz", len(data))], split) == [("f.gz", 0, -1)]
+        assert list(arrow_reader.stream_lines(pa.BufferReader(data))) == reference_lines(data)
 
 
 def test_s3_corpora_are_listed_with_sizes_and_times(s3, corpus_dir):
@@ -113,6 +118,8 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     (local / "part3.txt").write_bytes(
         (corpus_dir / "part0.txt").read_bytes().replace(b"\n", b"\r\n")
     )  # Windows
+    part1 = reference_lines((corpus_dir / "part1.txt").read_bytes())
+    write_lines(local / "part4.txt.gz", [line.decode() for line in part1])  # Spark decompresses
     storage.copy(local, f"s3://{BUCKET}/etl", s3)
     cfg = make_config(
         "model.block_size=16",
@@ -148,6 +155,12 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         row_group_size=20,
     )  # several row groups: several splits
     storage.copy(tmp_path / "parquet", f"s3://{BUCKET}/parquet", s3)
+    (tmp_path / "jsonl").mkdir()
+    json_lines = [json.dumps({"text": row}) for row in rows] + ["{broken"]
+    names = [f"docs{i}.jsonl{suffix}" for i, suffix in enumerate(["", ".gz", ".bz2", ".zst"])]
+    for i, name in enumerate(names):  # .zst: pyarrow's reader, from S3 and from disk
+        write_lines(tmp_path / "jsonl" / name, json_lines[i::4])
+    storage.copy(tmp_path / "jsonl", f"s3://{BUCKET}/jsonl", s3)
     with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
         from_s3, from_disk = chunks(f"s3://{BUCKET}/etl/"), chunks(str(local))
         cfg.data.format = "parquet"
@@ -155,6 +168,9 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
             chunks(f"s3://{BUCKET}/parquet/"),
             chunks(str(tmp_path / "parquet")),
         )
+        cfg.data.format = "jsonl"
+        jsonl_from_s3 = chunks(f"s3://{BUCKET}/jsonl/")
+        jsonl_from_disk = chunks(str(tmp_path / "jsonl"))
     assert max(block for _, block in from_s3[2]) > 0  # files were read as several byte ranges
     assert from_s3[2] == from_disk[2]  # ... the same ones as Spark's reader cuts
     assert from_s3[1] == from_disk[1]  # the same token stream, token for token
@@ -174,6 +190,10 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         rows
     )  # a document per row
     assert parquet_from_s3[1] == parquet_from_disk[1]
+    assert jsonl_from_s3[1] == jsonl_from_disk[1]  # compressed or not, read alike
+    assert jsonl_from_s3[0]["documents"] == len(rows)
+    broken = names[len(rows) % 4]  # the file the last line went to
+    assert jsonl_from_s3[0]["bad_json_lines"]["files"] == {f"s3://{BUCKET}/jsonl/{broken}": 1}
 
 
 @pytest.mark.integration
