@@ -68,6 +68,7 @@ def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: li
     return {
         "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows),
         "train_s": summary["train_s"],
+        "total_s": summary["total_s"],
     }
 
 

@@ -109,6 +109,39 @@ def s3():
 
 
 @pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on 127.0.0.1 (SQLite store, artifacts served by the server
+    from a local directory); its URI."""
+    import socket
+    import time
+    import urllib.request
+
+    home = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+         "--artifacts-destination", (home / "artifacts").as_uri()],
+        stdout=subprocess.DEVNULL, stderr=(home / "server.log").open("w"), start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{uri}/health", timeout=2).close()
+            break
+        except OSError:
+            log = (home / "server.log").read_text()
+            assert server.poll() is None and time.time() < deadline, log
+            time.sleep(0.5)
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """An embedded Ray started once per test session (Spark is started per test on it)."""
     from raydp_llm.engines.ray_cluster import ray_session

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.training import tracking
 from raydp_llm.training.metrics import read_metrics
 from raydp_llm.training.plots import plot_sweep
 
@@ -46,10 +47,15 @@ class SweepSummary(Callback):
         self.jobs: list[dict] = []
         self.ray = contextlib.ExitStack()
         self.job_start = 0.0
+        self.parent_run: str | None = None  # tracking=mlflow: the jobs' parent run
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        # a door too: the sweep's Ray, from the typed settings
+        # a door too: the sweep's Ray and tracking, from the typed settings
         cluster = OmegaConf.to_object(config.cluster)
+        self.tracking = OmegaConf.to_object(config.tracking)
+        if self.tracking.kind == "mlflow":
+            sweep_dir = Path(config.hydra.sweep.dir).resolve()
+            self.parent_run = tracking.open_sweep(self.tracking, sweep_dir, config.name)
         self.ray.enter_context(ray_session(cluster, f"{config.name} sweep"))
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
@@ -80,9 +86,13 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self.ray.close()
-        if not self.jobs:
-            return
         sweep_dir = Path(config.hydra.sweep.dir)
+        done = self._summarize(sweep_dir) if self.jobs else []
+        if self.parent_run:
+            tracking.close_sweep(self.tracking, self.parent_run, sweep_dir.resolve(), bool(done))
+
+    def _summarize(self, sweep_dir: Path) -> list[dict]:
+        """``sweep_summary.csv``, ``sweep.png`` and the console table; the completed jobs' rows."""
         swept = _varying_overrides([job["overrides"] for job in self.jobs])
         rows = [
             {**job, "overrides": " ".join(o for o in job["overrides"] if o in swept)}
@@ -102,6 +112,7 @@ class SweepSummary(Callback):
         print(format_table(rows, best))
         print(f"sweep: {len(done)} of {len(rows)} jobs completed; sweep_summary.csv"
               f"{' and sweep.png' if done else ''} in {sweep_dir}")
+        return done
 
 
 def format_table(rows: list[dict], best: int | None) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import hydra
 import psutil
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from raydp_llm.cli.common import cli_errors
@@ -24,7 +25,7 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.data.prepare import PreparedData, prepared, samplings, windows_of, write_json
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
-from raydp_llm.training import runs
+from raydp_llm.training import runs, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
@@ -65,47 +66,69 @@ class Trained:
     destination: str  # where the outputs go beside the checkpoints: <storage>/<run name>
 
 
-def run(settings: Settings, out_dir: Path) -> dict:
-    """The whole job into ``out_dir``; returns the summary."""
+def run(settings: Settings, out_dir: Path, sweep_dir: str | None = None) -> dict:
+    """The whole job into ``out_dir``, tracked as ``settings.tracking`` says (a job of the sweep in
+    ``sweep_dir`` nests under its parent run); returns the summary."""
     total = Stopwatch()
     started = {"command": psutil.Process().create_time(), "run": time.time()}
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
-    run_storage = settings.train.storage_path or str(out_dir / "ray_results")
     # never another run's: Ray Train would silently continue it
     run_name = f"{settings.name}-{record.run_id}"
+    with tracking.tracked(tracking.tracker(settings.tracking), out_dir) as tracker:
+        # this directory is this run's alone (a run refused for its input gives it back)
+        with runs.claimed(out_dir, record), ray_session(settings.cluster, settings.name):
+            timings = {"ray_start_s": total.seconds()}
+            job = Job(out_dir, record, run_name, tracker, sweep_dir)
+            trained = train(settings, corpus, job, timings)
+        trained.timings["startup"] = startup(started, trained.timings, trained.outcome)
+        return finish(settings, out_dir, trained, total)
+
+
+@dataclass
+class Job:
+    """Who trains: the run's directory, record and Ray Train name, its tracking, its sweep."""
+
+    out_dir: Path
+    record: runs.RunRecord
+    run_name: str
+    tracker: tracking.NoTracking
+    sweep_dir: str | None
+
+
+def train(settings: Settings, corpus, job: Job, timings: dict) -> Trained:
+    """The ETL (or its cache), then training, on the running Ray; the model into ``model/``;
+    seconds per phase into ``timings``."""
+    out_dir, record = job.out_dir, job.record
+    run_storage = settings.train.storage_path or str(out_dir / "ray_results")
     store = Path(settings.data.cache_dir) if settings.data.cache else None
-    # this directory is this run's alone (a run refused for its input gives it back)
-    with runs.claimed(out_dir, record), ray_session(settings.cluster, settings.name):
-        timings = {"ray_start_s": total.seconds()}
-        # the cluster's nodes are known now, before the ETL
-        preflight(settings.cluster, settings.train, store)
-        with prepared(settings, corpus, out_dir, to_ray=True, store=store) as data:
-            data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
-            write_json(out_dir / "manifest.json", data.manifest)
-            spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
-            record.resumed_from = resume_checkpoint(settings, spec, out_dir)
-            keeper = runs.RecordKeeper(
-                record,
-                [str(out_dir / runs.RECORD), storage.join(run_storage, run_name, runs.RECORD)],
-                spec.s3,
+    # the cluster's nodes are known now, before the ETL
+    preflight(settings.cluster, settings.train, store)
+    with prepared(settings, corpus, out_dir, to_ray=True, store=store) as data:
+        data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
+        write_json(out_dir / "manifest.json", data.manifest)
+        spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
+        record.resumed_from = resume_checkpoint(settings, spec, out_dir)
+        job.tracker.start(settings, job.run_name, record, data.manifest.get("etl_key"),
+                          job.sweep_dir)
+        keeper = runs.RecordKeeper(
+            record,
+            [str(out_dir / runs.RECORD), storage.join(run_storage, job.run_name, runs.RECORD)],
+            spec.s3,
+        )
+        with timed(timings, "train_s"), keeper.beating():
+            outcome = fit(
+                spec,
+                RunContext(job.run_name, resume_from=record.resumed_from),
+                {name: (data.sources[name], data.index[name]) for name in data.index},
+                Launch(out_dir, run_storage, settings.cluster.placement,
+                       on_metrics=job.tracker.log_row),
             )
-            with timed(timings, "train_s"):
-                with keeper.beating():
-                    outcome = fit(
-                        spec,
-                        RunContext(run_name, resume_from=record.resumed_from),
-                        {name: (data.sources[name], data.index[name]) for name in data.index},
-                        Launch(out_dir, run_storage, settings.cluster.placement),
-                    )
-                    keeper.finish("diverged" if outcome.diverged else "finished")
-                if outcome.diverged is None:
-                    storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"),
-                                    spec.s3)
-            timings |= data.timings
-    timings["startup"] = startup(started, timings, outcome)
-    trained = Trained(data, outcome, timings, storage.join(run_storage, run_name))
-    return finish(settings, out_dir, trained, total)
+            keeper.finish("diverged" if outcome.diverged else "finished")
+        if outcome.diverged is None:
+            storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"), spec.s3)
+        timings |= data.timings
+    return Trained(data, outcome, timings, storage.join(run_storage, job.run_name))
 
 
 def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
@@ -209,7 +232,11 @@ def copy_outputs(out_dir: Path, destination: str, s3: S3Options) -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 @cli_errors
 def main(cfg: DictConfig) -> float:
-    summary = run(typed_settings(cfg), Path(HydraConfig.get().runtime.output_dir))
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = None
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        sweep_dir = str(Path(hydra_cfg.sweep.dir).resolve())
+    summary = run(typed_settings(cfg), Path(hydra_cfg.runtime.output_dir), sweep_dir)
     return summary["final_val_loss"]
 
 

@@ -212,6 +212,19 @@ class SampleSettings:
 
 
 @dataclass
+class TrackingSettings:
+    kind: str = setting("none", "none | mlflow (pick the option tracking=mlflow rather than "
+                                "overriding this)")
+    uri: Optional[str] = setting(None, "mlflow: the tracking server (http://host:5000) or store "
+                                       "URI; null = a local store, outputs/mlflow.db (nothing to "
+                                       "start; browse it with `mlflow ui --backend-store-uri "
+                                       "sqlite:///outputs/mlflow.db`)")
+    experiment: str = setting("raydp_llm", "mlflow: the experiment the runs are logged under")
+    log_model: bool = setting(True, "mlflow: log model/ among the artifacts (false: metrics, "
+                                    "plots and the JSON files only)")
+
+
+@dataclass
 class Settings:
     name: str = setting("raydp_llm", "run name: the Spark app, the Ray Train run and the output "
                                      "folder carry it")
@@ -233,6 +246,8 @@ class Settings:
     s3: S3Settings = setting(S3Settings(), "S3 access for s3:// data, storage and checkpoints; "
                                            "credentials come from the standard AWS chain "
                                            "(environment, ~/.aws, instance role)")
+    tracking: TrackingSettings = setting(TrackingSettings(), "experiment tracking: none | mlflow "
+                                                             "(settings, metrics, outputs)")
 
 
 @dataclass
@@ -316,6 +331,7 @@ RULES = {
     "data.format": _one_of("text", "ids", "parquet", "jsonl"),
     "data.vocab_size": _optional(_at_least(1)),
     "tokenizer.kind": _one_of("char", "bpe"),
+    "tracking.kind": _one_of("none", "mlflow"),
     "tokenizer.vocab_size": (
         lambda v: v >= 257,
         "an integer ≥ 257 (256 bytes + the end-of-document token)",

@@ -10,6 +10,7 @@ go through tqdm (``logging_redirect_tqdm``), so they never tear the bar.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -48,9 +49,11 @@ class TrainingProgress(threading.Thread):
     row and per restart of the worker group."""
 
     def __init__(
-        self, board, out_dir: Path, max_steps: int, max_failures: int, interval_s: float = 0.5
+        self, board, out_dir: Path, max_steps: int, max_failures: int, interval_s: float = 0.5,
+        on_row: Callable[[dict], None] | None = None,
     ):
         super().__init__(daemon=True)
+        self.on_row = on_row  # told each new row too (experiment tracking)
         self.board, self.out_dir, self.max_steps, self.interval_s = (
             board,
             Path(out_dir),
@@ -76,6 +79,8 @@ class TrainingProgress(threading.Thread):
             ):  # shown already (a restart reports steps again: shown once)
                 continue
             self._step, self._val = row["step"], row["val_loss"]
+            if self.on_row:
+                self.on_row(row)
             bar.write(f"step {row['step']:.0f}/{self.max_steps} | train loss "
                       f"{row['train_loss']:.4f} | val loss {row['val_loss']:.4f} | val acc "
                       f"{row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")

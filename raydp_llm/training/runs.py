@@ -49,6 +49,7 @@ class RunRecord:
     run_id: str
     out_dir: str
     resumed_from: str | None = None
+    mlflow_run_id: str | None = None  # tracking=mlflow: the MLflow run it logs to
     status: str = "running"  # running | finished | failed | diverged | interrupted
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)

@@ -24,6 +24,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,7 @@ class Launch:
     out_dir: Path
     storage: str
     placement: str | None = None
+    on_metrics: Callable[[dict], None] | None = None  # each new metrics.csv row, on the driver
 
 
 def lr_at(step: int, spec: TrainSpec) -> float:
@@ -493,7 +495,8 @@ def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResu
             callbacks=[recorder, RestartRecorder(recorder)],
         ),
     )
-    progress = TrainingProgress(run.board, launch.out_dir, spec.max_steps, train.max_failures)
+    progress = TrainingProgress(run.board, launch.out_dir, spec.max_steps, train.max_failures,
+                                on_row=launch.on_metrics)
     progress.start()
     sigint_handler = signal.getsignal(signal.SIGINT)
     marks = {"fit": time.time()}

@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from conftest import CACHE_DIR, make_config, prepare, start_like_a_terminal
 from raydp_llm.cli.inputs import check_inputs
@@ -36,8 +37,15 @@ OVERRIDES = [
 ]
 
 
-def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tmp_path):
+def artifacts(client, run) -> set[str]:
+    return {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tmp_path,
+                                                     mlflow_server):
+    """... and its MLflow run too: the interrupted run's ends KILLED, the resumed run reopens it."""
     overrides = [f"data.path={corpus_dir}", *OVERRIDES]
+    tracked = ["tracking=mlflow", f"tracking.uri={mlflow_server}", "tracking.experiment=resume"]
     cfg = make_config(*overrides)
     data = prepare(
         cfg, check_inputs(cfg), tmp_path, to_ray=False, store=CACHE_DIR
@@ -48,7 +56,7 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
 
     runs = tmp_path / "outputs"
     proc = start_like_a_terminal(
-        "raydp_llm.train", *overrides, f"hydra.run.dir={runs / 'interrupted'}"
+        "raydp_llm.train", *overrides, *tracked, f"hydra.run.dir={runs / 'interrupted'}"
     )
     deadline = time.time() + 240
     while not (list((runs / "interrupted").glob("ray_results/*/checkpoint_*/train_state.json"))
@@ -63,8 +71,11 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
         for p in (runs / "interrupted").glob("ray_results/*/*/train_state.json")
     ]
     assert saved and max(saved) < 240  # stopped mid-run
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (killed,) = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
+    assert killed.info.status == "KILLED" and "metrics.csv" in artifacts(client, killed)
 
-    summary = run(make_config(*overrides, "train.resume=auto"), runs / "resumed")
+    summary = run(make_config(*overrides, *tracked, "train.resume=auto"), runs / "resumed")
     k = max(saved)
     assert summary["resumed_from"] and json.loads((runs / "resumed" / "summary.json").read_text())[
         "resumed_from"
@@ -76,6 +87,14 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
         assert r["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3), r["step"]
         assert r["train_loss"] == pytest.approx(want["train_loss"], rel=1e-3), r["step"]
     assert (runs / "resumed" / "model" / "model.safetensors").is_file()
+    (resumed,) = client.search_runs([killed.info.experiment_id])  # the same MLflow run, continued
+    assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
+    history = client.get_metric_history(resumed.info.run_id, "val_loss")
+    logged = {m.step for m in history}
+    assert logged == {r["step"] for r in read_metrics(runs / "interrupted" / "metrics.csv")} | {
+        r["step"] for r in rows} and max(logged) == 240
+    assert resumed.data.tags["raydp_llm.resumed_from"] == summary["resumed_from"]
+    assert {"summary.json", "manifest.json", "loss.png", "model"} <= artifacts(client, resumed)
     assert not (
         runs / "resumed" / "model" / "train_state.pt"
     ).exists()  # the model dir holds no optimizer state

@@ -11,10 +11,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
+from raydp_llm.training.metrics import read_metrics
 
 
-def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_path):
+def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_path,
+                                                                mlflow_server):
+    """... and tracked in MLflow: a parent run for the sweep, a nested run per job that ran."""
     ray_tmp, sweep_dir = (
         Path(tempfile.mkdtemp(prefix="ray", dir="/tmp")),
         tmp_path / "sweep",
@@ -38,6 +43,9 @@ def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_
             "train.checkpoint_interval=0",
             "sample.max_new_tokens=10",
             f"hydra.sweep.dir={sweep_dir}",
+            "tracking=mlflow",
+            f"tracking.uri={mlflow_server}",
+            "tracking.experiment=sweep",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -99,3 +107,36 @@ def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_
         and "\tat org." not in console
         and "\tat java." not in console
     )
+
+    # MLflow: one parent run holding the summary, the two jobs that ran nested under it, each with
+    # its settings, its evaluations, its outputs and the data's fingerprint.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    found = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
+    (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.data.tags["raydp_llm.sweep_dir"] == str(sweep_dir.resolve())
+    assert parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {
+        "sweep_summary.csv", "sweep.png"}
+    jobs = sorted((r for r in found if r.info.run_id != parent.info.run_id),
+                  key=lambda r: r.data.params["model.n_head"])
+    assert [r.data.params["model.n_head"] for r in jobs] == ["1", "2"]
+    for job, row in zip(jobs, rows[:2]):
+        assert job.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert job.info.status == "FINISHED" and job.data.params["train.max_steps"] == "20"
+        summary = json.loads((Path(row["output_dir"]) / "summary.json").read_text())
+        assert job.data.tags["raydp_llm.data_fingerprint"] == summary["etl"]["etl_key"]
+        assert job.data.tags["mlflow.runName"].startswith("raydp_llm-")
+        losses = client.get_metric_history(job.info.run_id, "val_loss")
+        assert [(m.step, m.value) for m in losses] == [
+            (r["step"], pytest.approx(r["val_loss"]))
+            for r in read_metrics(Path(row["output_dir"]) / "metrics.csv")]
+        assert {"summary.json", "manifest.json", "metrics.csv", "loss.png", "samples.txt",
+                "model"} <= {a.path for a in client.list_artifacts(job.info.run_id)}
+        assert "model/model.safetensors" in {
+            a.path for a in client.list_artifacts(job.info.run_id, "model")}
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True)
+        if commit.returncode == 0:  # a git checkout: the run says which commit ran
+            assert job.data.tags["mlflow.source.git.commit"] == commit.stdout.strip()

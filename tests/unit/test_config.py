@@ -15,7 +15,7 @@ from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 
 GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-          for group in ("data", "tokenizer", "model", "optim", "train", "cluster")}
+          for group in ("data", "tokenizer", "model", "optim", "train", "cluster", "tracking")}
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 

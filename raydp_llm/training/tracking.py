@@ -1,0 +1,291 @@
+"""Experiment tracking in MLflow (``tracking=mlflow``): each run's settings as parameters, every
+evaluation's metrics at its step, its outputs as artifacts, and tags (run name, data fingerprint,
+git commit). Off by default (``NoTracking``).
+
+The driver logs, rank 0's figures: they reach it row by row through ``metrics.csv``, as they reach
+the console (progress.py), so the training loop never waits on a tracking server, and the default
+store (a SQLite file under ``outputs/``) needs no server and no reach from the workers' nodes. (Ray
+Train's ``setup_mlflow`` runs in the workers instead: a restarted worker group would start its run
+again, and workers on other nodes could not write the driver's local store.)
+
+A resumed run continues the MLflow run of the run it resumes (its ``run.json``, beside the
+checkpoint, names it). The jobs of a sweep nest under one parent run, which ``cli/sweep.py`` opens
+and closes; a job finds it by its tag, the sweep directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Iterator
+
+from raydp_llm.core import storage
+from raydp_llm.core.config import TrackingSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.storage import S3Options
+
+log = logging.getLogger(__name__)
+
+LOCAL_STORE = Path("outputs") / "mlflow.db"  # where the command runs, beside the run directories
+SWEEP_TAG = "raydp_llm.sweep_dir"
+RUN_TAG = "raydp_llm.run_id"
+OUTPUT_FILES = ("summary.json", "manifest.json", "metrics.csv", "loss.png", "throughput.png",
+                "samples.txt")
+PARAMS_PER_CALL = 100  # MLflow's log_batch takes at most 100 parameters
+
+
+def store_uri(cfg: TrackingSettings) -> str:
+    """``tracking.uri``, or the local store: ``outputs/mlflow.db`` where the command runs."""
+    return cfg.uri or f"sqlite:///{LOCAL_STORE.resolve()}"
+
+
+def experiment_id(client, cfg: TrackingSettings) -> str:
+    """The experiment ``tracking.experiment``, created when new. A SQLite store keeps its artifacts
+    beside it (``outputs/mlartifacts``), not in MLflow's default ``./mlruns`` where the command
+    runs; a server decides for itself."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(cfg.experiment)
+    if found is not None:
+        return found.experiment_id
+    uri, location = store_uri(cfg), None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    try:
+        return client.create_experiment(cfg.experiment, artifact_location=location)
+    except MlflowException:  # a run beside this one created it meanwhile
+        return client.get_experiment_by_name(cfg.experiment).experiment_id
+
+
+def connect(cfg: TrackingSettings):
+    """An MLflow client on the store, and the experiment's id; one line when MLflow is not
+    installed or the store cannot be reached (before any engine starts)."""
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise InputError("tracking=mlflow needs MLflow: pip install 'raydp_llm[mlflow]' (or set "
+                         "tracking=none)") from None
+    uri = store_uri(cfg)
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    elif uri.startswith(("http://", "https://")):
+        _check_server(uri)
+    client = MlflowClient(tracking_uri=uri)
+    return client, experiment_id(client, cfg)
+
+
+def _check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """One line, at once, when a tracking server does not answer (MLflow's own client retries for
+    minutes)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
+    except (urllib.error.URLError, OSError) as err:
+        raise InputError(f"tracking.uri={uri}: no MLflow server answers there ({err}); start it "
+                         "(mlflow server --host ...), fix the address, or leave tracking.uri "
+                         "unset for a local store") from None
+
+
+def flat_params(settings) -> dict[str, str]:
+    """The settings as ``section.key`` → text (lists and dicts as JSON), MLflow's parameters."""
+    out = {}
+
+    def walk(prefix: str, value) -> None:
+        if is_dataclass(value):
+            value = asdict(value)
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            out[prefix] = value if isinstance(value, str) else json.dumps(value)
+
+    walk("", settings)
+    return out
+
+
+def git_commit(where: Path) -> str | None:
+    """The commit checked out where the command runs, when that is a git work tree."""
+    try:
+        done = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def continued_run(resumed_from: str | None, s3: S3Options) -> str | None:
+    """The MLflow run of the run that wrote checkpoint ``resumed_from``: its ``run.json`` lies
+    beside the checkpoint, in that run's Ray Train directory."""
+    if not resumed_from:
+        return None
+    from raydp_llm.training.runs import RECORD, read_record
+
+    run_dir = str(resumed_from).rstrip("/").rsplit("/", 1)[0]
+    record = read_record(storage.join(run_dir, RECORD), s3)
+    return record.mlflow_run_id if record else None
+
+
+def sweep_parent(client, experiment: str, sweep_dir: str | None) -> str | None:
+    """The parent run ``cli/sweep.py`` opened for the sweep in ``sweep_dir``."""
+    if not sweep_dir:
+        return None
+    found = client.search_runs([experiment], f"tags.`{SWEEP_TAG}` = '{sweep_dir}'", max_results=1)
+    return found[0].info.run_id if found else None
+
+
+class NoTracking:
+    """``tracking=none``: the run's own files are its record."""
+
+    run_id = None
+
+    def start(self, settings, run_name: str, record, fingerprint: str | None,
+              sweep_dir: str | None) -> None:
+        pass
+
+    def log_row(self, row: dict) -> None:
+        pass
+
+    def finish(self, out_dir: Path, status: str) -> None:
+        pass
+
+
+class MlflowTracking(NoTracking):
+    """One training run's MLflow run, logged from the driver. A tracking server that fails during
+    the run costs a warning, never the run: the files in the run directory hold it all."""
+
+    def __init__(self, cfg: TrackingSettings):
+        self.cfg = cfg
+        self.client, self.experiment = connect(cfg)
+        self.warned = False
+
+    def start(self, settings, run_name: str, record, fingerprint: str | None,
+              sweep_dir: str | None) -> None:
+        """Open this run's MLflow run, or reopen the one the resumed run logged to; its id goes
+        into ``record`` (``run.json``), for a later resume."""
+        self._guarded("the run's start", lambda: self._open(settings, run_name, record,
+                                                            fingerprint, sweep_dir))
+
+    def _open(self, settings, run_name: str, record, fingerprint: str | None,
+              sweep_dir: str | None) -> None:
+        tags = {RUN_TAG: record.run_id, "raydp_llm.run_dir": record.out_dir,
+                "raydp_llm.data_fingerprint": fingerprint,
+                "mlflow.source.git.commit": git_commit(Path.cwd())}
+        self.run_id = self._reopened(continued_run(record.resumed_from, S3Options.of(settings.s3)))
+        params = flat_params(settings)
+        if self.run_id:
+            tags["raydp_llm.resumed_from"] = record.resumed_from
+            logged = self.client.get_run(self.run_id).data.params
+            params = {k: v for k, v in params.items() if k not in logged}  # MLflow's are final
+        else:
+            parent = sweep_parent(self.client, self.experiment, sweep_dir)
+            if parent:
+                tags["mlflow.parentRunId"] = parent
+            self.run_id = self.client.create_run(self.experiment, run_name=run_name).info.run_id
+        self._log_batch(params, tags)
+        record.mlflow_run_id = self.run_id
+        log.info("MLflow: run %s, experiment %s, %s", self.run_id, self.cfg.experiment,
+                 store_uri(self.cfg))
+
+    def _reopened(self, run_id: str | None) -> str | None:
+        """The resumed run's MLflow run, set running again; None when it is not in this store."""
+        if not run_id:
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.update_run(run_id, status="RUNNING")
+        except MlflowException:
+            log.warning("MLflow: the resumed run logged to run %s, which %s does not hold; "
+                        "logging to a new run", run_id, store_uri(self.cfg))
+            return None
+        return run_id
+
+    def _log_batch(self, params: dict[str, str], tags: dict[str, str]) -> None:
+        from mlflow.entities import Param, RunTag
+
+        items = [Param(k, v[:6000]) for k, v in params.items()]  # MLflow's longest value
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v])
+        for i in range(0, len(items), PARAMS_PER_CALL):
+            self.client.log_batch(self.run_id, params=items[i:i + PARAMS_PER_CALL])
+
+    def log_row(self, row: dict) -> None:
+        """One ``metrics.csv`` row (an evaluation) at its step."""
+        from mlflow.entities import Metric
+
+        if not self.run_id:  # it could not start
+            return
+        now, step = int(time.time() * 1000), int(row["step"])
+        metrics = [Metric(k, float(v), now, step) for k, v in row.items()
+                   if k != "step" and v is not None]
+        self._guarded("its metrics", lambda: self.client.log_batch(self.run_id, metrics=metrics))
+
+    def finish(self, out_dir: Path, status: str) -> None:
+        """The outputs as artifacts (what exists of them), then the run's end status."""
+        if not self.run_id:
+            return
+
+        def upload():
+            for name in OUTPUT_FILES:
+                if (out_dir / name).is_file():
+                    self.client.log_artifact(self.run_id, str(out_dir / name))
+            if self.cfg.log_model and (out_dir / "model").is_dir():
+                self.client.log_artifacts(self.run_id, str(out_dir / "model"), "model")
+
+        self._guarded("the outputs", upload)
+        self._guarded("the end", lambda: self.client.set_terminated(self.run_id, status))
+
+    def _guarded(self, what: str, work) -> None:
+        try:
+            work()
+        except Exception as err:  # noqa: BLE001 - tracking never ends a run
+            if not self.warned:
+                log.warning("MLflow: could not log %s (%s); the run goes on, its files are "
+                            "complete in its directory", what, str(err).splitlines()[0][:200])
+            self.warned = True
+
+
+def tracker(cfg: TrackingSettings) -> NoTracking:
+    """The run's tracking, as ``tracking.kind`` says; MLflow's store is reached here, before any
+    engine starts."""
+    return MlflowTracking(cfg) if cfg.kind == "mlflow" else NoTracking()
+
+
+@contextlib.contextmanager
+def tracked(run: NoTracking, out_dir: Path) -> Iterator[NoTracking]:
+    """``run`` ends with the block: FINISHED, KILLED (Ctrl-C) or FAILED, its outputs logged in
+    each case."""
+    status = "FAILED"
+    try:
+        yield run
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        run.finish(out_dir, status)
+
+
+def open_sweep(cfg: TrackingSettings, sweep_dir: Path, name: str) -> str:
+    """The parent run of a sweep's jobs (they find it by its tag, ``sweep_dir``)."""
+    client, experiment = connect(cfg)
+    run = client.create_run(experiment, run_name=f"{name} sweep {sweep_dir.name}",
+                            tags={SWEEP_TAG: str(sweep_dir)})
+    return run.info.run_id
+
+
+def close_sweep(cfg: TrackingSettings, run_id: str, sweep_dir: Path, completed: bool) -> None:
+    """The sweep's summary and plot on its parent run, which ends."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store_uri(cfg))
+    for name in ("sweep_summary.csv", "sweep.png"):
+        if (sweep_dir / name).is_file():
+            client.log_artifact(run_id, str(sweep_dir / name))
+    client.set_terminated(run_id, "FINISHED" if completed else "FAILED")
