@@ -142,6 +142,7 @@ def _spark_etl(
         etl_clock = Stopwatch()
         plan = EtlPlan.of(settings, job.corpus, job.tokenizer)
         out = _run_etl(spark, plan, progress.done)
+        out.manifest["etl_key"] = job.key  # in the cache entry's manifest too
         if store:
             staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
         if to_ray and not store:
