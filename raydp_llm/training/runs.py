@@ -71,6 +71,12 @@ class RunRecord:
         return f"run {self.run_id} (pid {self.pid} on {self.host})"
 
 
+def run_dir_of(checkpoint: str) -> str:
+    """The Ray Train run directory holding ``checkpoint`` (a path or s3:// URI): where that run's
+    record lies."""
+    return str(checkpoint).rstrip("/").rsplit("/", 1)[0]
+
+
 def read_record(uri: str, s3: S3Options = S3Options()) -> RunRecord | None:
     try:
         return RunRecord(**storage.read_json(uri, s3))
@@ -228,5 +234,5 @@ def _taken_over(records: dict[str, RunRecord | None], root: str | Path, s3: S3Op
     for path, _, _ in storage.find_files(root, RECORD, s3):
         record = read_record(path, s3)
         if record and record.resumed_from and (record.status == "finished" or record.alive()):
-            taken.add(record.resumed_from.rstrip("/").rsplit("/", 1)[0])
+            taken.add(run_dir_of(record.resumed_from))
     return taken

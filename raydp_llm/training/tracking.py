@@ -44,6 +44,11 @@ def store_uri(cfg: TrackingSettings) -> str:
     return cfg.uri or f"sqlite:///{LOCAL_STORE.resolve()}"
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store URI, else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def experiment_id(client, cfg: TrackingSettings) -> str:
     """The experiment ``tracking.experiment``, created when new. A SQLite store keeps its artifacts
     beside it (``outputs/mlartifacts``), not in MLflow's default ``./mlruns`` where the command
@@ -53,9 +58,9 @@ def experiment_id(client, cfg: TrackingSettings) -> str:
     found = client.get_experiment_by_name(cfg.experiment)
     if found is not None:
         return found.experiment_id
-    uri, location = store_uri(cfg), None
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    database, location = _sqlite_file(store_uri(cfg)), None
+    if database:
+        location = (database.parent / "mlartifacts").as_uri()
     try:
         return client.create_experiment(cfg.experiment, artifact_location=location)
     except MlflowException:  # a run beside this one created it meanwhile
@@ -71,8 +76,9 @@ def connect(cfg: TrackingSettings):
         raise InputError("tracking=mlflow needs MLflow: pip install 'raydp_llm[mlflow]' (or set "
                          "tracking=none)") from None
     uri = store_uri(cfg)
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    database = _sqlite_file(uri)
+    if database:
+        database.parent.mkdir(parents=True, exist_ok=True)
     elif uri.startswith(("http://", "https://")):
         _check_server(uri)
     client = MlflowClient(tracking_uri=uri)
@@ -125,10 +131,9 @@ def continued_run(resumed_from: str | None, s3: S3Options) -> str | None:
     beside the checkpoint, in that run's Ray Train directory."""
     if not resumed_from:
         return None
-    from raydp_llm.training.runs import RECORD, read_record
+    from raydp_llm.training.runs import RECORD, read_record, run_dir_of
 
-    run_dir = str(resumed_from).rstrip("/").rsplit("/", 1)[0]
-    record = read_record(storage.join(run_dir, RECORD), s3)
+    record = read_record(storage.join(run_dir_of(resumed_from), RECORD), s3)
     return record.mlflow_run_id if record else None
 
 
