@@ -43,3 +43,17 @@ def test_minhash_estimates_jaccard_and_lsh_finds_close_pairs():
     assert minhash(shingles("the same text", 2), a, b).tolist() == minhash(
         shingles("the same text", 2), *permutations(128, seed=0)).tolist()
     assert np.array_equal(shingles("abc", 5, unit="char"), shingles("ABC", 5, unit="char"))
+
+
+def test_gopher_measures_of_boilerplate_and_prose():
+    from raydp_llm.data.curation import quality
+
+    prose = ("Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous "
+             "fortune, or to take arms against a sea of troubles and by opposing end them.")
+    q = quality(prose)
+    assert q["words"] == 29 and 3 < q["mean_word_length"] < 10
+    assert q["dup_lines"] == 0 and q["dup_10gram_chars"] == 0 and q["alpha_words"] == 1
+    spam = "\n".join(["• Click here to subscribe now ..."] * 10)
+    q = quality(spam)
+    assert q["bullet_lines"] == 1 and q["ellipsis_lines"] == 1 and q["dup_lines"] == 0.9
+    assert q["dup_5gram_chars"] > 0.9 and q["top_2gram_chars"] > 0.2
