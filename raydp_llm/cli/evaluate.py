@@ -18,6 +18,7 @@ from typing import Iterable
 
 import hydra
 import numpy as np
+import ray
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -26,6 +27,7 @@ from torch.nn import functional as F
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
+from raydp_llm.cli.scores import score_documents
 from raydp_llm.core import storage
 from raydp_llm.core.config import CONF_DIR, EvaluateSettings
 from raydp_llm.core.errors import InputError
@@ -122,6 +124,12 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
         preflight(settings.cluster, None, store)
         with prepared(settings, corpus, out_dir, to_ray=False, store=store) as data:
             timings = dict(data.timings)
+        scores = None
+        if settings.per_document:  # on the cluster, Spark gone: its CPUs are free
+            with timed(timings, "per_document_s"):
+                scores = score_documents(
+                    str(Path(settings.tokenizer.path).parent), data.entry, out_dir,
+                    settings.eval_batch_size, max(1, int(ray.cluster_resources().get("CPU", 1))))
     data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
     m = data.manifest
     with timed(timings, "eval_s"):
@@ -142,20 +150,30 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
         "model_dir": settings.model_dir,
         **result,
         "dataset": str(data.entry),
+        "document_scores": str(scores) if scores else None,
         **{k: round(v, 2) for k, v in timings.items()},
         "etl": m | {"cache_hit": data.cache_hit},
     }
     write_json(out_dir / "evaluation.json", evaluation)
-    bpc = result["bits_per_char"]
+    show(evaluation, result, timings, data.cache_hit, out_dir)
+    return evaluation
+
+
+def show(evaluation: dict, result: dict, timings: dict, cache_hit: bool, out_dir: Path) -> None:
+    """The evaluation as a table on the console."""
+    m, bpc = evaluation["etl"], result["bits_per_char"]
+    scores = evaluation["document_scores"]
     print(f"{evaluation['model_dir']} on {m['corpus']}: {result['windows']:,} windows of "
           f"{m['block_size'] + 1} tokens, stride {m['stride']}, {result['tokens']:,} tokens "
           f"predicted\n  loss (nats/token)  {result['loss']:.4f}\n  perplexity         "
           f"{result['perplexity']:.3f}\n  bits per char      "
           f"{'n/a (token ids)' if bpc is None else f'{bpc:.4f}'}\n  top-1 accuracy     "
           f"{result['accuracy']:.4f}\n  done in {timings['total_s']:.0f}s (ETL "
-          f"{timings['etl_s']:.0f}s{', cache hit' if data.cache_hit else ''}, evaluation "
+          f"{timings['etl_s']:.0f}s{', cache hit' if cache_hit else ''}, evaluation "
           f"{timings['eval_s']:.0f}s); evaluation.json in {out_dir}")
-    return evaluation
+    if scores:
+        print(f"  every document scored on the cluster in {timings['per_document_s']:.0f}s: "
+              f"{scores} (data.filters.score_path)")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")

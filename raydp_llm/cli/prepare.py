@@ -7,7 +7,10 @@ into the run directory.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import textwrap
 from pathlib import Path
 
 import hydra
@@ -19,11 +22,21 @@ from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.core.config import CONF_DIR
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.data.prepare import PreparedData, dataset_store, prepared, windows_of, write_json
+from raydp_llm.data import cache
+from raydp_llm.data.prepare import (
+    PreparedData,
+    curation_lines,
+    dataset_store,
+    prepared,
+    windows_of,
+    write_json,
+)
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 
 log = logging.getLogger(__name__)
+
+REMOVED_SAMPLE_TEXT = "removed_sample.txt"
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -39,9 +52,30 @@ def main(cfg: DictConfig) -> None:
             manifest = data.manifest | windows_of(settings, data.index, data.manifest) | {
                 "cache_hit": data.cache_hit, "dataset": str(data.entry)}
             write_json(out_dir / "manifest.json", manifest)
+    removed = removed_documents(data.entry, out_dir)
     print(describe(data, manifest))
+    if removed:
+        print(f"  removed documents: {removed}/ (Parquet: path, doc, bytes, reason, the kept "
+              f"copy); a sample: {out_dir / REMOVED_SAMPLE_TEXT}")
     print(f"  done in {total.seconds():.0f}s; manifest.json and etl_stats.json in "
           f"{out_dir}")
+
+
+def removed_documents(entry: Path | None, out_dir: Path) -> Path | None:
+    """The documents curation removed, into the run directory for a person to inspect: their ids
+    (``removed/``, Parquet) and a few of each reason with their text (``removed_sample.txt``)."""
+    if entry is None or not (entry / cache.REMOVED).is_dir():
+        return None
+    target = out_dir / cache.REMOVED
+    if target.resolve() != (entry / cache.REMOVED).resolve():  # data.cache=false: already there
+        shutil.copytree(entry / cache.REMOVED, target, dirs_exist_ok=True)
+    sample = json.loads((entry / cache.REMOVED_SAMPLE).read_text())
+    with open(out_dir / REMOVED_SAMPLE_TEXT, "w") as f:
+        for d in sample:
+            copy = f" (a copy of {d['kept_src']} doc {d['kept_doc']})" if d["kept_src"] else ""
+            f.write(f"[{d['reason']}] {d['src']} doc {d['doc']}{copy}\n"
+                    + textwrap.indent(d["text"], "    ") + "\n\n")
+    return target
 
 
 def describe(data: PreparedData, m: dict) -> str:
@@ -60,7 +94,8 @@ def describe(data: PreparedData, m: dict) -> str:
             f"jobs, {st.get('stages', 0)} stages, {st.get('tasks', 0)} tasks "
             f"({st.get('failed_tasks', 0)} failed), {st.get('input_bytes', 0):,} bytes read, "
             f"{st.get('shuffle_write_bytes', 0):,} bytes shuffled; phases (s): {phases}\n  "
-            f"dataset: {data.entry}{hit}{_bad_json(m)}")
+            f"dataset: {data.entry}{hit}{_bad_json(m)}"
+            + "".join(f"\n  {line}" for line in curation_lines(m)))
 
 
 def _bad_json(m: dict) -> str:

@@ -39,6 +39,44 @@ CONF_DIR = str(_CHECKOUT_CONF if (_CHECKOUT_CONF / "config.yaml").is_file()
 
 
 @dataclass
+class FilterSettings:
+    """Quality filters on whole documents, each off while null; a document failing any is dropped
+    before deduplication. The Gopher rules (Rae et al. 2021, appendix A.1.1) with the thresholds
+    that paper used in each help; docs/data-curation.md has the origin of each."""
+
+    min_words: Optional[int] = setting(None, "drop documents of fewer words (Gopher: 50)")
+    max_words: Optional[int] = setting(None, "drop documents of more words (Gopher: 100000)")
+    max_non_alpha_words: Optional[float] = setting(None, "drop documents whose share of words "
+                                                         "without a letter is above this "
+                                                         "(Gopher: 0.2)")
+    max_symbol_word_ratio: Optional[float] = setting(None, "drop documents with more '#' and "
+                                                           "ellipses per word (Gopher: 0.1)")
+    max_dup_lines: Optional[float] = setting(None, "drop documents whose share of lines that "
+                                                   "repeat an earlier line is above this "
+                                                   "(Gopher: 0.3)")
+    max_dup_line_chars: Optional[float] = setting(None, "the same, counted in characters "
+                                                        "(Gopher: 0.2)")
+    max_top_2gram_chars: Optional[float] = setting(None, "drop documents whose most frequent word "
+                                                         "2-gram covers more of the characters "
+                                                         "(Gopher: 0.2)")
+    max_dup_5gram_chars: Optional[float] = setting(None, "drop documents whose repeated word "
+                                                         "5-grams cover more of the characters "
+                                                         "(Gopher: 0.15)")
+    max_mean_line_length: Optional[float] = setting(None, "drop documents whose mean non-blank "
+                                                          "line is longer, in characters "
+                                                          "(minified code, data dumps; The "
+                                                          "Stack: 100)")
+    score_path: Optional[str] = setting(None, "a Parquet file of document scores (evaluate "
+                                              "per_document=true): with max_score or "
+                                              "max_score_quantile, drop the documents the model "
+                                              "found least plausible")
+    max_score: Optional[float] = setting(None, "drop scored documents whose mean loss is above "
+                                               "this")
+    max_score_quantile: Optional[float] = setting(None, "drop scored documents above this "
+                                                        "quantile of the mean loss, in (0, 1]")
+
+
+@dataclass
 class DataSettings:
     path: Any = setting(None, "file, directory, glob or URI (s3:// or s3a:// object, prefix or "
                               "glob; hdfs://), or a list of them; null = the built-in sample "
@@ -86,6 +124,22 @@ class DataSettings:
                                        "instead of skipping it (bad lines are counted in "
                                        "manifest.json)")
     vocab_size: Optional[int] = setting(None, "ids: the vocabulary size; null = the largest id + 1")
+    dedup: str = setting("none", "none | exact (documents equal after normalizing: kept once) | "
+                                 "near (MinHash LSH: one of each cluster of near duplicates)")
+    dedup_threshold: float = setting(0.8, "near: the Jaccard similarity of shingle sets from "
+                                          "which two documents are duplicates, in (0, 1]")
+    dedup_shingle: str = setting("word", "near: shingles of words | char (characters)")
+    dedup_ngram: int = setting(5, "near: words (or characters) per shingle")
+    dedup_num_perm: int = setting(128, "near: MinHash functions per signature")
+    dedup_lowercase: bool = setting(True, "exact: compare documents case-folded")
+    dedup_whitespace: bool = setting(True, "exact: compare documents with runs of white space as "
+                                           "one space, ends stripped")
+    filters: FilterSettings = setting(FilterSettings(), "quality filters, each off while null")
+    decontaminate: str = setting("report", "report (count validation documents sharing an n-gram "
+                                           "with training documents) | remove (and drop those "
+                                           "training documents) | off; text formats only")
+    decontaminate_ngram: int = setting(13, "words per n-gram of the contamination check (GPT-3: "
+                                           "13)")
 
 
 @dataclass
@@ -279,6 +333,10 @@ class EvaluateSettings(Settings):
     name: str = "evaluate"
     model_dir: Optional[str] = setting(None, "the model/ directory of a finished run (required)")
     eval_batch_size: int = setting(32, "windows per forward pass")
+    per_document: bool = setting(False, "also score every document on the cluster (Ray Data, an "
+                                        "actor per CPU) into document_scores.parquet: path, "
+                                        "doc, val, tokens, mean_loss; a later ETL filters with "
+                                        "it (data.filters.score_path)")
 
 
 # ``${uid:}``: six random hex digits, the same wherever one config reads it (the resolver's cache).
@@ -330,6 +388,16 @@ RULES = {
     "data.halo_tokens": _at_least(1),
     "data.format": _one_of("text", "ids", "parquet", "jsonl"),
     "data.vocab_size": _optional(_at_least(1)),
+    "data.dedup": _one_of("none", "exact", "near"),
+    "data.dedup_threshold": (lambda v: 0 < v <= 1, "a similarity in (0, 1]"),
+    "data.dedup_shingle": _one_of("word", "char"),
+    "data.dedup_ngram": _at_least(1),
+    "data.dedup_num_perm": _at_least(2),
+    "data.decontaminate": _one_of("report", "remove", "off"),
+    "data.decontaminate_ngram": _at_least(1),
+    "data.filters.min_words": _optional(_at_least(0)),
+    "data.filters.max_words": _optional(_at_least(1)),
+    "data.filters.max_score_quantile": _optional((lambda v: 0 < v <= 1, "a quantile in (0, 1]")),
     "tokenizer.kind": _one_of("char", "bpe"),
     "tracking.kind": _one_of("none", "mlflow"),
     "tokenizer.vocab_size": (
@@ -413,6 +481,7 @@ def validate(settings: Settings) -> None:
         raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at "
                          "min_lr ≤ lr")
     _check_batch(t)
+    _check_score_filter(settings.data.filters)
     if settings.model.block_size > settings.data.halo_tokens:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
                          f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
@@ -429,6 +498,22 @@ def validate(settings: Settings) -> None:
         if need > cpus:
             raise InputError(f"the embedded Ray has {cpus:g} CPUs (cluster.num_cpus) but the job "
                              f"needs {need:g}: {formula}; lower them")
+
+
+def _check_score_filter(f: FilterSettings) -> None:
+    """The score filter needs its file and exactly one bound."""
+    bounds = [name for name in ("max_score", "max_score_quantile") if getattr(f, name) is not None]
+    if f.score_path is None and bounds:
+        raise InputError(f"data.filters.{bounds[0]} needs data.filters.score_path: give the "
+                         "document_scores.parquet of python -m raydp_llm.evaluate "
+                         "per_document=true")
+    if f.score_path is not None and len(bounds) != 1:
+        raise InputError("data.filters.score_path needs one of data.filters.max_score (a mean "
+                         "loss) or data.filters.max_score_quantile (a quantile in (0, 1])")
+    if f.score_path is not None and "://" not in f.score_path and not Path(f.score_path).exists():
+        raise InputError(f"data.filters.score_path={f.score_path}: no such file; give the "
+                         "document_scores.parquet of python -m raydp_llm.evaluate "
+                         "per_document=true")
 
 
 def _check_batch(t: TrainSettings) -> None:

@@ -45,8 +45,11 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 STATS_FILE = "etl_stats.json"
+DOCUMENTS = "documents"  # Parquet: path, doc, start, end, tokens, val
+REMOVED = "removed"  # Parquet: path, doc, bytes, reason, kept_src, kept_doc
+REMOVED_SAMPLE = "removed_sample.json"
 SPLITS = ("train", "val")
-ETL_VERSION = 4  # bump when the ETL's output changes for the same inputs and settings
+ETL_VERSION = 5  # bump when the ETL's output changes for the same inputs and settings
 TMP_NAME = re.compile(r"^\.(?P<key>[^.]+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
 # Windows are cut when read: these settings are not the ETL's (nor is model.block_size)
@@ -59,11 +62,12 @@ def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int)
     # the inputs are in the fingerprints; the window settings are read, not written
     for irrelevant in ("cache", "cache_dir", "path", "max_files", *READ_SETTINGS):
         settings.pop(irrelevant, None)
+    scores = data.filters.score_path
+    if scores and "://" not in scores:  # the scores are an input: their content is in the key
+        settings["score_file_sha256"] = _file_hash(Path(scores))
     tokenizer = asdict(tokenizer_settings)
     if tokenizer_settings.path:
-        tokenizer["file_sha256"] = hashlib.sha256(
-            Path(tokenizer_settings.path).read_bytes()
-        ).hexdigest()
+        tokenizer["file_sha256"] = _file_hash(Path(tokenizer_settings.path))
     blob = json.dumps(
         {
             "version": ETL_VERSION,
@@ -76,6 +80,15 @@ def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int)
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _file_hash(path: Path) -> str:
+    """SHA-256 of a file, or of a directory's files in name order (a Parquet dataset)."""
+    digest = hashlib.sha256()
+    for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        if f.is_file():
+            digest.update(f.read_bytes())
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -165,12 +178,26 @@ def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
                 out.index[name],
             )
         stream.write_index(tmp, out.index)
+        write_documents(out, tmp)
         out.tokenizer.save(tmp)
         (tmp / MANIFEST).write_text(json.dumps(out.manifest, indent=2))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
+
+
+def write_documents(out: EtlOutput, entry: Path) -> None:
+    """Each document's place in the token stream (``documents/``: what ``evaluate
+    per_document=true`` scores), and what curation removed (``removed/``: path, document, bytes,
+    reason, the kept copy of a duplicate; ``removed_sample.json``: a few, with their text)."""
+    if out.documents is not None:
+        out.documents.withColumnRenamed("src", "path").orderBy("start").write.parquet(
+            str(entry / DOCUMENTS))
+    if out.removed is not None:
+        out.removed.withColumnRenamed("src", "path").orderBy("path", "doc").write.parquet(
+            str(entry / REMOVED))
+        (entry / REMOVED_SAMPLE).write_text(json.dumps(out.removed_sample, indent=2))
 
 
 def commit(tmp: Path, stats: dict) -> Path:

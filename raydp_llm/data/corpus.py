@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import importlib.resources
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -18,6 +19,8 @@ import pyarrow.fs as pafs
 
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options, check_bucket, is_s3, list_objects, s3_uri, unreachable
+
+REPLACEMENT = "\ufffd"  # what invalid UTF-8 sequences are decoded to
 
 
 @dataclass(frozen=True)
@@ -197,3 +200,19 @@ def resolve_corpus(
     return Corpus(
         files=files, markdown=markdown, name=name, fingerprints=_fingerprints(files, listed)
     )
+
+
+def hadoop_literal(path: str) -> str:
+    """A listed local file as Spark's readers take it literally: Hadoop expands ``* ? [ ] { }`` in
+    paths as globs, so they (and the backslash) are escaped. Other URIs (``hdfs://``) are the user's
+    own patterns: kept."""
+    return path if "://" in path else re.sub(r"([\\\[\]{}*?])", r"\\\1", path)
+
+
+def decode(raw: bytes) -> tuple[str, int]:
+    """A line's text and how many invalid UTF-8 sequences were replaced by U+FFFD."""
+    try:
+        return raw.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+        return text, text.count(REPLACEMENT) - raw.count(REPLACEMENT.encode())

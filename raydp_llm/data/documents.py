@@ -3,15 +3,16 @@ document it belongs to, as the encoder will cut documents (``data.document_split
 
 - ``line`` (every JSONL line and Parquet row too): a non-blank line is a document; its key is its
   number in the file.
-- ``file``: a file is a document; key 0.
+- ``file``: a file is a document; key 0 for every line, blank ones too (a removed file leaves
+  nothing).
 - ``blank_line``: runs of non-blank lines; a key per paragraph, numbered in the file. An input
   split numbers its own paragraphs; one that starts inside a paragraph (its first line not blank,
   the previous split's last line not blank) continues the previous split's last one. Each split
   reports its line and paragraph counts and its edges (one row per split, to the driver), and the
   driver's offsets, broadcast back, number the paragraphs in the file.
 
-Blank lines belong to no document (key -1): removing documents never removes them, so what remains
-still splits where it did.
+Otherwise blank lines belong to no document (key -1): removing documents never removes them, so
+what remains still splits where it did.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def _blank(raw: pa.Array) -> np.ndarray:
 
 def numbered(lines: DataFrame, split: str) -> DataFrame:
     """``src, block, raw, line, local``: each line's number in its input split, and its document's
-    number in the split (-1 for a blank line; the line itself for ``line``, 0 for ``file``)."""
+    number in the split (-1 for a blank line; the line itself for ``line``; 0 for ``file``, blank
+    lines too)."""
 
     def number(batches):
         # (src, block) -> [lines so far, paragraphs so far, whether the last line was blank]
@@ -47,9 +49,11 @@ def numbered(lines: DataFrame, split: str) -> DataFrame:
             for i, key in enumerate(keys):
                 s = state.setdefault(key, [0, 0, True])
                 line[i] = s[0]
-                if not blank[i]:
+                if split == "file":
+                    local[i] = 0
+                elif not blank[i]:
                     s[1] += s[2]  # a paragraph starts after a blank line (or the split's start)
-                    local[i] = {"line": s[0], "file": 0}.get(split, s[1] - 1)
+                    local[i] = s[0] if split == "line" else s[1] - 1
                 s[0], s[2] = s[0] + 1, bool(blank[i])
             yield pa.RecordBatch.from_arrays(
                 [batch.column("src"), batch.column("block"), raw, pa.array(line), pa.array(local)],

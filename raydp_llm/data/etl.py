@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,9 +48,9 @@ from raydp_llm.core.tokenizer import (
     tokenizer_from_json,
     train_bpe,
 )
-from raydp_llm.data import arrow_reader, jsonl, windows
+from raydp_llm.data import arrow_reader, contamination, curate, jsonl, windows
 from raydp_llm.data.arrow_reader import NATIVE_ONLY
-from raydp_llm.data.corpus import Corpus, read_head, utf16
+from raydp_llm.data.corpus import Corpus, decode, hadoop_literal, read_head, utf16
 from raydp_llm.data.stream import CHUNK_SCHEMA as CHUNK_ARROW
 from raydp_llm.data.stream import BlockChunks, ChunkIndex
 from raydp_llm.engines import raydp_fixes
@@ -61,7 +60,6 @@ log = logging.getLogger(__name__)
 CHUNK_SCHEMA = "start long, tokens binary"
 PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
 PARAGRAPH_LINES = 1000  # lines encoded as one text at most
-REPLACEMENT = "\ufffd"  # what invalid UTF-8 sequences are decoded to
 
 # Markdown → plain text, line by line in the JVM: **SPEAKER** lines, headings, emphasis, escapes,
 # hard breaks.
@@ -82,6 +80,9 @@ class EtlOutput:
     tokenizer: Tokenizer
     manifest: dict
     phase_s: dict = field(default_factory=dict)
+    documents: DataFrame | None = None  # src, doc, start, end, tokens, val: each document's place
+    removed: DataFrame | None = None  # src, doc, bytes, reason, kept_src, kept_doc
+    removed_sample: list[dict] = field(default_factory=list)  # a few removed documents per reason
 
 
 def read_lines(spark: SparkSession, corpus: Corpus, data: DataSettings, s3: S3Options) -> DataFrame:
@@ -134,22 +135,6 @@ def spark_read(spark: SparkSession, files: list[str], data: DataSettings, name: 
         text = F.col("value")
     return df.select(F.input_file_name().alias("src"), F.input_file_block_start().alias("block"),
                      text.cast("binary").alias("text"))
-
-
-def hadoop_literal(path: str) -> str:
-    """A listed local file as Spark's readers take it literally: Hadoop expands ``* ? [ ] { }`` in
-    paths as globs, so they (and the backslash) are escaped. Other URIs (``hdfs://``) are the user's
-    own patterns: kept."""
-    return path if "://" in path else re.sub(r"([\\\[\]{}*?])", r"\\\1", path)
-
-
-def decode(raw: bytes) -> tuple[str, int]:
-    """A line's text and how many invalid UTF-8 sequences were replaced by U+FFFD."""
-    try:
-        return raw.decode("utf-8"), 0
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", errors="replace")
-        return text, text.count(REPLACEMENT) - raw.count(REPLACEMENT.encode())
 
 
 def decode_column(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -329,6 +314,11 @@ PIECE_SCHEMA = pa.schema(
         ("docs", pa.int64()),
         ("n", pa.int64()),
         ("tokens", pa.binary()),
+        # the documents (``documents.document_keys``) whose tokens lie in the piece, in order, and
+        # where: [start, end) within the piece (a document may go on in the next piece)
+        ("doc", pa.list_(pa.int64())),
+        ("doc_start", pa.list_(pa.int64())),
+        ("doc_end", pa.list_(pa.int64())),
     ]
 )
 
@@ -355,7 +345,8 @@ class Encoder:
     non-empty line (and each Parquet row). Id files get no added token. Text is encoded a paragraph
     at a time (its lines joined, at most ``PARAGRAPH_LINES``), which BPE splits as it would the
     whole text; ``file`` keeps blank lines as newlines, ``line`` encodes each line alone without its
-    newline. An input split's piece closes past ``PIECE_TOKENS`` ids.
+    newline. An input split's piece closes past ``PIECE_TOKENS`` ids. Each piece lists where its
+    documents' tokens lie (the lines' ``doc`` keys; end-of-document tokens belong to none).
     """
 
     def __init__(self, tokenizer: Tokenizer, document_split: str):
@@ -373,13 +364,12 @@ class Encoder:
         self.key = None
         for batch in batches:
             texts = decode_column(batch.column("raw"))[0].to_pylist()
-            for src, block, text in zip(
-                batch.column("src").to_pylist(), batch.column("block").to_pylist(), texts
-            ):
+            columns = (batch.column(c).to_pylist() for c in ("src", "block", "doc"))
+            for src, block, doc, text in zip(*columns, texts):
                 if (src, block) != self.key:
                     yield from self._close()
                     self._open(src, block)
-                self._add(text)
+                self._add(text, doc)
             if self.key is None:  # an empty batch before any line
                 continue
             self._encode()
@@ -391,50 +381,61 @@ class Encoder:
     def _open(self, src: str, block: int) -> None:
         """An input split starts (a file starts when its first split does: a document starts)."""
         self.key, self.part, self.docs, self.prev_blank = (src, block), 0, 0, True
-        self.items: list[
-            str | None
-        ] = []  # the piece's texts to encode; None = an end-of-document token
+        # the piece's texts to encode, each with its document key; (None, None) = an
+        # end-of-document token
+        self.items: list[tuple[str | None, int | None]] = []
         self.paragraph: list[str] = []
         self.encoded: list[np.ndarray] = []  # the piece's ids so far
+        self.spans: list[list[int]] = []  # [doc, start, end] in the piece, in order
+        self.length = 0  # tokens in self.encoded
         if block == 0 and self.split != "line":
             self._end_document()
 
-    def _add(self, text: str) -> None:
+    def _add(self, text: str, doc: int) -> None:
         blank = not text.strip()
         if self.split == "line":
             if not blank:
                 self._end_document()
-                self.items.append(text)
+                self.items.append((text, doc))
         elif not blank:
             self.paragraph.append(text)
+            self.paragraph_doc = doc
             if len(self.paragraph) == PARAGRAPH_LINES:
                 self._end_paragraph()
         else:
             self._end_paragraph()
             if self.split == "file":
-                self.items.append(text + "\n")
+                self.items.append((text + "\n", doc))
             elif not self.prev_blank:
                 self._end_document()
         self.prev_blank = blank
 
     def _end_document(self) -> None:
-        self.items.append(None)
+        self.items.append((None, None))
         self.docs += 1
 
     def _end_paragraph(self) -> None:
         if self.paragraph:
-            self.items.append("\n".join(self.paragraph) + "\n")
+            self.items.append(("\n".join(self.paragraph) + "\n", self.paragraph_doc))
             self.paragraph.clear()
 
     def _encode(self) -> None:
-        ids = iter(self.tok.encode_batch([t for t in self.items if t is not None]))
-        self.encoded.extend(self.eod if t is None else next(ids) for t in self.items)
+        ids = iter(self.tok.encode_batch([t for t, _ in self.items if t is not None]))
+        for text, doc in self.items:
+            encoded = self.eod if text is None else next(ids)
+            self.encoded.append(encoded)
+            if doc is not None and self.spans and self.spans[-1][0] == doc:
+                self.spans[-1][2] += len(encoded)
+            elif doc is not None:
+                self.spans.append([doc, self.length, self.length + len(encoded)])
+            self.length += len(encoded)
         self.items.clear()
 
     def _piece(self) -> pa.RecordBatch:
         self._encode()
         ids = np.concatenate(self.encoded) if self.encoded else np.empty(0, self.dtype)
-        self.encoded.clear()
+        spans = np.array(self.spans, np.int64).reshape(-1, 3).T.tolist()
+        self.encoded, self.spans, self.length = [], [], 0
         src, block = self.key
         return pa.RecordBatch.from_pydict(
             {
@@ -444,6 +445,9 @@ class Encoder:
                 "docs": [self.docs],
                 "n": [len(ids)],
                 "tokens": [ids.tobytes()],
+                "doc": [spans[0]],
+                "doc_start": [spans[1]],
+                "doc_end": [spans[2]],
             },
             schema=PIECE_SCHEMA,
         )
@@ -459,7 +463,8 @@ def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) ->
     """``src, block, part, docs, n, tokens``: the stream's pieces, encoded in the executors
     (``Encoder``)."""
     return lines.mapInArrow(Encoder(tokenizer, document_split),
-                            "src string, block long, part long, docs long, n long, tokens binary")
+                            "src string, block long, part long, docs long, n long, tokens binary, "
+                            "doc array<long>, doc_start array<long>, doc_end array<long>")
 
 
 def cut_chunks(encoded: DataFrame, stream: Stream, name: str) -> DataFrame:
@@ -572,27 +577,65 @@ class EtlPlan:
 
 def run_etl(spark: SparkSession, plan: EtlPlan,
             on_phase: Callable[[str, float], None] | None = None) -> EtlOutput:
-    """The whole ETL on ``spark``, in five steps: read (and scan), tokenizer, encode, chunks,
-    manifest. Returns the chunk DataFrames (cut when written or handed to Ray), their index and the
-    manifest. ``on_phase(name, seconds)`` is called as each of the first three phases ends."""
+    """The whole ETL on ``spark``: read (and scan), curate, tokenizer, encode, contamination,
+    chunks, manifest. Returns the chunk DataFrames (cut when written or handed to Ray), their index,
+    the documents' places and the removed documents, and the manifest. ``on_phase(name,
+    seconds)`` is called as each phase before the chunks ends."""
     phases, data = Phases(on_phase), plan.data
     lines, files, skipped = phases.run("read", lambda: read_and_scan(spark, plan))
-    tokenizer = phases.run(
-        "tokenizer", lambda: build_tokenizer(lines, files, data, plan.tokenizer, plan.seed)
-    )
     # a Parquet row or a JSON line is a document
     document_split = "line" if data.format in ("parquet", "jsonl") else data.document_split
-    encoded = encode_lines(lines, tokenizer, document_split).cache()
-    pieces = phases.run(
-        "encode", lambda: collect_pieces(encoded, data.halo_tokens * tokenizer.token_dtype.itemsize)
+    curated = phases.run(
+        "curate", lambda: curate.curate(spark, lines, data, document_split, plan.seed))
+    tokenizer = phases.run(
+        "tokenizer",
+        lambda: build_tokenizer(curated.lines, files, data, plan.tokenizer, plan.seed),
     )
-    stream = Stream(pieces, data, plan.seed, tokenizer.token_dtype)
+    encoding = Encoding(tokenizer, document_split, data, plan.seed)
+    encoded, stream = phases.run("encode", lambda: encoding.run(curated.lines))
+    if checks_contamination(data):
+        found, overlapping = phases.run(
+            "contamination", lambda: contamination.check(
+                curated.lines, curated.documents, encoding.placements(encoded, stream),
+                data.decontaminate_ngram))
+        curated.report["contamination"] = found | {"action": data.decontaminate}
+        if data.decontaminate == "remove" and found["train_documents_overlapping"]:
+            curated.drop("decontaminate", overlapping, "contamination")
+            encoded.unpersist()
+            encoded, stream = phases.run("encode again", lambda: encoding.run(curated.lines))
     chunks = {name: cut_chunks(encoded, stream, name) for name in windows.SPLITS}
     manifest = build_manifest(plan.corpus, files, skipped, stream, tokenizer) | {
-        "document_split": document_split
-    }
+        "document_split": document_split, "curation": curated.report}
     return EtlOutput(chunks=chunks, index=stream.index, encoded=encoded, tokenizer=tokenizer,
-                     manifest=manifest, phase_s=phases.seconds)
+                     manifest=manifest, phase_s=phases.seconds,
+                     documents=encoding.placements(encoded, stream), removed=curated.removed,
+                     removed_sample=curated.sample())
+
+
+def checks_contamination(data: DataSettings) -> bool:
+    """The contamination check runs on text (not on id files) unless turned off."""
+    return data.decontaminate != "off" and data.format != "ids"
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The encode step and what follows from it: the pieces (cached), the stream they make, the
+    documents' places in it."""
+
+    tokenizer: Tokenizer
+    document_split: str
+    data: DataSettings
+    seed: int
+
+    def run(self, lines: DataFrame) -> tuple[DataFrame, Stream]:
+        encoded = encode_lines(lines, self.tokenizer, self.document_split).cache()
+        head_bytes = self.data.halo_tokens * self.tokenizer.token_dtype.itemsize
+        pieces = collect_pieces(encoded, head_bytes)
+        return encoded, Stream(pieces, self.data, self.seed, self.tokenizer.token_dtype)
+
+    @staticmethod
+    def placements(encoded: DataFrame, stream: Stream) -> DataFrame:
+        return contamination.placements(encoded, stream.placed, stream.segments_of)
 
 
 def read_and_scan(spark: SparkSession,

@@ -27,7 +27,13 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl import EtlOutput, EtlPlan, run_etl, to_object_store
+from raydp_llm.data.etl import (
+    EtlOutput,
+    EtlPlan,
+    checks_contamination,
+    run_etl,
+    to_object_store,
+)
 from raydp_llm.data.spark_stats import read_event_log
 from raydp_llm.data.stream import ChunkIndex, Sampling
 from raydp_llm.engines.dashboard import RunGauges
@@ -127,7 +133,8 @@ def _spark_etl(
     """Spark's part of ``prepared``: start Spark, run the ETL, stage the cache entry or hand the
     chunks to Ray; then Spark's stats, and the entry committed with them."""
     settings = job.settings
-    phases = ["spark start", "read", "tokenizer", "encode"]
+    phases = ["spark start", "read", "curate", "tokenizer", "encode"]
+    phases += ["contamination"] if checks_contamination(settings.data) else []
     phases += ["write"] if store else []
     phases += ["convert"] if to_ray and not store else []
     timings, staged, sources = {}, None, None
@@ -152,6 +159,7 @@ def _spark_etl(
     timings["etl_s"] = etl_clock.seconds()
     stats = {
         "phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
+        "curation": out.manifest["curation"],
         "spark_start_s": round(timings["spark_start_s"], 3),
         **read_event_log(job.out_dir / EVENT_LOG_DIR),
     }
@@ -170,9 +178,31 @@ def _report(out: EtlOutput, run_name: str) -> None:
              "(%.2f bytes per token stored)", m["files"], m["documents"], m["tokens"],
              m["vocab_size"], m["tokenizer"], m["chunks_train"], m["chunks_val"],
              m["token_bytes_stored"] / max(m["tokens"], 1))
+    for line in curation_lines(m):
+        log.info("ETL %s", line)
     gauges = RunGauges(run_name)
     gauges.set_tagged("etl_phase_s", "phase", out.phase_s)
     gauges.set_tagged("etl_chunks", "split", {"train": m["chunks_train"], "val": m["chunks_val"]})
+
+
+def curation_lines(m: dict) -> list[str]:
+    """What curation removed and found, in a line or two (none when it only counted)."""
+    c, lines = m.get("curation") or {}, []
+    if c.get("stages"):
+        removed = ", ".join(f"{why} {n:,}" for s in c["stages"] for why, n in s["removed"].items())
+        clusters = "; ".join(f"{s['stage']} duplicate clusters {s['clusters']['count']:,} "
+                             f"(largest {s['clusters']['largest']})"
+                             for s in c["stages"] if "clusters" in s)
+        lines.append(f"curation: {c['documents_in']:,} → {c['documents_out']:,} documents, "
+                     f"{c['bytes_in']:,} → {c['bytes_out']:,} bytes; removed: {removed or 'none'}"
+                     f"{'; ' + clusters if clusters else ''}")
+    k = c.get("contamination")
+    if k:
+        lines.append(f"contamination ({k['ngram']}-grams): {k['val_documents_overlapping']:,} of "
+                     f"{k['val_documents']:,} validation documents share one with "
+                     f"{k['train_documents_overlapping']:,} of {k['train_documents']:,} training "
+                     f"documents{' (removed)' if k['action'] == 'remove' else ''}")
+    return lines
 
 
 def _phase(out: EtlOutput, name: str, progress: PhaseBar, work):

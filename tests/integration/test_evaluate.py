@@ -115,3 +115,35 @@ def test_data_format_must_fit_the_model(corpus_dir, tmp_path):
         r"data.format=text \(or parquet\)",
     ):
         run(cfg, tmp_path)
+
+
+def test_per_document_scores_each_documents_tokens_on_the_cluster(ray_cluster, corpus_dir,
+                                                                   tmp_path):
+    chars = "".join(set().union(*(p.read_text() for p in corpus_dir.iterdir())))
+    model_path = model_dir(tmp_path / "model", chars)
+    cfg = make_config(f"model_dir={model_path}", f"data.path={corpus_dir}", "per_document=true",
+                      config_name="evaluate")
+    result = run(cfg, tmp_path)
+    entry = Path(result["dataset"])
+    ids = stream_of(entry, result["etl"]["token_dtype"])
+    places = pq.read_table(entry / "documents").sort_by("start").to_pylist()
+    eod = CharTokenizer("\n" + chars).eod_id
+    # the documents (files) cover every token but the end-of-document ones, each after one
+    assert [Path(p["path"]).name for p in places] == ["part0.txt", "part1.txt", "part2.txt"]
+    assert sum(p["end"] - p["start"] for p in places) == len(ids) - 3
+    assert all(ids[p["start"] - 1] == eod for p in places)
+    scores = pq.read_table(result["document_scores"]).to_pylist()
+    assert [(s["path"], s["doc"]) for s in scores] == [(p["path"], 0) for p in places]
+    model, _ = load_model_dir(model_path)
+    for place, got in zip(places, scores):
+        seq = torch.from_numpy(ids[place["start"] - 1:place["end"]].astype(np.int64))
+        nats = 0.0
+        with torch.no_grad():
+            for i in range(0, len(seq) - 1, BLOCK):
+                w = seq[i:i + BLOCK + 1].unsqueeze(0)
+                logits, _ = model(w[:, :-1])
+                nats += torch.nn.functional.cross_entropy(
+                    logits[0], w[0, 1:], reduction="sum").item()
+        assert got["tokens"] == place["end"] - place["start"]
+        assert got["mean_loss"] == pytest.approx(nats / got["tokens"], rel=1e-5)
+    assert scores[2]["val"] and not scores[0]["val"]  # the tail is validation

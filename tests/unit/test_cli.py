@@ -123,6 +123,10 @@ BAD_SETTINGS = [
         "train.max_failures=-2 is not allowed: use -1 (no limit) or a number ≥ 0",
     ),
     ("s3.max_attempts=0", "s3.max_attempts=0 is not allowed: use a number ≥ 1"),
+    ("data.dedup=fuzzy", "data.dedup=fuzzy is not allowed: use none | exact | near"),
+    ("data.filters.max_score=3", "data.filters.max_score needs data.filters.score_path"),
+    ("data.filters.score_path=/no/scores.parquet data.filters.max_score=3",
+     "data.filters.score_path=/no/scores.parquet: no such file"),
 ]
 HYDRA_ERRORS = [
     ("train.max_steps=abc", "Value 'abc' of type 'str' could not be converted to "

@@ -57,3 +57,37 @@ def test_gopher_measures_of_boilerplate_and_prose():
     q = quality(spam)
     assert q["bullet_lines"] == 1 and q["ellipsis_lines"] == 1 and q["dup_lines"] == 0.9
     assert q["dup_5gram_chars"] > 0.9 and q["top_2gram_chars"] > 0.2
+
+
+def test_every_curation_setting_and_the_score_files_content_are_in_the_etl_cache_key(tmp_path):
+    from conftest import make_config
+    from raydp_llm.data.cache import cache_key
+    from raydp_llm.data.corpus import sample_corpus
+
+    corpus = sample_corpus()
+
+    def key(*overrides):
+        cfg = make_config(*overrides)
+        return cache_key(corpus, cfg.data, cfg.tokenizer, cfg.seed)
+
+    scores = tmp_path / "scores.parquet"
+    scores.write_bytes(b"one")
+    with_scores = (f"data.filters.score_path={scores}", "data.filters.max_score=3")
+    keys = [key(), key("data.dedup=exact"), key("data.dedup=near"),
+            key("data.dedup=near", "data.dedup_threshold=0.7"), key("data.filters.min_words=50"),
+            key("data.decontaminate=remove"), key("data.decontaminate_ngram=8"),
+            key(*with_scores)]
+    scores.write_bytes(b"two")
+    keys.append(key(*with_scores))
+    assert len(set(keys)) == len(keys)
+
+
+def test_word_ngrams_are_hashed_alike_everywhere_and_ignore_case_and_punctuation():
+    from raydp_llm.data.curation import ngrams
+
+    text = "It is a truth universally acknowledged, that a single man in possession"
+    assert ngrams(text, 13).size == 0  # 12 words
+    assert ngrams(text + " of", 13).size == 1
+    assert np.array_equal(ngrams(text.upper() + "  OF!", 13), ngrams(text + " of", 13))
+    assert ngrams("a b c a b c a b", 3).size == 3  # distinct: abc, bca, cab
+    assert not set(ngrams(text + " of", 13)) & set(ngrams(text + " off", 13))
