@@ -100,7 +100,13 @@ def score_documents(model_dir: str, entry: Path, out_dir: Path, batch_windows: i
     if not documents.is_dir():
         raise InputError(f"{entry}: this ETL output has no document index ({cache.DOCUMENTS}/); "
                          "run the ETL again (data.cache=false, or remove the entry)")
-    scored = ray.data.read_parquet(str(documents)).map_batches(
+    # the index is small (a row per document): read here and handed over in blocks, so every
+    # CPU can hold a scorer (read tasks would wait for a CPU the actors hold)
+    index = pq.read_table(documents).sort_by("start")
+    blocks = max(1, min(index.num_rows, 4 * actors))
+    size = -(-index.num_rows // blocks)
+    dataset = ray.data.from_arrow([index.slice(i, size) for i in range(0, index.num_rows, size)])
+    scored = dataset.map_batches(
         DocumentScorer, fn_constructor_args=(str(Path(model_dir).resolve()), str(entry),
                                              batch_windows),
         batch_size=64, batch_format="numpy", concurrency=actors, num_cpus=1)

@@ -89,24 +89,34 @@ def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
     ``lines``: the lines to encode, with ``doc``, in file order; ``documents``: ``src, doc,
     bytes``; ``placed``: ``placements``."""
     doc_id = F.xxhash64("src", "doc")
-    splits = placed.select(doc_id.alias("id"), "val")
-    grams = (lines.select("src", "block", "doc", doc_id.alias("id"), "raw")
-             .mapInArrow(LineGrams(n), "id long, gram long").distinct()
-             .join(splits, "id").cache())
-    val = F.col("val")
-    val_grams = grams.where(val).select("gram").distinct()
-    train_grams = grams.where(~val).select("gram").distinct()
-    train_hit = grams.where(~val).join(val_grams, "gram", "left_semi").select("id").distinct()
-    val_hit = grams.where(val).join(train_grams, "gram", "left_semi").select("id").distinct()
-    overlapping = detached(documents.withColumn("id", doc_id).join(train_hit, "id", "left_semi")
-                           .select("src", "doc", "bytes"))
-    by_split = {r.val: r["count"] for r in splits.groupBy("val").count().collect()}
+    splits = placed.select("src", "doc", "val")
+    # each line knows its document's split; a shuffle join moves a document's lines together, and
+    # the sort puts them back in order (the n-grams cross lines)
+    lines = lines.join(splits, ["src", "doc"]).sortWithinPartitions("src", "block", "line")
+    lines = detached(lines.select("src", "block", "doc", "val", doc_id.alias("id"), "raw"))
+
+    def grams(val: bool) -> DataFrame:
+        return lines.where(F.col("val") == val).mapInArrow(LineGrams(n), "id long, gram long")
+
+    # the validation side is the small one: its n-grams are kept, the training side's streamed
+    # past them (a broadcast join while they fit spark.sql.adaptive.autoBroadcastJoinThreshold)
+    val_grams = detached(grams(True).distinct())
+    hits = detached(grams(False).join(val_grams.select("gram").distinct(), "gram",
+                                      "left_semi").distinct())
+    val_hit = val_grams.join(hits.select("gram").distinct(), "gram", "left_semi")
+    hits_by_split = {True: val_hit.select("id").distinct().count(),
+                     False: hits.select("id").distinct().count()}
+    # only read by data.decontaminate=remove
+    overlapping = documents.withColumn("id", doc_id).join(
+        hits.select("id"), "id", "left_semi").select("src", "doc", "bytes")
+    documents_by_split = {r.val: r["count"] for r in splits.groupBy("val").count().collect()}
+    val_grams.unpersist()
+    lines.unpersist()
     report = {
         "ngram": n,
-        "val_documents": by_split.get(True, 0),
-        "val_documents_overlapping": val_hit.count(),
-        "train_documents": by_split.get(False, 0),
-        "train_documents_overlapping": overlapping.count(),
+        "val_documents": documents_by_split.get(True, 0),
+        "val_documents_overlapping": hits_by_split.get(True, 0),
+        "train_documents": documents_by_split.get(False, 0),
+        "train_documents_overlapping": hits_by_split.get(False, 0),
     }
-    grams.unpersist()
     return report, overlapping

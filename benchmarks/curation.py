@@ -1,0 +1,151 @@
+"""What curation costs the ETL, and whether the driver stays flat: the same corpus through
+``python -m raydp_llm.prepare`` with each curation setting, at several sizes.
+
+    python benchmarks/curation.py [--mb 25,50,100] [--settings none,report,filters,exact,near]
+
+The corpus is JSON Lines built from the benchmark corpus's words (``write_corpus``), with 5% exact
+and 5% near duplicates planted. Settings (each a fresh process, char
+tokenizer, 2 executors, no cache):
+
+- ``none``: no curation at all (``data.decontaminate=off``): the ETL before this work, the baseline;
+- ``report``: the default, the contamination check counted;
+- ``filters``: every Gopher filter at the paper's thresholds, and ``report``;
+- ``exact``: ``data.dedup=exact`` and ``report``;
+- ``near``: ``data.dedup=near`` with the filters, and ``report``.
+
+The table: ETL seconds after Spark's start, the ratio to ``none``, documents kept, and the peak
+resident memory of the driver (the Python process and the Spark driver JVM, polled every 0.2 s):
+with nothing per document brought to the driver it must not grow with the corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+FILTERS = ["data.filters.min_words=50", "data.filters.max_words=100000",
+           "data.filters.max_non_alpha_words=0.2", "data.filters.max_symbol_word_ratio=0.1",
+           "data.filters.max_dup_lines=0.3", "data.filters.max_dup_line_chars=0.2",
+           "data.filters.max_top_2gram_chars=0.2", "data.filters.max_dup_5gram_chars=0.15"]
+SETTINGS = {
+    "none": ["data.decontaminate=off"],
+    "report": [],
+    "filters": FILTERS,
+    "exact": ["data.dedup=exact"],
+    "near": ["data.dedup=near", *FILTERS],
+}
+
+
+def write_corpus(text: str, mb: float, path: Path, seed: int = 0) -> int:
+    """About ``mb`` MB of JSON Lines documents, returns their count: words drawn from ``text``'s
+    word frequencies in lines of 5-15 words, 50-500 words a document (a 1 MB source cut into
+    stretches would repeat every 13-gram many times over: contamination everywhere), plus 5% exact
+    copies (case changed) and 5% copies with three words replaced."""
+    rng, docs, size = random.Random(seed), [], 0
+    words = text.split()
+    while size < mb * 1e6:
+        roll = rng.random()
+        if roll < 0.05 and docs:
+            doc = rng.choice(docs).upper()
+        elif roll < 0.10 and docs:
+            edited = rng.choice(docs).split(" ")
+            for i in rng.sample(range(len(edited)), min(3, len(edited))):
+                edited[i] = "edited"
+            doc = " ".join(edited)
+        else:
+            lines, left = [], rng.randint(50, 500)
+            while left > 0:
+                take = min(left, rng.randint(5, 15))
+                lines.append(" ".join(rng.choices(words, k=take)))
+                left -= take
+            doc = "\n".join(lines)
+        docs.append(doc)
+        size += len(doc)
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    return len(docs)
+
+
+class PeakRss:
+    """The largest resident memory of a process and of the Spark driver JVM it starts."""
+
+    def __init__(self, pid: int):
+        self.proc, self.python, self.jvm = psutil.Process(pid), 0, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.done.wait(0.2):
+            try:
+                self.python = max(self.python, self.proc.memory_info().rss)
+                for child in self.proc.children(recursive=False):
+                    if child.name() == "java":
+                        self.jvm = max(self.jvm, child.memory_info().rss)
+            except psutil.Error:
+                pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def run_prepare(setting: str, corpus: Path, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "raydp_llm.prepare", f"data.path={corpus}", "data.format=jsonl",
+           "data.cache=false", "tokenizer=char", f"hydra.run.dir={out}", *SETTINGS[setting]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    peak = PeakRss(proc.pid)
+    stdout, stderr = proc.communicate()
+    peak.stop()
+    if proc.returncode:
+        raise RuntimeError(f"{setting} failed:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    stats = json.loads((out / "etl_stats.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"etl_s": sum(stats["phase_s"].values()), "phases": stats["phase_s"],
+            "documents": manifest["documents"], "python_mb": peak.python / 1e6,
+            "jvm_mb": peak.jvm / 1e6, "curation": manifest["curation"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", default="25,50,100", help="corpus sizes, MB of text")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help="comma-separated, of " + ", ".join(SETTINGS))
+    parser.add_argument(
+        "--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
+    args = parser.parse_args()
+    text, rows = args.corpus.read_text(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mb in map(float, args.mb.split(",")):
+            corpus = Path(tmp) / f"corpus{mb:g}.jsonl"
+            docs = write_corpus(text, mb, corpus)
+            for setting in args.settings.split(","):
+                r = run_prepare(setting, corpus, Path(tmp) / f"run-{mb:g}-{setting}")
+                rows.append((mb, docs, setting, r))
+                print(f"  {mb:g} MB {setting}: {r['etl_s']:.1f} s {r['phases']}", file=sys.stderr,
+                      flush=True)
+    print("\n| MB | documents | setting | ETL s | vs none | kept | driver Python MB | "
+          "driver JVM MB |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    base = {mb: r["etl_s"] for mb, _, setting, r in rows if setting == "none"}
+    for mb, docs, setting, r in rows:
+        ratio = f"{r['etl_s'] / base[mb]:.2f}×" if mb in base else "-"
+        print(f"| {mb:g} | {docs:,} | {setting} | {r['etl_s']:.1f} | {ratio} | "
+              f"{r['documents']:,} | {r['python_mb']:.0f} | {r['jvm_mb']:.0f} |")
+    for mb, _, setting, r in rows:
+        print(f"\n{mb:g} MB {setting}: {json.dumps(r['curation'])}")
+
+
+if __name__ == "__main__":
+    main()
