@@ -198,10 +198,11 @@ def curation_lines(m: dict) -> list[str]:
                      f"{'; ' + clusters if clusters else ''}")
     k = c.get("contamination")
     if k:
+        removed = k["action"] == "remove" and k["train_documents_overlapping"]
         lines.append(f"contamination ({k['ngram']}-grams): {k['val_documents_overlapping']:,} of "
                      f"{k['val_documents']:,} validation documents share one with "
                      f"{k['train_documents_overlapping']:,} of {k['train_documents']:,} training "
-                     f"documents{' (removed)' if k['action'] == 'remove' else ''}")
+                     f"documents{' (removed)' if removed else ''}")
     return lines
 
 
