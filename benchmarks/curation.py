@@ -14,7 +14,8 @@ tokenizer, 2 executors, no cache):
 - ``near``: ``data.dedup=near`` with the filters.
 
 The table: ETL seconds after Spark's start, the ratio to ``none``, documents kept, and the peak
-resident memory of the driver (the Python process and the Spark driver JVM, polled every 0.2 s):
+resident memory of the driver (the Python process and the Spark driver JVM: ``memory.Sampler``
+every 0.2 s):
 with nothing per document brought to the driver it must not grow with the corpus.
 """
 
@@ -26,10 +27,10 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
-import psutil
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import Sampler  # noqa: E402 - the benchmarks' own helper, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 FILTERS = ["data.filters.min_words=50", "data.filters.max_words=100000",
@@ -75,45 +76,23 @@ def write_corpus(text: str, mb: float, path: Path, seed: int = 0) -> int:
     return len(docs)
 
 
-class PeakRss:
-    """The largest resident memory of a process and of the Spark driver JVM it starts."""
-
-    def __init__(self, pid: int):
-        self.proc, self.python, self.jvm = psutil.Process(pid), 0, 0
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-
-    def _poll(self) -> None:
-        while not self.done.wait(0.2):
-            try:
-                self.python = max(self.python, self.proc.memory_info().rss)
-                for child in self.proc.children(recursive=False):
-                    if child.name() == "java":
-                        self.jvm = max(self.jvm, child.memory_info().rss)
-            except psutil.Error:
-                pass
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join()
-
-
 def run_prepare(setting: str, corpus: Path, out: Path) -> dict:
     cmd = [sys.executable, "-m", "raydp_llm.prepare", f"data.path={corpus}", "data.format=jsonl",
            "data.cache=false", "tokenizer=char", f"hydra.run.dir={out}", *SETTINGS[setting]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT)
-    peak = PeakRss(proc.pid)
+    sampler = Sampler(proc.pid, interval_s=0.2)
+    sampler.start()
     stdout, stderr = proc.communicate()
-    peak.stop()
+    sampler.stop()
+    peaks = sampler.peaks()
     if proc.returncode:
         raise RuntimeError(f"{setting} failed:\n{stdout[-2000:]}\n{stderr[-3000:]}")
     stats = json.loads((out / "etl_stats.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
     return {"etl_s": sum(stats["phase_s"].values()), "phases": stats["phase_s"],
-            "documents": manifest["documents"], "python_mb": peak.python / 1e6,
-            "jvm_mb": peak.jvm / 1e6, "curation": manifest["curation"]}
+            "documents": manifest["documents"], "python_mb": peaks["driver"][0],
+            "jvm_mb": peaks.get("spark driver JVM", (0.0,))[0], "curation": manifest["curation"]}
 
 
 def compare_spark_ml(corpus: Path, tables: int) -> None:
@@ -190,8 +169,8 @@ def main() -> None:
                 rows.append((mb, docs, setting, r))
                 print(f"  {mb:g} MB {setting}: {r['etl_s']:.1f} s {r['phases']}", file=sys.stderr,
                       flush=True)
-    print("\n| MB | documents | setting | ETL s | vs none | kept | driver Python MB | "
-          "driver JVM MB |")
+    print("\n| MB | documents | setting | ETL s | vs none | kept | driver Python MiB | "
+          "driver JVM MiB |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     base = {mb: r["etl_s"] for mb, _, setting, r in rows if setting == "none"}
     for mb, docs, setting, r in rows:

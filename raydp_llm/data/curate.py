@@ -151,17 +151,17 @@ class Curated:
         gone = detached(gone)
         before = self.documents
         total = before.agg(F.count("*").alias("n"), F.sum("bytes").alias("bytes")).first()
-        reasons = {r.reason: (r.n, r.bytes) for r in gone.groupBy("reason").agg(
-            F.count("*").alias("n"), F.sum("bytes").alias("bytes")).collect()}
+        reasons = sorted(gone.groupBy("reason").agg(
+            F.count("*").alias("n"), F.sum("bytes").alias("bytes")).collect())
         self.documents = detached(before.join(gone.select("src", "doc"), ["src", "doc"],
                                               "left_anti"))
         self.removed = gone if self.removed is None else self.removed.unionByName(gone)
-        out_n, out_bytes = (sum(v[i] for v in reasons.values()) for i in (0, 1))
-        figures = {"stage": stage, "documents_in": total.n,
-                 "bytes_in": total.bytes or 0, "documents_out": total.n - out_n,
-                 "bytes_out": (total.bytes or 0) - out_bytes,
-                 "removed": {k: v[0] for k, v in sorted(reasons.items())},
-                 "removed_bytes": {k: v[1] for k, v in sorted(reasons.items())}}
+        bytes_in = total.bytes or 0
+        figures = {"stage": stage, "documents_in": total.n, "bytes_in": bytes_in,
+                   "documents_out": total.n - sum(r.n for r in reasons),
+                   "bytes_out": bytes_in - sum(r.bytes for r in reasons),
+                   "removed": {r.reason: r.n for r in reasons},
+                   "removed_bytes": {r.reason: r.bytes for r in reasons}}
         if stage in ("exact", "near"):
             figures["clusters"] = cluster_figures(gone)
         stages = self.report["stages"]
@@ -199,11 +199,10 @@ def curate(spark: SparkSession, lines: DataFrame, data: DataSettings, split: str
            seed: int) -> Curated:
     """The curation stage: ``lines`` (``src, block, raw``) in; see ``Curated``."""
     keyed = document_keys(spark, lines, split)
-    grouped = keyed.where(F.col("doc") >= 0).groupBy("src", "doc").agg(
-        F.sort_array(F.collect_list(F.struct("line", "raw"))).alias("lines"))
+    by_document = keyed.where(F.col("doc") >= 0).groupBy("src", "doc")
     if not active(data):  # only counted: no document is put together
-        return Curated(keyed, keyed.where(F.col("doc") >= 0).groupBy("src", "doc").agg(
-            F.sum(F.length("raw") + 1).alias("bytes")))
+        return Curated(keyed, by_document.agg(F.sum(F.length("raw") + 1).alias("bytes")))
+    grouped = by_document.agg(F.sort_array(F.collect_list(F.struct("line", "raw"))).alias("lines"))
     docs = with_score_rule(spark, grouped.mapInArrow(Measure.of(data, seed), DOC_SCHEMA), data)
     curated = Curated(keyed, detached(docs))
     curated.drop("filters", curated.documents.where(F.col("rule").isNotNull()).select(
