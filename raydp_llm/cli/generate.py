@@ -14,8 +14,6 @@ import sys
 from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
 from raydp_llm.core.config import GenerateSettings
 from raydp_llm.core.storage import S3Options
-from raydp_llm.training.checkpoint import load_model_dir
-from raydp_llm.training.sampling import sample_text, top_next_tokens
 
 USAGE = "usage: python -m raydp_llm.generate model_dir=DIR [key=value ...] (--help: every key)"
 
@@ -29,6 +27,10 @@ def main(argv: list[str]) -> int:
     except UsageError as err:
         print(f"{USAGE}: {err}", file=sys.stderr)
         return 2
+    # torch: seconds to import, after the arguments are known good
+    from raydp_llm.training.checkpoint import load_model_dir
+    from raydp_llm.training.sampling import sample_text, top_next_tokens
+
     try:
         model, tokenizer = load_model_dir(s.model_dir, s3=S3Options.of(s.s3))
         text = sample_text(

@@ -1,6 +1,7 @@
 """At the door: an entry point turns Hydra's config into typed settings once (every path made
 absolute, from where the command ran: Ray's workers and Spark's executors run elsewhere), and checks
-them before any engine starts. Past this module no code reads the raw config.
+them before any engine starts. Past this module no code reads the raw config. It loads no torch,
+Ray or Spark unless a check needs them (a checkpoint to read): bad input fails in a second.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from raydp_llm.core import hf, storage
+from raydp_llm.core import storage
 from raydp_llm.core.config import Settings, validate
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model import read_embeddings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.corpus import Corpus, resolve_corpus
-from raydp_llm.training.checkpoint import check_resumable
 
 RESUME_WORDS = ("auto", "never")
 
@@ -69,6 +68,8 @@ def _init_from(model, tokenizer, given: set[str]):
     """The model settings with the shape of the GPT-2 checkpoint ``model.init_from`` (a shape field
     the user also gave must agree; block_size may be shorter), and the tokenizer settings reading
     its tokenizer.json."""
+    from raydp_llm.core import hf  # torch: only a run that starts from a checkpoint waits for it
+
     where = model.init_from  # a GPT's setting: the LSTM's schema has none
     shape = hf.gpt2_shape(where, hf.read_gpt2_config(where), hf.read_gpt2_tensors(where))
     for key in sorted(given & shape.keys()):
@@ -107,8 +108,12 @@ def check_inputs(settings: Settings) -> Corpus:
         raise InputError(f"model.init_embeddings={vectors}: no such file; give a CSV or .npy file "
                          "of token vectors")
     if vectors:  # widths and values now; the ids against the vocabulary after the ETL
+        from raydp_llm.core.model import read_embeddings  # torch, as below: only when needed
+
         read_embeddings(vectors, None, settings.model.n_embd)
     if t.resume not in RESUME_WORDS:
+        from raydp_llm.training.checkpoint import check_resumable
+
         check_resumable(t.resume, settings.model, f"train.resume={t.resume}", s3)
     if t.storage_path and storage.is_s3(t.storage_path):
         storage.check_bucket("train.storage_path", t.storage_path, s3)

@@ -2,15 +2,12 @@
 
 Writes the token stream's chunks (Parquet), their index, the tokenizer and manifest to the ETL
 cache (or, with ``data.cache=false``, to ``dataset/`` in the run directory), and ``manifest.json``
-into the run directory.
+into the run directory. This module is the door: it checks the input before Ray and Spark load;
+the job is ``cli/prepare_job.py``.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import shutil
-import textwrap
 from pathlib import Path
 
 import hydra
@@ -22,21 +19,6 @@ from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.core.config import CONF_DIR
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.data import cache
-from raydp_llm.data.prepare import (
-    PreparedData,
-    curation_lines,
-    dataset_store,
-    prepared,
-    windows_of,
-    write_json,
-)
-from raydp_llm.engines.preflight import preflight
-from raydp_llm.engines.ray_cluster import ray_session
-
-log = logging.getLogger(__name__)
-
-REMOVED_SAMPLE_TEXT = "removed_sample.txt"
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -45,67 +27,9 @@ def main(cfg: DictConfig) -> None:
     settings, out_dir = typed_settings(cfg), Path(HydraConfig.get().runtime.output_dir)
     total = Stopwatch()
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
-    store = dataset_store(settings.data, out_dir)
-    with ray_session(settings.cluster, settings.name):
-        preflight(settings.cluster, None, store)
-        with prepared(settings, corpus, out_dir, to_ray=False, store=store) as data:
-            manifest = data.manifest | windows_of(settings, data.index, data.manifest) | {
-                "cache_hit": data.cache_hit, "dataset": str(data.entry)}
-            write_json(out_dir / "manifest.json", manifest)
-    removed = removed_documents(data.entry, out_dir)
-    print(describe(data, manifest))
-    if removed:
-        print(f"  removed documents: {removed}/ (Parquet: path, doc, bytes, reason, the kept "
-              f"copy); a sample: {out_dir / REMOVED_SAMPLE_TEXT}")
-    print(f"  done in {total.seconds():.0f}s; manifest.json and etl_stats.json in "
-          f"{out_dir}")
+    from raydp_llm.cli import prepare_job  # Ray, Spark, torch: seconds to import
 
-
-def removed_documents(entry: Path | None, out_dir: Path) -> Path | None:
-    """The documents curation removed, into the run directory for a person to inspect: their ids
-    (``removed/``, Parquet) and a few of each reason with their text (``removed_sample.txt``)."""
-    if entry is None or not (entry / cache.REMOVED).is_dir():
-        return None
-    target = out_dir / cache.REMOVED
-    if target.resolve() != (entry / cache.REMOVED).resolve():  # data.cache=false: already there
-        shutil.copytree(entry / cache.REMOVED, target, dirs_exist_ok=True)
-    sample = json.loads((entry / cache.REMOVED_SAMPLE).read_text())
-    with open(out_dir / REMOVED_SAMPLE_TEXT, "w") as f:
-        for d in sample:
-            copy = f" (a copy of {d['kept_src']} doc {d['kept_doc']})" if d["kept_src"] else ""
-            f.write(f"[{d['reason']}] {d['src']} doc {d['doc']}{copy}\n"
-                    + textwrap.indent(d["text"], "    ") + "\n\n")
-    return target
-
-
-def describe(data: PreparedData, m: dict) -> str:
-    """What the ETL made, and what Spark did, in a few lines."""
-    st = data.stats
-    per_token = f", {m['chars_per_token']:.2f} chars/token" if m["chars_per_token"] else ""
-    phases = ", ".join(f"{k} {v:.1f}" for k, v in st.get("phase_s", {}).items())
-    hit = " (cache hit: Spark not started)" if data.cache_hit else ""
-    return (f"{m['corpus']}: {m['files']} files, {m['documents']} documents, {m['characters']:,} "
-            f"characters\n  tokenizer {m['tokenizer']} (vocab {m['vocab_size']}{per_token}), "
-            f"{m['tokens']:,} tokens: train {m['tokens_train']:,} / val {m['tokens_val']:,}\n  "
-            f"{m['chunks_train']:,} / {m['chunks_val']:,} chunks, "
-            f"{m['token_bytes_stored'] / max(m['tokens'], 1):.2f} bytes per token; windows of "
-            f"{m['block_size'] + 1} tokens ({m['sampling']}, stride {m['stride']}): train "
-            f"{m['windows_train']:,} / val {m['windows_val']:,}\n  Spark: {st.get('jobs', 0)} "
-            f"jobs, {st.get('stages', 0)} stages, {st.get('tasks', 0)} tasks "
-            f"({st.get('failed_tasks', 0)} failed), {st.get('input_bytes', 0):,} bytes read, "
-            f"{st.get('shuffle_write_bytes', 0):,} bytes shuffled; phases (s): {phases}\n  "
-            f"dataset: {data.entry}{hit}{_bad_json(m)}"
-            + "".join(f"\n  {line}" for line in curation_lines(m)))
-
-
-def _bad_json(m: dict) -> str:
-    """JSONL: the bad lines skipped, by kind, when there were any."""
-    bad = m.get("bad_json_lines")
-    if not bad or not bad["files"]:
-        return ""
-    kinds = ", ".join(f"{kind.replace('_', ' ')} {n:,}" for kind, n in bad.items()
-                      if kind != "files")
-    return f"\n  bad JSON lines skipped: {kinds}, in {len(bad['files'])} files (manifest.json)"
+    prepare_job.run_checked(settings, corpus, out_dir, total)
 
 
 def cli() -> None:

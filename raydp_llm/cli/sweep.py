@@ -23,10 +23,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.engines.ray_cluster import ray_session
-from raydp_llm.training import tracking
-from raydp_llm.training.metrics import read_metrics
-from raydp_llm.training.plots import plot_sweep
+
+# Hydra builds this callback for every command, a single run too (and one refused for its input
+# in a second): Ray, the tracking and the plots are imported only where a sweep uses them.
 
 COLUMNS = [
     "job",
@@ -50,6 +49,9 @@ class SweepSummary(Callback):
         self.parent_run: str | None = None  # tracking=mlflow: the jobs' parent run
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from raydp_llm.engines.ray_cluster import ray_session
+        from raydp_llm.training import tracking
+
         # a door too: the sweep's Ray and tracking, from the typed settings
         cluster = OmegaConf.to_object(config.cluster)
         self.tracking = OmegaConf.to_object(config.tracking)
@@ -89,10 +91,15 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         done = self._summarize(sweep_dir) if self.jobs else []
         if self.parent_run:
+            from raydp_llm.training import tracking
+
             tracking.close_sweep(self.tracking, self.parent_run, sweep_dir.resolve(), bool(done))
 
     def _summarize(self, sweep_dir: Path) -> list[dict]:
         """``sweep_summary.csv``, ``sweep.png`` and the console table; the completed jobs' rows."""
+        from raydp_llm.training.metrics import read_metrics
+        from raydp_llm.training.plots import plot_sweep
+
         swept = _varying_overrides([job["overrides"] for job in self.jobs])
         rows = [
             {**job, "overrides": " ".join(o for o in job["overrides"] if o in swept)}

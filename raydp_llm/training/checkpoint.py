@@ -27,11 +27,11 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import LanguageModel, build_model
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_FILE, Tokenizer, tokenizer_from_json
+from raydp_llm.training.runs import STATE_JSON
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
-STATE_JSON = "train_state.json"
 STATE_TENSORS = "train_state.pt"
 
 

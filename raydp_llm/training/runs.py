@@ -29,7 +29,8 @@ import psutil
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.training.checkpoint import STATE_JSON
+
+STATE_JSON = "train_state.json"  # a checkpoint's training state: it marks a checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from mlflow.tracking import MlflowClient
 
 from conftest import CACHE_DIR, make_config, prepare, start_like_a_terminal
 from raydp_llm.cli.inputs import check_inputs
-from raydp_llm.cli.train import resume_checkpoint, run
+from raydp_llm.cli.train import run
+from raydp_llm.cli.train_job import resume_checkpoint
 from raydp_llm.core.errors import InputError
 from raydp_llm.data.prepare import samplings, windows_of
 from raydp_llm.training.metrics import read_metrics

@@ -17,7 +17,8 @@ import pytest
 from conftest import BUCKET, ROOT, make_config, prepare, write_lines
 from flaky_s3 import FlakyS3
 from raydp_llm.cli.inputs import check_inputs
-from raydp_llm.cli.train import resume_checkpoint, run
+from raydp_llm.cli.train import run
+from raydp_llm.cli.train_job import resume_checkpoint
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.tokenizer import load_tokenizer

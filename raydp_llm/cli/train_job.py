@@ -1,0 +1,221 @@
+"""The training job behind ``python -m raydp_llm.train``, once ``cli/train.py`` has checked its
+input: Ray, the ETL (or its cache), DDP training, the model, the sample, the summary."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from raydp_llm.core import storage
+from raydp_llm.core.config import Settings
+from raydp_llm.core.errors import RunFailure
+from raydp_llm.core.storage import S3Options
+from raydp_llm.core.timing import Stopwatch, timed
+from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.prepare import PreparedData, prepared, samplings, windows_of, write_json
+from raydp_llm.engines.preflight import preflight
+from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.training import runs, tracking
+from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
+from raydp_llm.training.metrics import read_metrics, write_summary
+from raydp_llm.training.plots import plot_loss, plot_throughput
+from raydp_llm.training.sampling import sample_text
+from raydp_llm.training.spec import TrainSpec, build_spec
+from raydp_llm.training.trainer import FitResult, Launch, RunContext, fit, startup_phases
+
+log = logging.getLogger(__name__)
+
+
+def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path) -> str | None:
+    """``train.resume``: never; a checkpoint directory (local or s3://); or auto = the newest
+    complete checkpoint of an identical run among earlier runs of the same name that no live or
+    finished run continued: this run's siblings (``outputs/<name>/*``), or the ``<name>-*`` runs in
+    ``train.storage_path`` (``runs.find_resumable``)."""
+    train = settings.train
+    if train.resume == "never":
+        return None
+    if train.resume != "auto":
+        return train.resume
+    if train.storage_path:
+        found = runs.find_resumable(train.storage_path, spec.fingerprint, spec.max_steps, spec.s3,
+                                    run_prefix=f"{settings.name}-")
+    else:
+        found = runs.find_resumable(out_dir.parent, spec.fingerprint, spec.max_steps)
+    if found:
+        log.info("resuming from %s (train.resume=never starts afresh)", found)
+    return found
+
+
+@dataclass
+class Trained:
+    """A finished training: the data it ran on, what it did, and the seconds each phase took."""
+
+    data: PreparedData
+    outcome: FitResult
+    timings: dict
+    destination: str  # where the outputs go beside the checkpoints: <storage>/<run name>
+
+
+def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
+                sweep_dir: str | None = None) -> dict:
+    """The whole job on checked ``settings`` into ``out_dir``, tracked as ``settings.tracking``
+    says (a job of the sweep in ``sweep_dir`` nests under its parent run); returns the summary.
+    ``started``: when the command began (its process) and when its Python was ready (imports
+    done, input checked), in ``time.time()`` seconds."""
+    total = Stopwatch()
+    record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
+    # never another run's: Ray Train would silently continue it
+    run_name = f"{settings.name}-{record.run_id}"
+    with tracking.tracked(tracking.tracker(settings.tracking), out_dir) as tracker:
+        # this directory is this run's alone (a run refused for its input gives it back)
+        with runs.claimed(out_dir, record), ray_session(settings.cluster, settings.name):
+            timings = {"ray_start_s": total.seconds()}
+            job = Job(out_dir, record, run_name, tracker, sweep_dir)
+            trained = train(settings, corpus, job, timings)
+        trained.timings["startup"] = startup(started, trained.timings, trained.outcome)
+        return finish(settings, out_dir, trained, total)
+
+
+@dataclass
+class Job:
+    """Who trains: the run's directory, record and Ray Train name, its tracking, its sweep."""
+
+    out_dir: Path
+    record: runs.RunRecord
+    run_name: str
+    tracker: tracking.NoTracking
+    sweep_dir: str | None
+
+
+def train(settings: Settings, corpus, job: Job, timings: dict) -> Trained:
+    """The ETL (or its cache), then training, on the running Ray; the model into ``model/``;
+    seconds per phase into ``timings``."""
+    out_dir, record = job.out_dir, job.record
+    run_storage = settings.train.storage_path or str(out_dir / "ray_results")
+    store = Path(settings.data.cache_dir) if settings.data.cache else None
+    # the cluster's nodes are known now, before the ETL
+    preflight(settings.cluster, settings.train, store)
+    with prepared(settings, corpus, out_dir, to_ray=True, store=store) as data:
+        data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
+        write_json(out_dir / "manifest.json", data.manifest)
+        spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
+        record.resumed_from = resume_checkpoint(settings, spec, out_dir)
+        job.tracker.start(settings, job.run_name, record, data.manifest.get("etl_key"),
+                          job.sweep_dir)
+        keeper = runs.RecordKeeper(
+            record,
+            [str(out_dir / runs.RECORD), storage.join(run_storage, job.run_name, runs.RECORD)],
+            spec.s3,
+        )
+        with timed(timings, "train_s"), keeper.beating():
+            outcome = fit(
+                spec,
+                RunContext(job.run_name, resume_from=record.resumed_from),
+                {name: (data.sources[name], data.index[name]) for name in data.index},
+                Launch(out_dir, run_storage, settings.cluster.placement,
+                       on_metrics=job.tracker.log_row),
+            )
+            keeper.finish("diverged" if outcome.diverged else "finished")
+        if outcome.diverged is None:
+            storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"), spec.s3)
+        timings |= data.timings
+    return Trained(data, outcome, timings, storage.join(run_storage, job.run_name))
+
+
+def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
+    """Where the seconds before the first step (and after the last) went, phase by phase."""
+    phases = {"python_start_s": started["run"] - started["command"],
+              "ray_start_s": timings["ray_start_s"], "spark_start_s": timings.get("spark_start_s"),
+              "etl_s": timings["etl_s"]}
+    phases |= startup_phases(outcome.marks)
+    if "first_step" in outcome.marks:
+        phases["command_to_first_step_s"] = outcome.marks["first_step"] - started["command"]
+    return {k: v if v is None else round(v, 2) for k, v in phases.items()}
+
+
+def _export(checkpoint, directory: Path) -> None:
+    """The model of Ray Train's final ``checkpoint`` (local, or downloaded from S3) into
+    ``directory``."""
+    with checkpoint.as_directory() as d:
+        export_model_dir(Path(d), directory)
+
+
+def finish(settings: Settings, out_dir: Path, trained: Trained, total: Stopwatch) -> dict:
+    """After training: the sample, the plots, ``summary.json``, and the outputs copied beside the
+    checkpoints when ``train.storage_path`` is set. A diverged run gets no model and no sample, and
+    ends with one line."""
+    outcome, timings = trained.outcome, trained.timings
+    text, sizes = None, {}
+    if outcome.diverged is None:
+        model, tokenizer = load_model_dir(out_dir / "model")
+        sample = settings.sample
+        text = sample_text(model, tokenizer, sample.prompt, sample.max_new_tokens,
+                           sample.temperature, sample.top_k, settings.seed)
+        (out_dir / "samples.txt").write_text(text + "\n")
+        sizes = {"num_params": model.num_params(), "flops_per_token": model.flops_per_token()}
+    timings["total_s"] = total.seconds()
+    metrics_csv = out_dir / "metrics.csv"
+    rows = read_metrics(metrics_csv) if metrics_csv.exists() else []
+    if rows:
+        plot_loss(metrics_csv, out_dir / "loss.png")
+        plot_throughput(metrics_csv, out_dir / "throughput.png")
+    copied = settings.train.storage_path is not None
+    summary = write_summary(
+        out_dir / "summary.json",
+        rows,
+        status="diverged" if outcome.diverged else "finished",
+        **sizes,
+        resumed_from=outcome.resumed_from,
+        restarts=outcome.restarts,
+        diverged=outcome.diverged,
+        storage=trained.destination if copied else None,
+        **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
+        etl=trained.data.manifest | {"cache_hit": trained.data.cache_hit},
+        etl_stats={k: v for k, v in trained.data.stats.items() if k != "per_stage"},
+    )
+    if copied:  # the run's outputs beside its checkpoints, where the machine's disk may not last
+        copy_outputs(out_dir, trained.destination, S3Options.of(settings.s3))
+    if outcome.diverged:
+        raise RunFailure(divergence_line(outcome.diverged, out_dir))
+    log.info(
+        "done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): val loss %.4f → "
+        "%.4f; outputs in %s",
+        timings["total_s"],
+        timings["ray_start_s"],
+        timings.get("spark_start_s", 0.0),
+        timings["etl_s"],
+        timings["train_s"],
+        summary["first_val_loss"],
+        summary["final_val_loss"],
+        out_dir,
+    )
+    log.info("sample:\n%s", text)
+    return summary
+
+
+def divergence_line(diverged: dict, out_dir: Path) -> str:
+    last = diverged["last_checkpoint"]
+    if last:
+        where = (f"the last good checkpoint is {last['path']} (step {last['step']}): lower "
+                 "optim.lr or set optim.grad_clip, then continue from it with "
+                 f"train.resume={last['path']}")
+    else:
+        where = ("no checkpoint was taken before it: lower optim.lr or set optim.grad_clip and "
+                 "start again")
+    return (f"training diverged at step {diverged['step']} ({diverged['what']}); {where}; "
+            f"metrics in {out_dir}")
+
+
+def copy_outputs(out_dir: Path, destination: str, s3: S3Options) -> None:
+    """The run's outputs to ``destination`` (markers last); if that fails, they stay complete in
+    ``out_dir``."""
+    try:
+        storage.publish(out_dir, destination, s3)
+    except OSError as err:
+        raise RunFailure(
+            f"the run's outputs could not be copied to {destination} "
+            f"({str(err).splitlines()[0][:200]}); they are complete in {out_dir}: "
+            f"copy them with `aws s3 cp --recursive {out_dir} {destination}`"
+        ) from None
+    log.info("outputs copied to %s", destination)
