@@ -6,13 +6,18 @@ drops before encoding again.
 A document is placed by its tokens (the encoder reports where each document's tokens lie in each
 piece, ``etl.Encoder``): it is a validation document if any of its tokens falls in the validation
 split (a document across the boundary counts as validation). The n-grams are hashed to 64 bits in
-the executors and joined in Spark; the driver receives four counts.
+the executors; the validation side's are kept in Spark, and a Bloom filter of them (10 bits each,
+built in the executors) lets the training side's pass send Spark only the n-grams that may be
+among them, which a join then verifies. The driver receives counts and the filter's bits.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
+from pyspark import Broadcast
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -21,6 +26,9 @@ from raydp_llm.data.corpus import decode
 from raydp_llm.engines.spark import detached
 
 PLACED_SCHEMA = "src string, doc long, start long, end long, val boolean"
+GRAMS = "id long, gram long"
+# validation documents broadcast to every task of the n-gram pass; beyond, a shuffle join
+BROADCAST_DOCUMENTS = 2_000_000
 
 
 def placements(encoded: DataFrame, placed: dict, segments_of) -> DataFrame:
@@ -54,32 +62,65 @@ def placements(encoded: DataFrame, placed: dict, segments_of) -> DataFrame:
 class LineGrams:
     """The executors' pass (``mapInArrow``) over the lines to encode, in file order: each
     document's word ``n``-grams, a row each (``id, gram``), the words of a document's lines joined
-    (an n-gram may cross lines) without ever holding a whole document: a line's grams take the
-    ``n - 1`` word hashes before it. (A document that goes on in the next input split loses the
-    n-grams across that split's start: at most ``n - 1``.)"""
+    (an n-gram may cross lines) without ever holding a whole document: a batch's words are hashed
+    together, and the last ``n - 1`` word hashes carried into the next batch. (A document that
+    goes on in the next input split loses the n-grams across that split's start: at most
+    ``n - 1``.) With ``keep`` (a Bloom filter), only the n-grams it may hold are written: the
+    training side's candidates."""
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, n: int, keep: Broadcast | None = None):
+        self.n, self.keep = n, keep
 
     def __call__(self, batches):
-        key, carry = None, np.empty(0, np.uint64)
+        carry = Words(np.empty(0, np.uint64), np.empty(0, np.int64))
+        keep = self.keep.value if self.keep is not None else None
         for batch in batches:
-            ids, grams = [], []
-            columns = (batch.column(c).to_pylist() for c in ("src", "block", "doc", "id", "raw"))
-            for src, block, doc, doc_id, raw in zip(*columns):
-                if doc < 0 or not raw:
-                    continue
-                if (src, block, doc) != key:
-                    key, carry = (src, block, doc), np.empty(0, np.uint64)
-                hashes = np.concatenate([carry, curation.word_hashes(decode(raw)[0])])
-                g = curation.rolling(hashes, self.n)
-                carry = hashes[len(hashes) - (self.n - 1):] if self.n > 1 else carry
-                ids.append(np.full(len(g), doc_id, np.int64))
-                grams.append(g.view(np.int64))
-            if ids:
+            words = carry.then(Words.of(batch))
+            grams, ids = words.grams(self.n)
+            if keep is not None and grams.size:
+                maybe = keep.may_hold(grams)
+                grams, ids = grams[maybe], ids[maybe]
+            carry = words.tail(self.n - 1)
+            if grams.size:
                 yield pa.RecordBatch.from_arrays(
-                    [pa.array(np.concatenate(ids)), pa.array(np.concatenate(grams))],
-                    names=["id", "gram"])
+                    [pa.array(ids), pa.array(grams.view(np.int64))], names=["id", "gram"])
+
+
+@dataclass(frozen=True)
+class Words:
+    """A run of words in file order: each word's hash and its document's ``id`` (a document's
+    words are consecutive)."""
+
+    hashes: np.ndarray  # uint64
+    ids: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> Words:
+        """The words of a batch's lines (``doc, id, raw``)."""
+        words, ids = [], []
+        columns = (batch.column(c).to_pylist() for c in ("doc", "id", "raw"))
+        for doc, doc_id, raw in zip(*columns):
+            if doc >= 0 and raw:
+                line = curation.words_of(decode(raw)[0])
+                words += line
+                ids += [doc_id] * len(line)
+        return cls(curation.words_hashed(words), np.array(ids, np.int64))
+
+    def then(self, other: Words) -> Words:
+        return Words(np.concatenate([self.hashes, other.hashes]),
+                     np.concatenate([self.ids, other.ids]))
+
+    def grams(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The hash and document id of every ``n`` consecutive words of one document."""
+        grams = curation.rolling(self.hashes, n)
+        starts = self.ids[: grams.size]
+        within = starts == self.ids[n - 1:][: grams.size]
+        return grams[within], starts[within]
+
+    def tail(self, k: int) -> Words:
+        """The last ``k`` words (the next batch's n-grams may start in them)."""
+        return Words(self.hashes[max(0, len(self.hashes) - k):],
+                     self.ids[max(0, len(self.ids) - k):])
 
 
 def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
@@ -90,33 +131,60 @@ def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
     bytes``; ``placed``: ``placements``."""
     doc_id = F.xxhash64("src", "doc")
     splits = placed.select("src", "doc", "val")
-    # each line knows its document's split; a shuffle join moves a document's lines together, and
-    # the sort puts them back in order (the n-grams cross lines)
-    lines = lines.join(splits, ["src", "doc"]).sortWithinPartitions("src", "block", "line")
-    lines = detached(lines.select("src", "block", "doc", "val", doc_id.alias("id"), "raw"))
-
-    def grams(val: bool) -> DataFrame:
-        return lines.where(F.col("val") == val).mapInArrow(LineGrams(n), "id long, gram long")
-
-    # the validation side is the small one: its n-grams are kept, the training side's streamed
-    # past them (a broadcast join while they fit spark.sql.adaptive.autoBroadcastJoinThreshold)
-    val_grams = detached(grams(True).distinct())
-    hits = detached(grams(False).join(val_grams.select("gram").distinct(), "gram",
-                                      "left_semi").distinct())
+    documents_by_split = {r.val: r["count"] for r in splits.groupBy("val").count().collect()}
+    lines = with_split(lines, splits.where("val").select("src", "doc"),
+                       documents_by_split.get(True, 0))
+    lines = lines.select("doc", "val", doc_id.alias("id"), "raw")
+    # the validation side is the small one: its n-grams are kept, and a Bloom filter of them
+    # lets the training side's pass write only the few n-grams that may be among them
+    val_grams = detached(lines.where("val").mapInArrow(LineGrams(n), GRAMS).distinct())
+    items = val_grams.count()
+    keep = lines.sparkSession.sparkContext.broadcast(bloom_of(val_grams, items))
+    candidates = lines.where(~F.col("val")).mapInArrow(LineGrams(n, keep), GRAMS)
+    hits = detached(candidates.join(val_grams.select("gram").distinct(), "gram",
+                                    "left_semi").distinct())
     val_hit = val_grams.join(hits.select("gram").distinct(), "gram", "left_semi")
     hits_by_split = {True: val_hit.select("id").distinct().count(),
                      False: hits.select("id").distinct().count()}
     # only read by data.decontaminate=remove
     overlapping = documents.withColumn("id", doc_id).join(
         hits.select("id"), "id", "left_semi").select("src", "doc", "bytes")
-    documents_by_split = {r.val: r["count"] for r in splits.groupBy("val").count().collect()}
     val_grams.unpersist()
-    lines.unpersist()
+    keep.unpersist()
     report = {
         "ngram": n,
         "val_documents": documents_by_split.get(True, 0),
-        "val_documents_overlapping": hits_by_split.get(True, 0),
+        "val_documents_overlapping": hits_by_split[True],
         "train_documents": documents_by_split.get(False, 0),
-        "train_documents_overlapping": hits_by_split.get(False, 0),
+        "train_documents_overlapping": hits_by_split[False],
+        "val_ngrams": items,
     }
     return report, overlapping
+
+
+def with_split(lines: DataFrame, val_docs: DataFrame, count: int) -> DataFrame:
+    """``lines`` with ``val``: whether their document is a validation one, in file order."""
+    flagged = val_docs.withColumn("val", F.lit(True))
+    if count <= BROADCAST_DOCUMENTS:  # a broadcast join streams the lines in their order
+        joined = lines.join(F.broadcast(flagged), ["src", "doc"], "left")
+    else:  # a shuffle moves a document's lines together, the sort puts them back in order
+        joined = lines.join(flagged, ["src", "doc"], "left").sortWithinPartitions(
+            "src", "block", "line")
+    return joined.withColumn("val", F.coalesce("val", F.lit(False)))
+
+
+def bloom_of(grams: DataFrame, items: int) -> curation.Bloom:
+    """The Bloom filter of ``grams``' n-grams (``items`` of them at most): each partition's built
+    in its executor, and OR-ed on the driver one at a time (10 bits per n-gram)."""
+
+    def part(batches):
+        bloom = curation.Bloom.empty(items)
+        for batch in batches:
+            bloom.add(batch.column("gram").to_numpy().view(np.uint64))
+        yield pa.RecordBatch.from_arrays([pa.array([bloom.bits.tobytes()], pa.binary())],
+                                         names=["bits"])
+
+    merged = curation.Bloom.empty(items)
+    for row in grams.select("gram").mapInArrow(part, "bits binary").toLocalIterator():
+        merged = merged.union(curation.Bloom(np.frombuffer(row.bits, np.uint8)))
+    return merged

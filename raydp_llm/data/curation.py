@@ -209,9 +209,19 @@ def ngrams(text: str, n: int) -> np.ndarray:
 
 def word_hashes(text: str) -> np.ndarray:
     """A 64-bit hash of each word of ``text`` (lower case, ``\\w+``), in order."""
-    words = [w.encode("utf-8", "surrogatepass") for w in _WORDS.findall(text.casefold())]
-    return np.fromiter(((zlib.crc32(w) << 32) | zlib.crc32(w, 0x9E3779B9) for w in words),
-                       np.uint64, len(words))
+    return words_hashed(words_of(text))
+
+
+def words_of(text: str) -> list[str]:
+    """The words the n-grams are made of: lower case, ``\\w+``."""
+    return _WORDS.findall(text.casefold())
+
+
+def words_hashed(words: list[str]) -> np.ndarray:
+    """A 64-bit hash of each word, in order."""
+    encoded = [w.encode("utf-8", "surrogatepass") for w in words]
+    return np.fromiter(((zlib.crc32(w) << 32) | zlib.crc32(w, 0x9E3779B9) for w in encoded),
+                       np.uint64, len(encoded))
 
 
 def rolling(hashes: np.ndarray, n: int) -> np.ndarray:
@@ -224,3 +234,48 @@ def rolling(hashes: np.ndarray, n: int) -> np.ndarray:
         for i in range(n):
             grams = grams * _GRAM_BASE + hashes[i:len(hashes) - n + 1 + i]
     return grams
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: every output bit depends on every input bit."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+@dataclass
+class Bloom:
+    """A Bloom filter of 64-bit hashes (Bloom 1970): ``bits`` bits, ``hashes`` probes each (double
+    hashing, Kirsch and Mitzenmacher 2006). ``may_hold`` never misses an added value and answers
+    yes for a value never added with probability about ``(1 - e^(-hashes*n/bits))^hashes``:
+    0.8% at 10 bits and 7 probes per value."""
+
+    bits: np.ndarray  # uint8, bits // 8 bytes
+    hashes: int = 7
+
+    @classmethod
+    def empty(cls, items: int, bits_per_item: int = 10, hashes: int = 7) -> Bloom:
+        return cls(np.zeros(max(8, (items * bits_per_item + 7) // 8), np.uint8), hashes)
+
+    def _probes(self, values: np.ndarray) -> np.ndarray:
+        """values × hashes bit positions."""
+        mixed = _mix(values.astype(np.uint64))
+        low, high = mixed & np.uint64(0xFFFFFFFF), (mixed >> np.uint64(32)) | np.uint64(1)
+        steps = np.arange(self.hashes, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            return (low[:, None] + steps * high[:, None]) % np.uint64(self.bits.size * 8)
+
+    def add(self, values: np.ndarray) -> None:
+        probes = self._probes(values).ravel()
+        np.bitwise_or.at(self.bits, probes >> np.uint64(3),
+                         np.left_shift(1, probes & np.uint64(7)).astype(np.uint8))
+
+    def may_hold(self, values: np.ndarray) -> np.ndarray:
+        """A bool per value: False = certainly never added."""
+        probes = self._probes(values)
+        found = (self.bits[probes >> np.uint64(3)] >> (probes & np.uint64(7)).astype(np.uint8)) & 1
+        return found.all(axis=1)
+
+    def union(self, other: Bloom) -> Bloom:
+        return Bloom(self.bits | other.bits, self.hashes)

@@ -54,6 +54,7 @@ from raydp_llm.data.corpus import Corpus, decode, hadoop_literal, read_head, utf
 from raydp_llm.data.stream import CHUNK_SCHEMA as CHUNK_ARROW
 from raydp_llm.data.stream import BlockChunks, ChunkIndex
 from raydp_llm.engines import raydp_fixes
+from raydp_llm.engines.spark import detached
 
 log = logging.getLogger(__name__)
 
@@ -593,22 +594,24 @@ def run_etl(spark: SparkSession, plan: EtlPlan,
     )
     encoding = Encoding(tokenizer, document_split, data, plan.seed)
     encoded, stream = phases.run("encode", lambda: encoding.run(curated.lines))
+    placed = encoding.placements(encoded, stream)
     if checks_contamination(data):
         found, overlapping = phases.run(
             "contamination", lambda: contamination.check(
-                curated.lines, curated.documents, encoding.placements(encoded, stream),
-                data.decontaminate_ngram))
+                curated.lines, curated.documents, placed, data.decontaminate_ngram))
         curated.report["contamination"] = found | {"action": data.decontaminate}
         if data.decontaminate == "remove" and found["train_documents_overlapping"]:
             curated.drop("decontaminate", overlapping, "contamination")
             encoded.unpersist()
+            placed.unpersist()
             encoded, stream = phases.run("encode again", lambda: encoding.run(curated.lines))
+            placed = encoding.placements(encoded, stream)
     chunks = {name: cut_chunks(encoded, stream, name) for name in windows.SPLITS}
     manifest = build_manifest(plan.corpus, files, skipped, stream, tokenizer) | {
         "document_split": document_split, "curation": curated.report}
     return EtlOutput(chunks=chunks, index=stream.index, encoded=encoded, tokenizer=tokenizer,
                      manifest=manifest, phase_s=phases.seconds,
-                     documents=encoding.placements(encoded, stream), removed=curated.removed,
+                     documents=placed, removed=curated.removed,
                      removed_sample=curated.sample())
 
 
@@ -635,7 +638,8 @@ class Encoding:
 
     @staticmethod
     def placements(encoded: DataFrame, stream: Stream) -> DataFrame:
-        return contamination.placements(encoded, stream.placed, stream.segments_of)
+        """Each document's place in the stream (cached: the check and the ETL output read it)."""
+        return detached(contamination.placements(encoded, stream.placed, stream.segments_of))
 
 
 def read_and_scan(spark: SparkSession,

@@ -91,3 +91,48 @@ def test_word_ngrams_are_hashed_alike_everywhere_and_ignore_case_and_punctuation
     assert np.array_equal(ngrams(text.upper() + "  OF!", 13), ngrams(text + " of", 13))
     assert ngrams("a b c a b c a b", 3).size == 3  # distinct: abc, bca, cab
     assert not set(ngrams(text + " of", 13)) & set(ngrams(text + " off", 13))
+
+
+def _line_batches(docs: list[list[str]], cut: int) -> list:
+    """The lines of ``docs`` (document ``i`` has id ``100 + i``) as Arrow batches, a blank line
+    (``doc = -1``) between documents, cut into two batches after ``cut`` rows."""
+    import pyarrow as pa
+
+    rows = []
+    for i, lines in enumerate(docs):
+        rows += [(i, 100 + i, line.encode()) for line in lines] + [(-1, 0, b"")]
+    doc, ids, raw = zip(*rows)
+    batch = pa.RecordBatch.from_pydict({"doc": list(doc), "id": list(ids), "raw": list(raw)})
+    return [batch.slice(0, cut), batch.slice(cut)]
+
+
+def test_the_ngram_pass_joins_a_documents_lines_across_batches_and_never_two_documents():
+    from raydp_llm.data.contamination import LineGrams
+    from raydp_llm.data.curation import ngrams
+
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(40)]
+    docs = [[" ".join(rng.choices(vocab, k=rng.randint(0, 6))) for _ in range(rng.randint(1, 9))]
+            for _ in range(12)]
+    expected = {(100 + i, int(g)) for i, lines in enumerate(docs)
+                for g in ngrams(" ".join(lines), 3).view(np.int64)}
+    total = sum(len(lines) + 1 for lines in docs)
+    for cut in (0, 1, 7, total // 2, total - 1):
+        out = [b for b in LineGrams(3)(_line_batches(docs, cut))]
+        got = {(i, g) for b in out for i, g in zip(b.column("id").to_pylist(),
+                                                   b.column("gram").to_pylist())}
+        assert got == expected, cut
+
+
+def test_a_bloom_filter_holds_what_was_added_and_little_else():
+    from raydp_llm.data.curation import Bloom
+
+    rng = np.random.default_rng(0)
+    added = rng.integers(0, 2**63, 50_000).astype(np.uint64)
+    first, second = Bloom.empty(added.size), Bloom.empty(added.size)
+    first.add(added[:25_000])
+    second.add(added[25_000:])
+    bloom = first.union(second)  # as the driver merges the executors' filters
+    assert bloom.may_hold(added).all()
+    others = np.arange(1, 200_001, dtype=np.uint64)  # consecutive values: hashing must mix them
+    assert bloom.may_hold(others).mean() < 0.015  # 10 bits and 7 probes per value: 0.8%
