@@ -40,7 +40,8 @@ def cli_errors(main):
                 log.error("error: %s", err)
             else:  # the traceback goes to the log file only
                 log_file = _traceback_to_log_file()
-                first = next((line for line in str(err).splitlines() if line.strip()), "")[:300]
+                first = next((line for line in _message(err).splitlines() if line.strip()), "")
+                first = first[:300]
                 log.error(
                     "error: %s: %s%s",
                     type(err).__name__,
@@ -53,6 +54,15 @@ def cli_errors(main):
             sys.exit(130)
 
     return wrapper
+
+
+def _message(err: BaseException) -> str:
+    """``str(err)``; for a PySpark error once Spark has stopped (its ``str`` asks the JVM, which is
+    gone), the message it was made with."""
+    try:
+        return str(err)
+    except Exception:
+        return str(getattr(err, "desc", None) or "(no message: see the log file)")
 
 
 def _in_sweep() -> bool:

@@ -26,6 +26,8 @@ from raydp_llm.data.corpus import decode
 from raydp_llm.engines.spark import detached
 
 PLACED_SCHEMA = "src string, doc long, start long, end long, val boolean"
+PLACED_ARROW = pa.schema([("src", pa.string()), ("doc", pa.int64()), ("start", pa.int64()),
+                          ("end", pa.int64()), ("val", pa.bool_())])
 GRAMS = "id long, gram long"
 # validation documents broadcast to every task of the n-gram pass; beyond, a shuffle join
 BROADCAST_DOCUMENTS = 2_000_000
@@ -51,7 +53,7 @@ def placements(encoded: DataFrame, placed: dict, segments_of) -> DataFrame:
                     out["start"].append(lo)
                     out["end"].append(hi)
                     out["val"].append(any(s[0] == "val" for s in segments_of(lo, hi)))
-            yield pa.RecordBatch.from_pydict(out)
+            yield pa.RecordBatch.from_pydict(out, schema=PLACED_ARROW)
 
     pieces = encoded.select("src", "block", "part", "doc", "doc_start", "doc_end")
     return pieces.mapInArrow(place, PLACED_SCHEMA).groupBy("src", "doc").agg(

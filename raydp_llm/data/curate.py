@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 DOC_SCHEMA = ("src string, doc long, bytes long, exact binary, signature binary, "
               "bands array<binary>, rule string")
+# the same in Arrow: a batch whose column is all None must not get Arrow's null type
+DOC_ARROW = pa.schema([("src", pa.string()), ("doc", pa.int64()), ("bytes", pa.int64()),
+                       ("exact", pa.binary()), ("signature", pa.binary()),
+                       ("bands", pa.list_(pa.binary())), ("rule", pa.string())])
 MAX_ROUNDS = 30  # label propagation rounds; clusters are near-stars, they settle in 2-3
 
 
@@ -109,7 +113,7 @@ class Measure:
                 out["signature"].append(None if signature is None else signature.tobytes())
                 out["bands"].append(None if signature is None else self.banding.keys(signature))
                 out["rule"].append(self.failed_rule(text))
-            yield pa.RecordBatch.from_pydict(out)
+            yield pa.RecordBatch.from_pydict(out, schema=DOC_ARROW)
 
     def failed_rule(self, text: str) -> str | None:
         """The first active filter ``text`` fails, or None."""

@@ -136,3 +136,23 @@ def test_a_bloom_filter_holds_what_was_added_and_little_else():
     assert bloom.may_hold(added).all()
     others = np.arange(1, 200_001, dtype=np.uint64)  # consecutive values: hashing must mix them
     assert bloom.may_hold(others).mean() < 0.015  # 10 bits and 7 probes per value: 0.8%
+
+
+def test_the_measure_pass_writes_one_schema_whatever_a_batch_holds():
+    """A batch where no document fails a filter has no rule at all: its column must still be text
+    (a 100 MB ETL failed on "record batch with different schema")."""
+    import pyarrow as pa
+
+    from conftest import make_config
+    from raydp_llm.data.curate import Measure
+
+    measure = Measure.of(make_config("data.filters.min_words=3", "data.dedup=near").data, 0)
+
+    def batch(text: bytes) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({"src": ["a"], "doc": [0],
+                                           "lines": [[{"line": 0, "raw": text}]]})
+
+    passing, failing = measure([batch(b"three whole words"), batch(b"two words")])
+    assert passing.column("rule").to_pylist() == [None]
+    assert failing.column("rule").to_pylist() == ["min_words"]
+    assert passing.schema == failing.schema
