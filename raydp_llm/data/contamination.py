@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import Broadcast
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from raydp_llm.data import curation
-from raydp_llm.data.corpus import decode
 from raydp_llm.engines.spark import detached
 
 PLACED_SCHEMA = "src string, doc long, start long, end long, val boolean"
@@ -98,15 +98,18 @@ class Words:
 
     @classmethod
     def of(cls, batch: pa.RecordBatch) -> Words:
-        """The words of a batch's lines (``doc, id, raw``)."""
-        words, ids = [], []
-        columns = (batch.column(c).to_pylist() for c in ("doc", "id", "raw"))
-        for doc, doc_id, raw in zip(*columns):
-            if doc >= 0 and raw:
-                line = curation.words_of(decode(raw)[0])
-                words += line
-                ids += [doc_id] * len(line)
-        return cls(curation.words_hashed(words), np.array(ids, np.int64))
+        """The words of a batch's lines (``doc, id, raw``), hashed together (``byte_words``); a
+        newline between lines, so no word spans two."""
+        keep = pc.and_(pc.greater_equal(batch.column("doc"), 0),
+                       pc.greater(pc.binary_length(batch.column("raw")), 0))
+        raw = batch.column("raw").filter(keep).to_pylist()
+        if not raw:
+            return cls(np.empty(0, np.uint64), np.empty(0, np.int64))
+        hashes, starts = curation.byte_words(b"\n".join(raw))
+        line_starts = np.cumsum([0] + [len(r) + 1 for r in raw[:-1]])
+        lines = np.searchsorted(line_starts, starts, side="right") - 1
+        ids = batch.column("id").filter(keep).to_numpy()
+        return cls(hashes, ids[lines])
 
     def then(self, other: Words) -> Words:
         return Words(np.concatenate([self.hashes, other.hashes]),
@@ -136,7 +139,8 @@ def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
     documents_by_split = {r.val: r["count"] for r in splits.groupBy("val").count().collect()}
     lines = with_split(lines, splits.where("val").select("src", "doc"),
                        documents_by_split.get(True, 0))
-    lines = lines.select("doc", "val", doc_id.alias("id"), "raw")
+    # read once for both passes (a file read and its document keys cost more than the cache)
+    lines = detached(lines.select("doc", "val", doc_id.alias("id"), "raw"))
     # the validation side is the small one: its n-grams are kept, and a Bloom filter of them
     # lets the training side's pass write only the few n-grams that may be among them
     val_grams = detached(lines.where("val").mapInArrow(LineGrams(n), GRAMS).distinct())
@@ -152,6 +156,7 @@ def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
     overlapping = documents.withColumn("id", doc_id).join(
         hits.select("id"), "id", "left_semi").select("src", "doc", "bytes")
     val_grams.unpersist()
+    lines.unpersist()
     keep.unpersist()
     report = {
         "ngram": n,
@@ -177,7 +182,8 @@ def with_split(lines: DataFrame, val_docs: DataFrame, count: int) -> DataFrame:
 
 def bloom_of(grams: DataFrame, items: int) -> curation.Bloom:
     """The Bloom filter of ``grams``' n-grams (``items`` of them at most): each partition's built
-    in its executor, and OR-ed on the driver one at a time (10 bits per n-gram)."""
+    in its executor, OR-ed in the executors (``treeReduce``); the driver gets one (10 bits per
+    n-gram)."""
 
     def part(batches):
         bloom = curation.Bloom.empty(items)
@@ -186,7 +192,12 @@ def bloom_of(grams: DataFrame, items: int) -> curation.Bloom:
         yield pa.RecordBatch.from_arrays([pa.array([bloom.bits.tobytes()], pa.binary())],
                                          names=["bits"])
 
-    merged = curation.Bloom.empty(items)
-    for row in grams.select("gram").mapInArrow(part, "bits binary").toLocalIterator():
-        merged = merged.union(curation.Bloom(np.frombuffer(row.bits, np.uint8)))
-    return merged
+    # a filter per partition: as many as the executors' cores, not one per shuffle partition
+    parallel = grams.sparkSession.sparkContext.defaultParallelism
+    parts = grams.select("gram").coalesce(parallel).mapInArrow(part, "bits binary").rdd.map(
+        lambda row: row.bits)
+    return curation.Bloom(np.frombuffer(parts.treeReduce(_or), np.uint8).copy())
+
+
+def _or(a: bytes, b: bytes) -> bytes:
+    return (np.frombuffer(a, np.uint8) | np.frombuffer(b, np.uint8)).tobytes()

@@ -201,27 +201,9 @@ _GRAM_BASE = np.uint64(1099511628211)  # FNV's 64-bit prime: the n-gram hash's p
 
 
 def ngrams(text: str, n: int) -> np.ndarray:
-    """The distinct word ``n``-grams of a text (words lower case, ``\\w+``: punctuation and white
-    space ignored, as GPT-3's check normalized them) as 64-bit hashes; none when it has fewer than
-    ``n`` words."""
-    return np.unique(rolling(word_hashes(text), n))
-
-
-def word_hashes(text: str) -> np.ndarray:
-    """A 64-bit hash of each word of ``text`` (lower case, ``\\w+``), in order."""
-    return words_hashed(words_of(text))
-
-
-def words_of(text: str) -> list[str]:
-    """The words the n-grams are made of: lower case, ``\\w+``."""
-    return _WORDS.findall(text.casefold())
-
-
-def words_hashed(words: list[str]) -> np.ndarray:
-    """A 64-bit hash of each word, in order."""
-    encoded = [w.encode("utf-8", "surrogatepass") for w in words]
-    return np.fromiter(((zlib.crc32(w) << 32) | zlib.crc32(w, 0x9E3779B9) for w in encoded),
-                       np.uint64, len(encoded))
+    """The distinct word ``n``-grams of a text (``byte_words``: case and punctuation ignored, as
+    GPT-3's check normalized them) as 64-bit hashes; none when it has fewer than ``n`` words."""
+    return np.unique(rolling(byte_words(text.encode("utf-8", "surrogatepass"))[0], n))
 
 
 def rolling(hashes: np.ndarray, n: int) -> np.ndarray:
@@ -234,6 +216,34 @@ def rolling(hashes: np.ndarray, n: int) -> np.ndarray:
         for i in range(n):
             grams = grams * _GRAM_BASE + hashes[i:len(hashes) - n + 1 + i]
     return grams
+
+
+_BYTE_BASE = np.uint64(0x100000001B3)  # the word hash's polynomial base (odd: invertible)
+_BYTE_BASE_INVERSE = np.uint64(pow(0x100000001B3, -1, 1 << 64))
+# the bytes of words: ASCII letters, digits, underscore, and every byte of a non-ASCII character
+_WORD_BYTE = np.array([chr(b).isalnum() or b == ord("_") or b >= 0x80 for b in range(256)])
+
+
+def byte_words(text: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The words of UTF-8 ``text`` with ASCII letters lower-cased, vectorised: runs of word bytes
+    (ASCII letters, digits, ``_``, any non-ASCII character). Returns each word's 64-bit hash and
+    its start, in order. A polynomial hash of the bytes from prefix sums (``H[i] = P^i ·
+    Σ_{j<i} b_j P^-j`` modulo 2^64), then mixed: about 20 ns a byte, where hashing word by word in
+    Python costs a microsecond a word."""
+    data = np.frombuffer(text.lower(), np.uint8)
+    edges = np.diff(np.concatenate([[False], _WORD_BYTE[data], [False]]).astype(np.int8))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if not starts.size:
+        return np.empty(0, np.uint64), starts
+    with np.errstate(over="ignore"):  # arithmetic modulo 2^64
+        powers = np.cumprod(np.full(data.size + 1, _BYTE_BASE, np.uint64))
+        powers[1:], powers[0] = powers[:-1], np.uint64(1)  # P^0 .. P^n
+        inverse = np.cumprod(np.full(data.size, _BYTE_BASE_INVERSE, np.uint64))
+        inverse[1:], inverse[0] = inverse[:-1], np.uint64(1)  # P^-0 .. P^-(n-1)
+        sums = np.concatenate([[np.uint64(0)], np.cumsum(data.astype(np.uint64) * inverse)])
+        # Σ_{start<=j<end} b_j P^(end-1-j) = P^(end-1) · (S[end] - S[start])
+        hashes = powers[ends - 1] * (sums[ends] - sums[starts]) + np.uint64(ends - starts)
+    return _mix(hashes), starts
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
