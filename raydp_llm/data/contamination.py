@@ -195,9 +195,5 @@ def bloom_of(grams: DataFrame, items: int) -> curation.Bloom:
     # a filter per partition: as many as the executors' cores, not one per shuffle partition
     parallel = grams.sparkSession.sparkContext.defaultParallelism
     parts = grams.select("gram").coalesce(parallel).mapInArrow(part, "bits binary").rdd.map(
-        lambda row: row.bits)
-    return curation.Bloom(np.frombuffer(parts.treeReduce(_or), np.uint8).copy())
-
-
-def _or(a: bytes, b: bytes) -> bytes:
-    return (np.frombuffer(a, np.uint8) | np.frombuffer(b, np.uint8)).tobytes()
+        lambda row: curation.Bloom(np.frombuffer(row.bits, np.uint8)))
+    return parts.treeReduce(curation.Bloom.union)

@@ -132,7 +132,7 @@ def test_a_bloom_filter_holds_what_was_added_and_little_else():
     first, second = Bloom.empty(added.size), Bloom.empty(added.size)
     first.add(added[:25_000])
     second.add(added[25_000:])
-    bloom = first.union(second)  # as the driver merges the executors' filters
+    bloom = first.union(second)  # as the executors merge their partitions' filters
     assert bloom.may_hold(added).all()
     others = np.arange(1, 200_001, dtype=np.uint64)  # consecutive values: hashing must mix them
     assert bloom.may_hold(others).mean() < 0.015  # 10 bits and 7 probes per value: 0.8%
