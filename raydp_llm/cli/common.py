@@ -40,7 +40,8 @@ def cli_errors(main):
                 log.error("error: %s", err)
             else:  # the traceback goes to the log file only
                 log_file = _traceback_to_log_file()
-                first = next((line for line in _message(err).splitlines() if line.strip()), "")
+                first = _known_cause(err) or next(
+                    (line for line in _message(err).splitlines() if line.strip()), "")
                 first = first[:300]
                 log.error(
                     "error: %s: %s%s",
@@ -63,6 +64,21 @@ def _message(err: BaseException) -> str:
         return str(err)
     except Exception:
         return str(getattr(err, "desc", None) or "(no message: see the log file)")
+
+
+# Engine errors whose own first line does not say what to do (keyed by the exception's class name,
+# which Ray wraps: "RayTaskError(OutOfDiskError)").
+KNOWN_CAUSES = {
+    "OutOfDiskError": "the object store is full and Ray spills to local disk only while the disk "
+                      "is under its threshold (95% full by default): free disk space (Ray's temp "
+                      "dir, /tmp/ray), set RAY_local_fs_capacity_threshold=0.99, or hand over "
+                      "through the ETL cache (data.cache=true)",
+}
+
+
+def _known_cause(err: BaseException) -> str | None:
+    name = type(err).__name__
+    return next((cause for key, cause in KNOWN_CAUSES.items() if key in name), None)
 
 
 def _in_sweep() -> bool:

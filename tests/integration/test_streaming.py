@@ -5,6 +5,7 @@ fetches (restores) only the blocks of its own chunks."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,6 +14,9 @@ import pytest
 pytestmark = pytest.mark.integration
 
 OBJECT_STORE_MB = 80  # Ray's minimum is 75 MiB
+# Ray refuses to spill once its disk is 95% full (OutOfDiskError), and CI machines' disks have been
+# that full with gigabytes left: the test spills ~100 MB, so only a really full disk may stop it.
+SPILL_ON_A_FULL_DISK = os.environ | {"RAY_local_fs_capacity_threshold": "1"}
 
 
 def test_training_on_a_dataset_twice_the_object_store(shakespeare, tmp_path):
@@ -27,7 +31,7 @@ def test_training_on_a_dataset_twice_the_object_store(shakespeare, tmp_path):
          "data.max_files=null", "data.cache=false", f"cluster.object_store_mb={OBJECT_STORE_MB}",
          "train.max_steps=20", "train.eval_interval=20", "train.eval_batches=2",
          "sample.max_new_tokens=5", f"hydra.run.dir={run}"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=SPILL_ON_A_FULL_DISK)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     stored = summary["etl"]["token_bytes_stored"]

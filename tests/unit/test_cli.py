@@ -248,3 +248,20 @@ def test_a_one_line_error_is_one_line_and_exit_1(error, caplog):
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
         f"error: {error}"
     ]
+
+
+def test_ray_out_of_disk_says_what_to_do(caplog):
+    """Ray refuses to spill once the disk is 95% full; its own first line names a Ray task."""
+    import ray.exceptions
+
+    @cli_errors
+    def main():
+        cause = ray.exceptions.OutOfDiskError("ray::get_table_block_metadata_schema() failed")
+        raise ray.exceptions.RayTaskError("f", "traceback", cause).as_instanceof_cause()
+
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 1
+    [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert error.startswith("error: RayTaskError(OutOfDiskError): the object store is full")
+    assert "RAY_local_fs_capacity_threshold=0.99" in error and "data.cache=true" in error
