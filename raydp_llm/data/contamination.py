@@ -6,9 +6,12 @@ drops before encoding again.
 A document is placed by its tokens (the encoder reports where each document's tokens lie in each
 piece, ``etl.Encoder``): it is a validation document if any of its tokens falls in the validation
 split (a document across the boundary counts as validation). The n-grams are hashed to 64 bits in
-the executors; the validation side's are kept in Spark, and a Bloom filter of them (10 bits each,
-built in the executors) lets the training side's pass send Spark only the n-grams that may be
-among them, which a join then verifies. The driver receives counts and the filter's bits.
+the executors. A small validation split (``SMALL_VALIDATION_TOKENS``, the usual case: 10% of a
+10 MB corpus) is checked exactly in two passes over the lines: its n-grams are collected to the
+driver (16 MB at most), and the training side's pass returns only those it holds. A larger one's
+n-grams stay in Spark, and a Bloom filter of them (10 bits each, built in the executors) lets the
+training side's pass send Spark only the n-grams that may be among them, which a join verifies;
+the driver receives counts and the filter's bits.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ PLACED_ARROW = pa.schema([("src", pa.string()), ("doc", pa.int64()), ("start", p
 GRAMS = "id long, gram long"
 # validation documents broadcast to every task of the n-gram pass; beyond, a shuffle join
 BROADCAST_DOCUMENTS = 2_000_000
+# a validation split of at most this many tokens has at most as many word n-grams (a word is at
+# least one token): they are collected to the driver (16 bytes each, 16 MB at most) and the check
+# is two passes over the lines (4 Spark jobs); beyond, the Bloom filter and joins (about 10)
+SMALL_VALIDATION_TOKENS = 1_000_000
+HITS = "id binary, seen binary"
 
 
 def placements(encoded: DataFrame, placed: dict, segments_of) -> DataFrame:
@@ -88,6 +96,79 @@ class LineGrams:
                     [pa.array(ids), pa.array(grams.view(np.int64))], names=["id", "gram"])
 
 
+class SideGrams:
+    """``LineGrams`` over one side's lines (``doc, id, raw``), told apart by ``val_ids`` (the
+    validation documents' ids, sorted)."""
+
+    def __init__(self, n: int, val_ids: Broadcast, val: bool, keep: Broadcast | None = None):
+        self.grams, self.val_ids, self.val = LineGrams(n, keep), val_ids, val
+
+    def __call__(self, batches):
+        val_ids = self.val_ids.value
+
+        def side():
+            for batch in batches:
+                ids = batch.column("id").to_numpy()
+                yield batch.filter(pa.array(np.isin(ids, val_ids) == self.val))
+
+        yield from self.grams(side())
+
+
+class TrainHits:
+    """The training side's pass of the exact check: a row per partition, the ids of its documents
+    that share an n-gram with the validation side (``id``, packed) and which of the validation
+    n-grams (``keep``: a ``GramSet``) it holds (``seen``, a bit each): bounded by the documents and
+    the validation split, however often the same text repeats."""
+
+    def __init__(self, n: int, val_ids: Broadcast, keep: Broadcast):
+        self.grams, self.keep = SideGrams(n, val_ids, False, keep), keep
+
+    def __call__(self, batches):
+        known = self.keep.value.sorted
+        seen, ids = np.zeros(known.size, bool), [np.empty(0, np.int64)]
+        for hits in self.grams(batches):
+            ids.append(np.unique(hits.column("id").to_numpy()))
+            seen[np.searchsorted(known, hits.column("gram").to_numpy())] = True
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([np.unique(np.concatenate(ids)).tobytes()]),
+             pa.array([np.packbits(seen).tobytes()])], names=["id", "seen"])
+
+
+def packed(batches, columns: tuple[str, ...]):
+    """A partition's rows as one row: each int64 column's values as one byte string (the driver
+    collects a few rows of bytes, not a Python object per value)."""
+    parts = {c: [np.empty(0, np.int64)] for c in columns}
+    for batch in batches:
+        for c in columns:
+            parts[c].append(batch.column(c).to_numpy())
+    yield pa.RecordBatch.from_arrays(
+        [pa.array([np.concatenate(parts[c]).tobytes()]) for c in columns], names=list(columns))
+
+
+def collect_packed(frame: DataFrame, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """``frame``'s int64 ``columns``, collected to the driver packed (``packed``)."""
+    schema = ", ".join(f"{c} binary" for c in columns)
+    rows = frame.mapInArrow(lambda batches: packed(batches, columns), schema).collect()
+    return {c: np.concatenate([np.empty(0, np.int64)] +
+                              [np.frombuffer(row[c], np.int64) for row in rows])
+            for c in columns}
+
+
+@dataclass(frozen=True)
+class GramSet:
+    """An exact set of n-gram hashes, asked as a ``Bloom`` is (``may_hold``): no false
+    positives."""
+
+    sorted: np.ndarray  # int64, sorted, distinct
+
+    def may_hold(self, values: np.ndarray) -> np.ndarray:
+        values = values.view(np.int64)
+        if not self.sorted.size:
+            return np.zeros(values.size, bool)
+        where = np.searchsorted(self.sorted, values).clip(0, self.sorted.size - 1)
+        return self.sorted[where] == values
+
+
 @dataclass(frozen=True)
 class Words:
     """A run of words in file order: each word's hash and its document's ``id`` (a document's
@@ -135,14 +216,72 @@ def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
     ``lines``: the lines to encode, with ``doc``, in file order; ``documents``: ``src, doc,
     bytes``; ``placed``: ``placements``."""
     doc_id = F.xxhash64("src", "doc")
-    splits = placed.select("src", "doc", "val")
-    documents_by_split = {r.val: r["count"] for r in splits.groupBy("val").count().collect()}
-    lines = with_split(lines, splits.where("val").select("src", "doc"),
-                       documents_by_split.get(True, 0))
+    splits = placed.select("src", "doc", "val", "tokens")
+    sizes = {r.val: r for r in splits.groupBy("val").agg(
+        F.count("*").alias("documents"), F.sum("tokens").alias("tokens")).collect()}
+    val, train = sizes.get(True), sizes.get(False)
+    lines = lines.withColumn("id", doc_id)
+    if val is None or train is None:
+        found = Overlap(0, 0, 0, lines.sparkSession.createDataFrame([], "id long"))
+    elif val.tokens <= SMALL_VALIDATION_TOKENS:
+        found = exact_overlap(lines, splits.where("val").select(doc_id.alias("id")), n)
+    else:
+        found = filtered_overlap(lines, splits.where("val").select("src", "doc"),
+                                 val.documents, n)
+    # only read by data.decontaminate=remove
+    overlapping = documents.withColumn("id", doc_id).join(
+        found.train_ids, "id", "left_semi").select("src", "doc", "bytes")
+    report = {
+        "ngram": n,
+        "val_documents": val.documents if val else 0,
+        "val_documents_overlapping": found.val_overlapping,
+        "train_documents": train.documents if train else 0,
+        "train_documents_overlapping": found.train_overlapping,
+        "val_ngrams": found.val_ngrams,
+    }
+    return report, overlapping
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """What the check found: the validation split's distinct n-grams, how many validation and
+    training documents share one with the other split, and those training documents' ``id``."""
+
+    val_ngrams: int
+    val_overlapping: int
+    train_overlapping: int
+    train_ids: DataFrame
+
+
+def exact_overlap(lines: DataFrame, val_ids: DataFrame, n: int) -> Overlap:
+    """A small validation split's check, in two passes over the lines and no shuffle: its
+    documents' ids and n-grams are collected (``SMALL_VALIDATION_TOKENS`` bounds them: a word is
+    at least one token), and the training side's pass returns only the n-grams among them."""
+    context = lines.sparkSession.sparkContext
+    lines = lines.select("doc", "id", "raw")
+    val = context.broadcast(np.unique(collect_packed(val_ids, ("id",))["id"]))
+    grams = collect_packed(lines.mapInArrow(SideGrams(n, val, True), GRAMS), ("id", "gram"))
+    unique = np.unique(grams["gram"])
+    keep = context.broadcast(GramSet(unique))
+    rows = lines.mapInArrow(TrainHits(n, val, keep), HITS).collect()
+    val.unpersist()
+    keep.unpersist()
+    train_ids = np.unique(np.concatenate(
+        [np.empty(0, np.int64)] + [np.frombuffer(r.id, np.int64) for r in rows]))
+    seen = np.zeros(unique.size, bool)  # the validation n-grams found in training documents
+    for row in rows:
+        seen |= np.unpackbits(np.frombuffer(row.seen, np.uint8), count=unique.size).astype(bool)
+    val_overlapping = np.unique(grams["id"][np.isin(grams["gram"], unique[seen])]).size
+    frame = lines.sparkSession.createDataFrame([(int(i),) for i in train_ids], "id long")
+    return Overlap(unique.size, val_overlapping, train_ids.size, frame)
+
+
+def filtered_overlap(lines: DataFrame, val_docs: DataFrame, count: int, n: int) -> Overlap:
+    """A large validation split's check: its n-grams are kept in Spark, and a Bloom filter of
+    them lets the training side's pass write only the few n-grams that may be among them, which a
+    join verifies."""
     # read once for both passes (a file read and its document keys cost more than the cache)
-    lines = detached(lines.select("doc", "val", doc_id.alias("id"), "raw"))
-    # the validation side is the small one: its n-grams are kept, and a Bloom filter of them
-    # lets the training side's pass write only the few n-grams that may be among them
+    lines = detached(with_split(lines, val_docs, count).select("doc", "val", "id", "raw"))
     val_grams = detached(lines.where("val").mapInArrow(LineGrams(n), GRAMS).distinct())
     items = val_grams.count()
     keep = lines.sparkSession.sparkContext.broadcast(bloom_of(val_grams, items))
@@ -150,23 +289,12 @@ def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
     hits = detached(candidates.join(val_grams.select("gram").distinct(), "gram",
                                     "left_semi").distinct())
     val_hit = val_grams.join(hits.select("gram").distinct(), "gram", "left_semi")
-    hits_by_split = {True: val_hit.select("id").distinct().count(),
-                     False: hits.select("id").distinct().count()}
-    # only read by data.decontaminate=remove
-    overlapping = documents.withColumn("id", doc_id).join(
-        hits.select("id"), "id", "left_semi").select("src", "doc", "bytes")
+    found = Overlap(items, val_hit.select("id").distinct().count(),
+                    hits.select("id").distinct().count(), hits.select("id"))
     val_grams.unpersist()
     lines.unpersist()
     keep.unpersist()
-    report = {
-        "ngram": n,
-        "val_documents": documents_by_split.get(True, 0),
-        "val_documents_overlapping": hits_by_split[True],
-        "train_documents": documents_by_split.get(False, 0),
-        "train_documents_overlapping": hits_by_split[False],
-        "val_ngrams": items,
-    }
-    return report, overlapping
+    return found
 
 
 def with_split(lines: DataFrame, val_docs: DataFrame, count: int) -> DataFrame:

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import make_config
 from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.data import contamination
 from raydp_llm.data.curation import jaccard, shingles
 from raydp_llm.data.documents import document_keys
 from raydp_llm.data.etl import EtlPlan, documents, read_lines, run_etl
@@ -158,6 +159,21 @@ def test_planted_duplicates_boilerplate_and_contamination_are_found(spark, tmp_p
     assert report["documents_in"] == total
     assert report["documents_out"] == total - len(removed) == out.manifest["documents"]
     assert {s["reason"] for s in out.removed_sample} == set(removed.values())
+
+
+def test_the_exact_and_the_filtered_contamination_checks_agree(spark, tmp_path, monkeypatch):
+    """A small validation split's n-grams are collected and matched exactly; a large one's go
+    through a Bloom filter and joins in Spark: the same figures (the removal: the test above)."""
+    Planted(tmp_path)  # six validation documents copied into training ones
+    cfg = make_config(f"data.path={tmp_path}", "data.format=jsonl", "data.decontaminate=report")
+    exact = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
+    monkeypatch.setattr(contamination, "SMALL_VALIDATION_TOKENS", 0)
+    filtered = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
+    found = exact.manifest["curation"]["contamination"]
+    assert found == filtered.manifest["curation"]["contamination"]
+    assert found["val_documents_overlapping"] == found["train_documents_overlapping"] == 6
+    # each validation document (z.jsonl's last, 300 random words) has 288 distinct 13-grams
+    assert found["val_documents"] > 10 and found["val_ngrams"] == 288 * found["val_documents"]
 
 
 def test_exact_file_duplicates_keep_the_first_file_and_the_stream_drops_the_rest(spark, tmp_path):

@@ -156,3 +156,25 @@ def test_the_measure_pass_writes_one_schema_whatever_a_batch_holds():
     assert passing.column("rule").to_pylist() == [None]
     assert failing.column("rule").to_pylist() == ["min_words"]
     assert passing.schema == failing.schema
+
+
+def test_the_exact_checks_training_pass_returns_each_document_and_n_gram_once():
+    """Text repeated in many training documents (and twice in one) gives one id per document and
+    one bit per validation n-gram, not a row per occurrence."""
+    from types import SimpleNamespace
+
+    from raydp_llm.data.contamination import GramSet, TrainHits
+    from raydp_llm.data.curation import ngrams
+
+    val_text = "the quick brown fox jumps over the lazy dog"
+    docs = [[val_text], [val_text, "and " + val_text], ["nothing of it here at all"],
+            ["then: " + val_text]]  # 100 is the validation document
+    known = np.unique(ngrams(val_text, 3).view(np.int64))
+    hits = TrainHits(3, SimpleNamespace(value=np.array([100])),
+                     SimpleNamespace(value=GramSet(known)))
+    for cut in (0, 2, 5):
+        [row] = list(hits(_line_batches(docs, cut)))
+        ids = np.frombuffer(row.column("id")[0].as_py(), np.int64)
+        seen = np.unpackbits(np.frombuffer(row.column("seen")[0].as_py(), np.uint8),
+                             count=known.size)
+        assert ids.tolist() == [101, 103] and seen.all(), cut
