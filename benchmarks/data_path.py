@@ -47,7 +47,7 @@ def prepare(corpus: Path, block: int, out: Path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = typed_settings(compose(config_name="config", overrides=[
             "+experiment=shakespeare_char", f"data.path={corpus}", f"data.cache_dir={out}/cache",
-            f"model.block_size={block}", f"train.batch_size={BATCH}"]))
+            f"model.block_size={block}", f"train.batch_size={BATCH}", "data.decontaminate=off"]))
     with ray_session(cfg.cluster, cfg.name):
         with prepared(cfg, check_inputs(cfg), out, to_ray=True, store=Path(f"{out}/cache")) as d:
             return cfg, d
@@ -136,7 +136,8 @@ def startup(corpus: Path) -> list[dict]:
             subprocess.run([sys.executable, "-m", "raydp_llm.train", "+experiment=smoke",
                             f"data.path={corpus}", "data.max_files=null",
                             f"data.cache_dir={tmp}/{cache}", "train.max_steps=50",
-                            "train.eval_interval=50", f"hydra.run.dir={tmp}/{i}", *extra],
+                            "train.eval_interval=50", f"hydra.run.dir={tmp}/{i}",
+                            "data.decontaminate=off", *extra],
                            check=True, capture_output=True, cwd=ROOT)
             summary = json.loads(Path(f"{tmp}/{i}/summary.json").read_text())
             rows.append({"run": run, "wall_s": time.perf_counter() - t, **summary["startup"]})

@@ -61,7 +61,8 @@ def run_prepare(kind: str, folder: Path, out: Path) -> dict:
         fmt = ["data.format=jsonl"]
     proc = subprocess.run(
         [sys.executable, "-m", "raydp_llm.prepare", f"data.path={folder}", *fmt, "data.cache=false",
-         "data.max_files=null", "tokenizer=char", f"hydra.run.dir={out}"],
+         "data.max_files=null", "tokenizer=char", f"hydra.run.dir={out}",
+         "data.decontaminate=off"],
         capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         raise RuntimeError(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")

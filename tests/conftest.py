@@ -62,9 +62,16 @@ def prepare(settings, corpus, out_dir: Path, to_ray: bool, store: Path | None):
         return data
 
 
+# The contamination check costs about 5 s an ETL: the tests of other things leave it off (the curated
+# ETL tests and the two-node run keep it).
+NO_CHECK = "data.decontaminate=off"
+
+
 def make_config(*overrides: str, config_name: str = "config"):
     """The typed settings an entry point makes of that config at its door
-    (``cli.inputs.typed_settings``)."""
+    (``cli.inputs.typed_settings``), the contamination check off unless an override sets it."""
+    if not any(o.startswith("data.decontaminate=") for o in overrides):
+        overrides = (NO_CHECK, *overrides)
     return typed_settings(compose_config(*overrides, config_name=config_name), overrides)
 
 

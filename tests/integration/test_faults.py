@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import CACHE_DIR, ROOT, make_config, prepare
+from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config, prepare
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.core import integrity
@@ -46,6 +46,7 @@ OVERRIDES = [
     "train.keep_checkpoints=4",
     "optim.lr=3e-3",
     f"data.cache_dir={CACHE_DIR}",
+    NO_CHECK,
 ]
 
 
@@ -280,7 +281,7 @@ def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
     wrote to."""
     both = [
         subprocess.Popen(
-            [sys.executable, "-m", "raydp_llm.train", "optim.lr=0"],
+            [sys.executable, "-m", "raydp_llm.train", "optim.lr=0", NO_CHECK],
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -334,7 +335,8 @@ def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
 def two_builds(corpus_dir, tmp_path_factory) -> dict:
     """Two `prepare` runs of the same ETL cache key started at once, each with its own Ray."""
     root = tmp_path_factory.mktemp("two_builds")
-    args = [f"data.path={corpus_dir}", f"data.cache_dir={root / 'cache'}", "model.block_size=16"]
+    args = [f"data.path={corpus_dir}", f"data.cache_dir={root / 'cache'}", "model.block_size=16",
+            NO_CHECK]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "raydp_llm.prepare", *args, f"hydra.run.dir={root / str(i)}"],

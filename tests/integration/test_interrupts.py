@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import start_like_a_terminal
+from conftest import NO_CHECK, start_like_a_terminal
 
 ENGINE_PROCESSES = ("raylet", "gcs_server", "java", "ray::")
 
@@ -37,6 +37,7 @@ def test_ctrl_c_stops_spark_and_ray(tmp_path, moment):
         "+experiment=smoke",
         f"hydra.run.dir={tmp_path}",
         f"data.cache_dir={tmp_path / 'cache'}",
+        NO_CHECK,
     )
     ready = {"spark starting": lambda: (tmp_path / "spark-driver.log").exists(),
              "hand-off": lambda: _logged(tmp_path / "train.log", "ETL: ")}[moment]

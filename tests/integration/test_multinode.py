@@ -40,7 +40,8 @@ EMR = [
 ]
 # with data.path and s3.*: the settings the ETL's result depends on; small chunks, so that each
 # worker reading its own share shows (docs/scaling.md checks its read prediction here)
-DATA = ["model.block_size=32", "data.chunk_tokens=2048"]
+# the contamination check as the emr run has it by default, on both sides (it is in the manifest)
+DATA = ["model.block_size=32", "data.chunk_tokens=2048", "data.decontaminate=report"]
 TINY = [
     "model.n_layer=1",
     "model.n_head=2",
@@ -235,6 +236,7 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
     multi = json.loads((run_dir / "manifest.json").read_text())
     assert multi["windows_train"] > 0 and multi["windows_val"] > 0
     assert {k: v for k, v in multi.items() if k in single} == single
+    assert multi["curation"]["contamination"]["val_documents"] > 0  # checked on two nodes
     summary = json.loads((run_dir / "summary.json").read_text())
     # Each worker read its own lanes (4 of 8) for 20 steps, each lane within one or two chunks of
     # 2048 tokens (64 windows of 33): the prediction of docs/scaling.md, on two nodes

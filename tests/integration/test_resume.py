@@ -9,7 +9,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import CACHE_DIR, make_config, prepare, start_like_a_terminal
+from conftest import CACHE_DIR, NO_CHECK, make_config, prepare, start_like_a_terminal
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.cli.train_job import resume_checkpoint
@@ -35,6 +35,7 @@ OVERRIDES = [
     "train.eval_batches=null",
     "train.checkpoint_interval=40",
     f"data.cache_dir={CACHE_DIR}",
+    NO_CHECK,
 ]
 
 

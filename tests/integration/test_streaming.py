@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from conftest import NO_CHECK
+
 pytestmark = pytest.mark.integration
 
 OBJECT_STORE_MB = 80  # Ray's minimum is 75 MiB
@@ -28,7 +30,8 @@ def test_training_on_a_dataset_twice_the_object_store(shakespeare, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"data.path={corpus}",
-         "data.max_files=null", "data.cache=false", f"cluster.object_store_mb={OBJECT_STORE_MB}",
+         "data.max_files=null", "data.cache=false", NO_CHECK,
+         f"cluster.object_store_mb={OBJECT_STORE_MB}",
          "train.max_steps=20", "train.eval_interval=20", "train.eval_batches=2",
          "sample.max_new_tokens=5", f"hydra.run.dir={run}"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path, env=SPILL_ON_A_FULL_DISK)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import NO_CHECK, ROOT
 from raydp_llm.training.metrics import read_metrics
 
 
@@ -33,6 +33,7 @@ def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_
             "model.n_head=1,2,3",
             f"data.path={corpus_dir}",
             f"data.cache_dir={tmp_path / 'cache'}",
+            NO_CHECK,
             "model.n_layer=1",
             "model.n_embd=32",
             "model.block_size=16",
