@@ -258,7 +258,8 @@ def exact_overlap(lines: DataFrame, val_ids: DataFrame, n: int) -> Overlap:
     documents' ids and n-grams are collected (``SMALL_VALIDATION_TOKENS`` bounds them: a word is
     at least one token), and the training side's pass returns only the n-grams among them."""
     context = lines.sparkSession.sparkContext
-    lines = lines.select("doc", "id", "raw")
+    # read once for both passes (a file read and its document keys cost more than the cache)
+    lines = detached(lines.select("doc", "id", "raw"))
     val = context.broadcast(np.unique(collect_packed(val_ids, ("id",))["id"]))
     grams = collect_packed(lines.mapInArrow(SideGrams(n, val, True), GRAMS), ("id", "gram"))
     unique = np.unique(grams["gram"])
@@ -266,6 +267,7 @@ def exact_overlap(lines: DataFrame, val_ids: DataFrame, n: int) -> Overlap:
     rows = lines.mapInArrow(TrainHits(n, val, keep), HITS).collect()
     val.unpersist()
     keep.unpersist()
+    lines.unpersist()
     train_ids = np.unique(np.concatenate(
         [np.empty(0, np.int64)] + [np.frombuffer(r.id, np.int64) for r in rows]))
     seen = np.zeros(unique.size, bool)  # the validation n-grams found in training documents
