@@ -62,8 +62,8 @@ def prepare(settings, corpus, out_dir: Path, to_ray: bool, store: Path | None):
         return data
 
 
-# The contamination check costs about 5 s an ETL: the tests of other things leave it off (the curated
-# ETL tests and the two-node run keep it).
+# The contamination check costs about 5 s an ETL: the tests of other things leave it off (the
+# curated ETL tests and the two-node run keep it).
 NO_CHECK = "data.decontaminate=off"
 
 
