@@ -149,9 +149,12 @@ def collect_packed(frame: DataFrame, columns: tuple[str, ...]) -> dict[str, np.n
     """``frame``'s int64 ``columns``, collected to the driver packed (``packed``)."""
     schema = ", ".join(f"{c} binary" for c in columns)
     rows = frame.mapInArrow(lambda batches: packed(batches, columns), schema).collect()
-    return {c: np.concatenate([np.empty(0, np.int64)] +
-                              [np.frombuffer(row[c], np.int64) for row in rows])
-            for c in columns}
+    return {c: unpacked(row[c] for row in rows) for c in columns}
+
+
+def unpacked(blobs) -> np.ndarray:
+    """Byte strings of int64 values (``packed``) as one array."""
+    return np.concatenate([np.empty(0, np.int64)] + [np.frombuffer(b, np.int64) for b in blobs])
 
 
 @dataclass(frozen=True)
@@ -268,8 +271,7 @@ def exact_overlap(lines: DataFrame, val_ids: DataFrame, n: int) -> Overlap:
     val.unpersist()
     keep.unpersist()
     lines.unpersist()
-    train_ids = np.unique(np.concatenate(
-        [np.empty(0, np.int64)] + [np.frombuffer(r.id, np.int64) for r in rows]))
+    train_ids = np.unique(unpacked(row.id for row in rows))
     seen = np.zeros(unique.size, bool)  # the validation n-grams found in training documents
     for row in rows:
         seen |= np.unpackbits(np.frombuffer(row.seen, np.uint8), count=unique.size).astype(bool)
