@@ -224,7 +224,7 @@ def check(lines: DataFrame, documents: DataFrame, placed: DataFrame,
         F.count("*").alias("documents"), F.sum("tokens").alias("tokens")).collect()}
     val, train = sizes.get(True), sizes.get(False)
     lines = lines.withColumn("id", doc_id)
-    if val is None or train is None:
+    if val is None:  # nothing to look for (no training side: both paths count zero overlaps)
         found = Overlap(0, 0, 0, lines.sparkSession.createDataFrame([], "id long"))
     elif val.tokens <= SMALL_VALIDATION_TOKENS:
         found = exact_overlap(lines, splits.where("val").select(doc_id.alias("id")), n)
