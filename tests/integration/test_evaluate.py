@@ -50,15 +50,22 @@ def stream_of(entry: Path, dtype: str) -> np.ndarray:
     return np.concatenate([parts[s] for s in sorted(parts)])
 
 
-def test_evaluate_matches_a_direct_computation(ray_cluster, corpus_dir, tmp_path):
+@pytest.fixture(scope="module")
+def evaluated(ray_cluster, corpus_dir, tmp_path_factory) -> dict:
+    """One evaluation of an untrained model on the corpus, documents scored too, asserted both ways
+    below: its result, its directory, the model's directory and the corpus's characters."""
+    out = tmp_path_factory.mktemp("evaluate")
     chars = "".join(set().union(*(p.read_text() for p in corpus_dir.iterdir())))
-    model_path = model_dir(tmp_path / "model", chars)
+    model_path = model_dir(out / "model", chars)
     cfg = make_config(f"model_dir={model_path}", f"data.path={corpus_dir}", "eval_batch_size=7",
-                      config_name="evaluate")
+                      "per_document=true", config_name="evaluate")
+    return {"result": run(cfg, out), "out": out, "model": model_path, "chars": chars}
 
-    result = run(cfg, tmp_path)
 
-    assert json.loads((tmp_path / "evaluation.json").read_text()) == result
+@pytest.mark.slow
+def test_evaluate_matches_a_direct_computation(evaluated):
+    result, chars, model_path = evaluated["result"], evaluated["chars"], evaluated["model"]
+    assert json.loads((evaluated["out"] / "evaluation.json").read_text()) == result
     m = result["etl"]
     assert (
         m["block_size"] == BLOCK and m["tokenizer_hash"] == CharTokenizer("\n" + chars).fingerprint
@@ -85,6 +92,7 @@ def test_evaluate_matches_a_direct_computation(ray_cluster, corpus_dir, tmp_path
     assert 0 <= result["accuracy"] <= 1 and result["accuracy"] == pytest.approx(accuracy, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_characters_the_model_lacks_are_one_line(ray_cluster, corpus_dir, tmp_path):
     cfg = make_config(
         f"model_dir={model_dir(tmp_path / 'model', 'abcdefgh ')}",
@@ -117,13 +125,9 @@ def test_data_format_must_fit_the_model(corpus_dir, tmp_path):
         run(cfg, tmp_path)
 
 
-def test_per_document_scores_each_documents_tokens_on_the_cluster(ray_cluster, corpus_dir,
-                                                                   tmp_path):
-    chars = "".join(set().union(*(p.read_text() for p in corpus_dir.iterdir())))
-    model_path = model_dir(tmp_path / "model", chars)
-    cfg = make_config(f"model_dir={model_path}", f"data.path={corpus_dir}", "per_document=true",
-                      config_name="evaluate")
-    result = run(cfg, tmp_path)
+@pytest.mark.slow
+def test_per_document_scores_each_documents_tokens_on_the_cluster(evaluated):
+    result, chars, model_path = evaluated["result"], evaluated["chars"], evaluated["model"]
     entry = Path(result["dataset"])
     ids = stream_of(entry, result["etl"]["token_dtype"])
     places = pq.read_table(entry / "documents").sort_by("start").to_pylist()

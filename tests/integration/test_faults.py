@@ -27,7 +27,7 @@ from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.data import cache
 from raydp_llm.training.metrics import read_events, read_metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 # Two DDP workers, gradient accumulation and a shuffle buffer in play; no dropout, so that a resume
 # with another number of workers continues the same curve too (dropout masks depend on how a batch

@@ -26,8 +26,9 @@ def _logged(path, text: str) -> bool:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a whole job, twice
 @pytest.mark.parametrize("moment", ["spark starting", "hand-off"])
-def test_ctrl_c_stops_spark_and_ray(tmp_path, moment):
+def test_ctrl_c_stops_spark_and_ray(corpus_dir, tmp_path, moment):
     import signal
     import time
 
@@ -35,6 +36,7 @@ def test_ctrl_c_stops_spark_and_ray(tmp_path, moment):
     proc = start_like_a_terminal(
         "raydp_llm.train",
         "+experiment=smoke",
+        f"data.path={corpus_dir}",  # a small corpus: the hand-off comes sooner
         f"hydra.run.dir={tmp_path}",
         f"data.cache_dir={tmp_path / 'cache'}",
         NO_CHECK,

@@ -17,7 +17,7 @@ import ray
 
 from conftest import make_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:

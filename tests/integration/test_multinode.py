@@ -29,7 +29,7 @@ from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core import storage
 from raydp_llm.training.metrics import read_metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 CPUS_PER_NODE = 3  # logical: the machine may have 2 cores
 EMR = [
@@ -185,19 +185,21 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
         *TINY,
         f"hydra.run.dir={tmp_path / 'refused'}",
     ]
-    for command, message in [
+    # The three run at once: each is a Python start and a look at the cluster.
+    refusals = [
         (job, "train.storage_path is missing: the emr configuration needs it"),
         (plain, "train.storage_path is not set: on a cluster of 2 nodes the DDP workers' "
                 "checkpoints need storage"),
         ([*plain, f"train.storage_path={runs}"], "Spark's executors would write the dataset to "
                                                  "this directory on each of the cluster's 2 "
                                                  "nodes; on a cluster set data.cache=false"),
-    ]:
-        refused = subprocess.run(
-            command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=two_nodes.env
-        )
-        output = refused.stdout + refused.stderr
-        assert refused.returncode == 1 and message in output, output[-2000:]
+    ]
+    started = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=two_nodes.env)
+               for command, _ in refusals]
+    for proc, (_, message) in zip(started, refusals):
+        output = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 1 and message in output, output[-2000:]
     out = subprocess.run(
         [*job, f"train.storage_path={runs}"],
         cwd=ROOT,

@@ -24,7 +24,7 @@ from raydp_llm.engines.preflight import check_workers_fit, preflight
 from raydp_llm.training.checkpoint import load_model_dir
 from raydp_llm.training.metrics import COLUMNS, read_metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 BLOCK = 16
 
@@ -201,40 +201,16 @@ def test_lstm_baseline_trains_for_whole_epochs(ray_cluster, corpus_dir, tmp_path
     assert model.kind == "lstm" and model.num_params() == summary["num_params"]
 
 
-def test_chunks_in_the_object_store_outlive_spark(ray_cluster, corpus_dir, tmp_path):
-    import numpy as np
-    import ray
-
-    from raydp_llm.data.prepare import samplings, windows_of
-    from raydp_llm.data.stream import BlockChunks, ChunkReader, EpochOrder
-
-    cfg = make_config(f"data.path={corpus_dir}", "model.block_size=64", "data.cache=false",
-                      "data.chunk_tokens=20000")
-    data = prepare(cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None)
-    assert not data.cache_hit and data.entry is None
-    m = data.manifest | windows_of(cfg, data.index, data.manifest)
-    for name, cut in samplings(cfg).items():  # Spark is stopped by now
-        source = data.sources[name]
-        assert isinstance(source, BlockChunks) and len(source.where) == m[f"chunks_{name}"]
-        assert len(source.refs) == m[f"chunks_{name}"]  # a block per chunk: a worker reads its own
-        order = EpochOrder(data.index[name], cut, seed=0, epoch=None)
-        windows = ChunkReader(source, data.index[name], "uint16", 2).windows(
-            order, np.arange(order.total))
-        assert windows.shape == (m[f"windows_{name}"], 65)
-    assert m["chunks_train"] > 1
-    assert ray.available_resources().get("CPU", 0) >= 2  # the executors gave their CPUs back
-    # RayDP's fetch tasks must not leave workers that break later actors (raydp_fixes): Ray Data's
-    # Parquet reader creates actors on the same worker pool.
-    pq.write_table(pa.table({"x": list(range(10))}), tmp_path / "t.parquet")
-    assert ray.data.read_parquet(str(tmp_path / "t.parquet")).count() == 10
-
-
-def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_path):
+def test_kept_executors_stay_up_until_the_run_ends_and_the_chunks_outlive_spark(
+        ray_cluster, corpus_dir, tmp_path):
+    """One hand-off from Spark (``data.cache=false``) asserted both ways: the kept executors hold
+    their CPUs while the caller holds Spark, and the chunks in the object store outlive it."""
     import ray
     from pyspark import SparkContext
 
     cfg = make_config(f"data.path={corpus_dir}", "data.cache=false", "cluster.keep_executors=true",
-                      "train.num_workers=1", "cluster.spark_ui=true")
+                      "train.num_workers=1", "cluster.spark_ui=true", "model.block_size=64",
+                      "data.chunk_tokens=20000")
     with prepared(
         cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None
     ) as data:  # the caller holds Spark
@@ -257,7 +233,8 @@ def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_
             ray.available_resources().get("CPU", 0) <= total - 2 * 0.5
         )  # the executors keep their CPUs
     assert SparkContext._active_spark_context is None
-    assert ray.available_resources().get("CPU", 0) >= 2
+    assert ray.available_resources().get("CPU", 0) >= 2  # the executors gave their CPUs back
+    _chunks_outlive_spark(cfg, data, tmp_path)
 
     greedy = make_config(
         f"data.path={corpus_dir}",
@@ -281,6 +258,32 @@ def test_kept_executors_stay_up_until_the_run_ends(ray_cluster, corpus_dir, tmp_
                                          r"train.num_workers"):
         check_workers_fit(greedy.train)
     check_workers_fit(cfg.train)
+
+
+def _chunks_outlive_spark(cfg, data, tmp_path) -> None:
+    """The chunks handed over to the object store are all there, a block per chunk, and read back
+    into the run's windows after Spark stopped."""
+    import numpy as np
+    import ray
+
+    from raydp_llm.data.prepare import samplings, windows_of
+    from raydp_llm.data.stream import BlockChunks, ChunkReader, EpochOrder
+
+    assert not data.cache_hit and data.entry is None
+    m = data.manifest | windows_of(cfg, data.index, data.manifest)
+    for name, cut in samplings(cfg).items():  # Spark is stopped by now
+        source = data.sources[name]
+        assert isinstance(source, BlockChunks) and len(source.where) == m[f"chunks_{name}"]
+        assert len(source.refs) == m[f"chunks_{name}"]  # a block per chunk: a worker reads its own
+        order = EpochOrder(data.index[name], cut, seed=0, epoch=None)
+        windows = ChunkReader(source, data.index[name], "uint16", 2).windows(
+            order, np.arange(order.total))
+        assert windows.shape == (m[f"windows_{name}"], 65)
+    assert m["chunks_train"] > 1
+    # RayDP's fetch tasks must not leave workers that break later actors (raydp_fixes): Ray Data's
+    # Parquet reader creates actors on the same worker pool.
+    pq.write_table(pa.table({"x": list(range(10))}), tmp_path / "t.parquet")
+    assert ray.data.read_parquet(str(tmp_path / "t.parquet")).count() == 10
 
 
 def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
@@ -338,8 +341,13 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
 
     # Any change of the inputs or ETL settings is a new key.
-    os.utime(corpus_dir / "part1.txt", ns=(0, 0))
-    assert cache.cache_key(check_inputs(cfg), cfg.data, cfg.tokenizer, cfg.seed) != key
+    touched = corpus_dir / "part1.txt"
+    mtime = touched.stat().st_mtime_ns
+    os.utime(touched, ns=(0, 0))
+    try:
+        assert cache.cache_key(check_inputs(cfg), cfg.data, cfg.tokenizer, cfg.seed) != key
+    finally:  # the session's corpus: later tests hit the cache entries built on it
+        os.utime(touched, ns=(mtime, mtime))
     changed = make_config(f"data.path={corpus_dir}", "data.segment_tokens=100", "data.split=hash")
     assert cache.cache_key(corpus, changed.data, changed.tokenizer, cfg.seed) != key
     # Windows are cut when read: another block, stride or sampling is the same entry.

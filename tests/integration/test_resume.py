@@ -18,7 +18,7 @@ from raydp_llm.data.prepare import samplings, windows_of
 from raydp_llm.training.metrics import read_metrics
 from raydp_llm.training.spec import build_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 # A run long enough (~10 s of training) to be interrupted after its first checkpoint, with dropout
 # (RNG), a shuffle buffer, 2 DDP workers and gradient accumulation all in play.

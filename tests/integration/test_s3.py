@@ -40,8 +40,9 @@ TINY_RUN = [
     "train.eval_interval=2",
     "train.checkpoint_interval=2",
     "train.eval_batches=2",
-    "data.cache=false",
 ]
+# the chunks handed from Spark to Ray's object store, as a run on a cluster without shared storage
+FROM_SPARK = "data.cache=false"
 
 
 def reference_lines(data: bytes) -> list[bytes]:
@@ -67,6 +68,7 @@ def test_byte_range_splits_read_every_line_exactly_once(monkeypatch):
         assert list(arrow_reader.stream_lines(pa.BufferReader(data))) == reference_lines(data)
 
 
+@pytest.mark.slow
 def test_s3_corpora_are_listed_with_sizes_and_times(s3, corpus_dir):
     storage.copy(corpus_dir, f"s3://{BUCKET}/listed", s3)
     (corpus_dir.parent / "_SUCCESS").write_text("")  # Hadoop's marker objects are no input
@@ -111,6 +113,7 @@ def stream(chunks, index) -> bytes:
     return b"".join(tokens[:own[start]] for start, tokens in rows)
 
 
+@pytest.mark.slow
 def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir, tmp_path):
     local = tmp_path / "corpus"
     local.mkdir()
@@ -198,6 +201,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus_dir, tmp_path):
     storage.copy(corpus_dir, f"s3://{BUCKET}/corpus", s3)
     runs = f"s3://{BUCKET}/runs"
@@ -209,6 +213,8 @@ def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus
         *TINY_RUN,
         "sample.max_new_tokens=40",
     ]
+    # the first run's ETL goes to the cache (keyed by the objects' sizes and times), the resume's
+    # reads it: Spark starts once
     first = run(make_config(*overrides), tmp_path / "first")
     run_uri = first["storage"]
     assert run_uri.startswith(f"{runs}/s3run-")
@@ -230,7 +236,7 @@ def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus
 
     # A resume from the step-2 checkpoint on S3 continues exactly as the first run went on.
     resumed = run(make_config(*overrides, f"train.resume={states[2]}"), tmp_path / "resumed")
-    assert resumed["resumed_from"] == states[2]
+    assert resumed["resumed_from"] == states[2] and resumed["etl"]["cache_hit"] is True
     rows = read_metrics(tmp_path / "resumed" / "metrics.csv")
     expected = read_metrics(tmp_path / "first" / "metrics.csv")
     assert [r["step"] for r in rows] == [4]
@@ -269,6 +275,7 @@ def generate(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
     ray_cluster, s3, corpus_dir, tmp_path
 ):
@@ -286,6 +293,7 @@ def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
             f"s3.endpoint_url={flaky.endpoint}",
             "s3.max_attempts=6",
             *TINY_RUN,
+            FROM_SPARK,
             "sample.max_new_tokens=20",
         ]
         with pytest.raises(RunFailure) as failure:
@@ -305,6 +313,7 @@ def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_an_s3_object_that_cannot_be_read_is_one_line(ray_cluster, s3, corpus_dir, tmp_path):
     """Every read of one object fails in the executors (its listing works): after s3.max_attempts
     attempts per request and Spark's task retries, one line names the object."""

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import NO_CHECK
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 OBJECT_STORE_MB = 80  # Ray's minimum is 75 MiB
 # Ray refuses to spill once its disk is 95% full (OutOfDiskError), and CI machines' disks have been

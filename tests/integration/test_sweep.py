@@ -16,6 +16,8 @@ import pytest
 from conftest import NO_CHECK, ROOT
 from raydp_llm.training.metrics import read_metrics
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a sweep of three jobs
+
 
 def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_path,
                                                                 mlflow_server):
