@@ -37,10 +37,13 @@ prepare: $(STAMP) ## the Spark ETL alone: Parquet windows + manifest.json
 test: $(STAMP) ## the test suite (unit + integration on the real engines)
 	$(BIN)/python -m pytest $(ARGS)
 
+test-fast: $(STAMP) ## the tests not marked slow (no end-to-end runs): the edit-test loop, < 5 minutes
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
 lint: $(STAMP) ## ruff: style and import checks
 	$(BIN)/ruff check raydp_llm tests benchmarks
 
 clean: ## remove outputs and caches (keeps .venv)
 	rm -rf outputs multirun .pytest_cache
 
-.PHONY: help install train smoke sweep config prepare test lint clean
+.PHONY: help install train smoke sweep config prepare test test-fast lint clean

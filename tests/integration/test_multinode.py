@@ -183,16 +183,16 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
         f"cluster.address={two_nodes.address}",
         *data,
         *TINY,
-        f"hydra.run.dir={tmp_path / 'refused'}",
     ]
     # The three run at once: each is a Python start and a look at the cluster.
     refusals = [
         (job, "train.storage_path is missing: the emr configuration needs it"),
-        (plain, "train.storage_path is not set: on a cluster of 2 nodes the DDP workers' "
-                "checkpoints need storage"),
-        ([*plain, f"train.storage_path={runs}"], "Spark's executors would write the dataset to "
-                                                 "this directory on each of the cluster's 2 "
-                                                 "nodes; on a cluster set data.cache=false"),
+        ([*plain, f"hydra.run.dir={tmp_path / 'refused'}"],
+         "train.storage_path is not set: on a cluster of 2 nodes the DDP workers' checkpoints need "
+         "storage"),
+        ([*plain, f"train.storage_path={runs}", f"hydra.run.dir={tmp_path / 'refused_too'}"],
+         "Spark's executors would write the dataset to this directory on each of the cluster's 2 "
+         "nodes; on a cluster set data.cache=false"),
     ]
     started = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=two_nodes.env)
