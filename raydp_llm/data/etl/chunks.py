@@ -52,9 +52,6 @@ class StreamLayout:
                 rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
         self.index = {name: ChunkIndex.of(r) for name, r in rows.items()}
 
-    def segments(self):
-        return self.segments_of(0, self.n_tokens)
-
     def stored_tokens(self) -> int:
         """Tokens the chunks hold, halos included."""
         total = 0
