@@ -117,7 +117,7 @@ def compare_spark_ml(corpus: Path, tables: int) -> None:
                       "data.decontaminate=off")
     with ray_session(cfg.cluster, "compare"), tempfile.TemporaryDirectory() as tmp, \
             spark_session(cfg.cluster, app_name="compare", log_dir=Path(tmp)) as spark:
-        lines = read_and_scan(spark, EtlPlan.of(cfg, check_inputs(cfg)))[0]
+        lines = read_and_scan(spark, EtlPlan.of(cfg, check_inputs(cfg))).lines
         clock = time.perf_counter()
         curated = curate.curate(spark, lines, cfg.data, "line", cfg.seed)
         ours = {r.reason: r.n for r in curated.removed.groupBy("reason").agg(

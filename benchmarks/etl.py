@@ -53,7 +53,7 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
                 f"model.block_size={BLOCK}",
                 f"cluster.executors={executors}",
                 "cluster.executor_memory=3g",
-                "data.decontaminate=off",  # the ETL's own phases (the check: curation.py)
+                "data.decontaminate=off",  # the ETL's own phases (the check: contamination.py)
             ],
         )
     cfg = typed_settings(cfg)

@@ -187,3 +187,52 @@ def start_like_a_terminal(module: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+# ---------------------------------------------------------------- the data package's helpers
+
+
+class StoredChunks:
+    """Chunk rows as the ETL stores them: cut per piece, each with the halo after it."""
+
+    def __init__(self, rows: dict[int, bytes]):
+        self.rows, self.fetched = rows, []
+
+    def fetch(self, c, start):
+        self.fetched.append(c)
+        return self.rows[start]
+
+
+def chunked(stream, lengths, segments_of, chunk_tokens, halo):
+    """What the ETL makes of ``stream`` cut into pieces of ``lengths``: each split's index and its
+    stored chunks, cut piece by piece from the piece's tokens and its halo (etl.chunks.cut_chunks).
+    """
+    import numpy as np
+
+    from raydp_llm.data import windows
+    from raydp_llm.data.stream import ChunkIndex
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    pieces = [stream[o:o + k] for o, k in zip(offsets, lengths)]
+    piece_halos = windows.halos([p[:halo] for p in pieces], halo)
+    rows = {"train": [], "val": []}
+    stored = {"train": {}, "val": {}}
+    for off, piece, after in zip(offsets, pieces, piece_halos):
+        local = np.concatenate([piece, after])
+        for s in windows.chunk_spans(int(off), int(off) + len(piece), segments_of, chunk_tokens):
+            rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
+            stored[s.split][s.start] = local[s.start - off:min(s.end + halo, s.seg_end) - off]
+    return ({k: ChunkIndex.of(v) for k, v in rows.items()},
+            {k: StoredChunks({a: t.tobytes() for a, t in v.items()}) for k, v in stored.items()})
+
+
+@pytest.fixture(scope="module")
+def spark(ray_cluster, tmp_path_factory, request):
+    """One RayDP Spark session for a module's ETL runs (test_etl, test_curated_etl,
+    test_spark_engine), named for the module."""
+    from raydp_llm.engines.spark import spark_session
+
+    cfg = make_config()
+    with spark_session(cfg.cluster, app_name=request.module.__name__.rsplit(".", 1)[-1],
+                       log_dir=tmp_path_factory.mktemp("spark")) as session:
+        yield session

@@ -56,7 +56,7 @@ class DocumentScorer:
         self.model = load_model_dir(model_dir)[0]
         index, _, manifest, _ = cache.read_entry(Path(entry))
         self.tokens = TokenRange(cache.parquet_sources(Path(entry), index), index,
-                                 manifest["token_dtype"])
+                                 manifest.token_dtype)
         self.block, self.batch = self.model.config.block_size, batch_windows
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -38,8 +38,9 @@ from raydp_llm.core.config import DataSettings
 from raydp_llm.core.tokenizer import Tokenizer, load_tokenizer
 from raydp_llm.data import stream
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.etl import EtlOutput, check_chunk_count, sorted_chunks
+from raydp_llm.data.etl import EtlOutput, Manifest, check_chunk_count, sorted_chunks
 from raydp_llm.data.stream import ChunkIndex, ParquetChunks
+from raydp_llm.data.windows import SPLITS
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ STATS_FILE = "etl_stats.json"
 DOCUMENTS = "documents"  # Parquet: path, doc, start, end, tokens, val
 REMOVED = "removed"  # Parquet: path, doc, bytes, reason, kept_src, kept_doc
 REMOVED_SAMPLE = "removed_sample.json"
-SPLITS = ("train", "val")
 ETL_VERSION = 5  # bump when the ETL's output changes for the same inputs and settings
 TMP_NAME = re.compile(r"^\.(?P<key>[^.]+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
@@ -130,7 +130,7 @@ def entry_problem(entry: Path) -> str | None:
     damage = integrity.problem(entry, hashes=False)
     if damage:
         return damage
-    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest = Manifest.from_json(json.loads((entry / MANIFEST).read_text()))
     for split in SPLITS:
         try:
             rows = sum(
@@ -139,8 +139,8 @@ def entry_problem(entry: Path) -> str | None:
             )
         except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
             return f"{split}/ has an unreadable Parquet file ({str(err).splitlines()[0][:100]})"
-        if rows != manifest[f"chunks_{split}"]:
-            return f"{split}/ holds {rows} chunks, the manifest {manifest[f'chunks_{split}']}"
+        if rows != manifest.chunks(split):
+            return f"{split}/ holds {rows} chunks, the manifest {manifest.chunks(split)}"
     return None
 
 
@@ -163,7 +163,7 @@ def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
     tokenizer and the manifest, under a temporary name; ``commit`` puts it in place. Hold
     ``locked(cache_dir, key)``."""
     tmp = Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    row_group = out.manifest["chunk_tokens"] * out.tokenizer.token_dtype.itemsize
+    row_group = out.manifest.chunk_tokens * out.tokenizer.token_dtype.itemsize
     try:
         for name, df in out.chunks.items():
             # parquet-mr closes a row group once it holds parquet.block.size bytes, checked after
@@ -180,7 +180,7 @@ def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
         stream.write_index(tmp, out.index)
         write_documents(out, tmp)
         out.tokenizer.save(tmp)
-        (tmp / MANIFEST).write_text(json.dumps(out.manifest, indent=2))
+        (tmp / MANIFEST).write_text(json.dumps(out.manifest.to_json(), indent=2))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -232,10 +232,10 @@ def _remove(entry: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def read_entry(entry: Path) -> tuple[dict[str, ChunkIndex], Tokenizer, dict, dict]:
+def read_entry(entry: Path) -> tuple[dict[str, ChunkIndex], Tokenizer, Manifest, dict]:
     """The chunk index, the tokenizer, the manifest and Spark's stats of an entry."""
     stats = json.loads((entry / STATS_FILE).read_text()) if (entry / STATS_FILE).is_file() else {}
-    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest = Manifest.from_json(json.loads((entry / MANIFEST).read_text()))
     return stream.read_index(entry), load_tokenizer(entry), manifest, stats
 
 

@@ -4,14 +4,14 @@ with ``data.decontaminate=remove``, the training documents that share one, which
 drops before encoding again.
 
 A document is placed by its tokens (the encoder reports where each document's tokens lie in each
-piece, ``etl.Encoder``): it is a validation document if any of its tokens falls in the validation
-split (a document across the boundary counts as validation). The n-grams are hashed to 64 bits in
-the executors. A small validation split (``SMALL_VALIDATION_TOKENS``, the usual case: 10% of a
-10 MB corpus) is checked exactly in two passes over the lines: its n-grams are collected to the
-driver (16 MB at most), and the training side's pass returns only those it holds. A larger one's
-n-grams stay in Spark, and a Bloom filter of them (10 bits each, built in the executors) lets the
-training side's pass send Spark only the n-grams that may be among them, which a join verifies;
-the driver receives counts and the filter's bits.
+piece, ``etl.encode.Encoder``): it is a validation document if any of its tokens falls in the
+validation split (a document across the boundary counts as validation). The n-grams are hashed to
+64 bits in the executors (``ngrams.py``). A small validation split (``SMALL_VALIDATION_TOKENS``,
+the usual case: 10% of a 10 MB corpus) is checked exactly in two passes over the lines: its n-grams
+are collected to the driver (16 MB at most), and the training side's pass returns only those it
+holds. A larger one's n-grams stay in Spark, and a Bloom filter of them (10 bits each, built in the
+executors) lets the training side's pass send Spark only the n-grams that may be among them, which
+a join verifies; the driver receives counts and the filter's bits.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pyspark import Broadcast
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from raydp_llm.data import curation
+from raydp_llm.data import ngrams
 from raydp_llm.engines.spark import detached
 
 PLACED_SCHEMA = "src string, doc long, start long, end long, val boolean"
@@ -44,8 +44,8 @@ HITS = "id binary, seen binary"
 def placements(encoded: DataFrame, placed: dict, segments_of) -> DataFrame:
     """``src, doc, start, end, tokens, val``: each document's tokens in the stream (``[start,
     end)``, end-of-document tokens aside) and whether any lies in the validation split.
-    ``placed`` and ``segments_of`` are the ``etl.Stream``'s: each piece's offset, the splits'
-    segments."""
+    ``placed`` and ``segments_of`` are the ``etl.chunks.StreamLayout``'s: each piece's offset, the
+    splits' segments."""
 
     def place(batches):
         for batch in batches:
@@ -189,7 +189,7 @@ class Words:
         raw = batch.column("raw").filter(keep).to_pylist()
         if not raw:
             return cls(np.empty(0, np.uint64), np.empty(0, np.int64))
-        hashes, starts = curation.byte_words(b"\n".join(raw))
+        hashes, starts = ngrams.byte_words(b"\n".join(raw))
         line_starts = np.cumsum([0] + [len(r) + 1 for r in raw[:-1]])
         lines = np.searchsorted(line_starts, starts, side="right") - 1
         ids = batch.column("id").filter(keep).to_numpy()
@@ -201,7 +201,7 @@ class Words:
 
     def grams(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The hash and document id of every ``n`` consecutive words of one document."""
-        grams = curation.rolling(self.hashes, n)
+        grams = ngrams.rolling(self.hashes, n)
         starts = self.ids[: grams.size]
         within = starts == self.ids[n - 1:][: grams.size]
         return grams[within], starts[within]
@@ -312,13 +312,13 @@ def with_split(lines: DataFrame, val_docs: DataFrame, count: int) -> DataFrame:
     return joined.withColumn("val", F.coalesce("val", F.lit(False)))
 
 
-def bloom_of(grams: DataFrame, items: int) -> curation.Bloom:
+def bloom_of(grams: DataFrame, items: int) -> ngrams.Bloom:
     """The Bloom filter of ``grams``' n-grams (``items`` of them at most): each partition's built
     in its executor, OR-ed in the executors (``treeReduce``); the driver gets one (10 bits per
     n-gram)."""
 
     def part(batches):
-        bloom = curation.Bloom.empty(items)
+        bloom = ngrams.Bloom.empty(items)
         for batch in batches:
             bloom.add(batch.column("gram").to_numpy().view(np.uint64))
         yield pa.RecordBatch.from_arrays([pa.array([bloom.bits.tobytes()], pa.binary())],
@@ -327,5 +327,5 @@ def bloom_of(grams: DataFrame, items: int) -> curation.Bloom:
     # a filter per partition: as many as the executors' cores, not one per shuffle partition
     parallel = grams.sparkSession.sparkContext.defaultParallelism
     parts = grams.select("gram").coalesce(parallel).mapInArrow(part, "bits binary").rdd.map(
-        lambda row: curation.Bloom(np.frombuffer(row.bits, np.uint8)))
-    return parts.treeReduce(curation.Bloom.union)
+        lambda row: ngrams.Bloom(np.frombuffer(row.bits, np.uint8)))
+    return parts.treeReduce(ngrams.Bloom.union)

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.data import curation
+from raydp_llm.data import minhash, quality
 from raydp_llm.data.corpus import decode, hadoop_literal
 from raydp_llm.data.documents import document_keys
 from raydp_llm.engines.spark import detached
@@ -44,7 +44,7 @@ MAX_ROUNDS = 30  # label propagation rounds; clusters are near-stars, they settl
 
 
 class Rule(NamedTuple):
-    """A quality filter: ``data.filters.<setting>`` bounds ``curation.quality``'s ``measure``."""
+    """A quality filter: ``data.filters.<setting>`` bounds ``quality.quality``'s ``measure``."""
 
     setting: str
     measure: str
@@ -78,7 +78,7 @@ class Measure:
     ngram: int
     num_perm: int
     seed: int
-    banding: curation.Banding | None
+    banding: minhash.Banding | None
 
     @classmethod
     def of(cls, data: DataSettings, seed: int) -> Measure:
@@ -86,14 +86,14 @@ class Measure:
         rules = tuple((r.setting, r.measure, r.is_min, float(getattr(filters, r.setting)))
                       for r in RULES if getattr(filters, r.setting) is not None)
         near = data.dedup == "near"
-        banding = curation.Banding.for_threshold(data.dedup_threshold, data.dedup_num_perm)
+        banding = minhash.Banding.for_threshold(data.dedup_threshold, data.dedup_num_perm)
         # near runs exact first: equal documents need no MinHash to be found
         return cls(rules, data.dedup != "none", data.dedup_lowercase, data.dedup_whitespace,
                    near, data.dedup_shingle, data.dedup_ngram, data.dedup_num_perm, seed,
                    banding if near else None)
 
     def __call__(self, batches):
-        a, b = curation.permutations(self.num_perm, self.seed)
+        a, b = minhash.permutations(self.num_perm, self.seed)
         for batch in batches:
             out = {name: [] for name in ("src", "doc", "bytes", "exact", "signature", "bands",
                                          "rule")}
@@ -103,12 +103,12 @@ class Measure:
                 text = decode(raw)[0]
                 signature = None
                 if self.near:
-                    signature = curation.minhash(
-                        curation.shingles(text, self.ngram, self.shingle), a, b)
+                    signature = minhash.minhash(
+                        minhash.shingles(text, self.ngram, self.shingle), a, b)
                 out["src"].append(src)
                 out["doc"].append(doc)
                 out["bytes"].append(len(raw))
-                out["exact"].append(curation.exact_key(text, self.lower, self.whitespace)
+                out["exact"].append(minhash.exact_key(text, self.lower, self.whitespace)
                                     if self.exact else None)
                 out["signature"].append(None if signature is None else signature.tobytes())
                 out["bands"].append(None if signature is None else self.banding.keys(signature))
@@ -119,7 +119,7 @@ class Measure:
         """The first active filter ``text`` fails, or None."""
         if not self.rules:
             return None
-        measures = curation.quality(text)
+        measures = quality.quality(text)
         for setting, measure, is_min, bound in self.rules:
             value = measures[measure]
             if (value < bound) if is_min else (value > bound):
@@ -199,10 +199,10 @@ def active(data: DataSettings) -> bool:
             or any(getattr(filters, r.setting) is not None for r in RULES))
 
 
-def curate(spark: SparkSession, lines: DataFrame, data: DataSettings, split: str,
+def curate(spark: SparkSession, lines: DataFrame, data: DataSettings, document_split: str,
            seed: int) -> Curated:
     """The curation stage: ``lines`` (``src, block, raw``) in; see ``Curated``."""
-    keyed = document_keys(spark, lines, split)
+    keyed = document_keys(spark, lines, document_split)
     by_document = keyed.where(F.col("doc") >= 0).groupBy("src", "doc")
     if not active(data):  # only counted: no document is put together
         return Curated(keyed, by_document.agg(F.sum(F.length("raw") + 1).alias("bytes")))

@@ -32,7 +32,7 @@ def _blank(raw: pa.Array) -> np.ndarray:
     return pc.equal(pc.binary_length(trimmed), 0).to_numpy(zero_copy_only=False)
 
 
-def numbered(lines: DataFrame, split: str) -> DataFrame:
+def numbered(lines: DataFrame, document_split: str) -> DataFrame:
     """``src, block, raw, line, local``: each line's number in its input split, and its document's
     number in the split (-1 for a blank line; the line itself for ``line``; 0 for ``file``, blank
     lines too)."""
@@ -49,11 +49,11 @@ def numbered(lines: DataFrame, split: str) -> DataFrame:
             for i, key in enumerate(keys):
                 s = state.setdefault(key, [0, 0, True])
                 line[i] = s[0]
-                if split == "file":
+                if document_split == "file":
                     local[i] = 0
                 elif not blank[i]:
                     s[1] += s[2]  # a paragraph starts after a blank line (or the split's start)
-                    local[i] = s[0] if split == "line" else s[1] - 1
+                    local[i] = s[0] if document_split == "line" else s[1] - 1
                 s[0], s[2] = s[0] + 1, bool(blank[i])
             yield pa.RecordBatch.from_arrays(
                 [batch.column("src"), batch.column("block"), raw, pa.array(line), pa.array(local)],
@@ -62,13 +62,14 @@ def numbered(lines: DataFrame, split: str) -> DataFrame:
     return lines.select("src", "block", "raw").mapInArrow(number, LOCAL)
 
 
-def document_keys(spark: SparkSession, lines: DataFrame, split: str) -> DataFrame:
+def document_keys(spark: SparkSession, lines: DataFrame, document_split: str) -> DataFrame:
     """``src, block, raw, line, doc``: each line and the number in its file of the document it
     belongs to (-1: blank)."""
-    local = numbered(lines, split)
-    if split == "file":
+    local = numbered(lines, document_split)
+    if document_split == "file":
         return local.withColumnRenamed("local", "doc")
-    offsets = _line_offsets(local) if split == "line" else _paragraph_offsets(spark, local)
+    offsets = (_line_offsets(local) if document_split == "line"
+               else _paragraph_offsets(spark, local))
     joined = local.join(F.broadcast(offsets), ["src", "block"])
     doc = F.when(F.col("local") < 0, -1).otherwise(F.col("local") + F.col("offset"))
     return joined.select("src", "block", "raw", "line", doc.alias("doc"))

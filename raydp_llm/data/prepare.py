@@ -47,7 +47,7 @@ STATS_FILE = cache.STATS_FILE
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    manifest: dict  # the ETL's (manifest.json), windows_of adds the run's windows
+    manifest: dict  # the ETL's manifest.json (Manifest.to_json), windows_of adds the run's windows
     entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
     cache_hit: bool
     index: dict[str, ChunkIndex]  # each split's chunks
@@ -100,8 +100,6 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
                 data = _from_cache(entry, out_dir, to_ray)
             else:
                 data = _spark_etl(Job(settings, corpus, tok, key, out_dir), to_ray, store, kept)
-        # the data's fingerprint: its inputs and every setting the ETL read (the cache key)
-        data.manifest = data.manifest | {"etl_key": key}
         yield data
 
 
@@ -111,8 +109,8 @@ def _from_cache(entry: Path, out_dir: Path, to_ray: bool) -> PreparedData:
     index, tokenizer, manifest, stats = cache.read_entry(entry)
     sources = cache.parquet_sources(entry, index) if to_ray else None
     write_json(out_dir / STATS_FILE, stats)
-    return PreparedData(tokenizer, manifest, entry, cache_hit=True, index=index, sources=sources,
-                        stats=stats, timings={"etl_s": clock.seconds()})
+    return PreparedData(tokenizer, manifest.to_json(), entry, cache_hit=True, index=index,
+                        sources=sources, stats=stats, timings={"etl_s": clock.seconds()})
 
 
 @dataclass(frozen=True)
@@ -149,7 +147,9 @@ def _spark_etl(
         etl_clock = Stopwatch()
         plan = EtlPlan.of(settings, job.corpus, job.tokenizer)
         out = _run_etl(spark, plan, progress.done)
-        out.manifest["etl_key"] = job.key  # in the cache entry's manifest too
+        # the data's fingerprint: its inputs and every setting the ETL read (the cache key); in
+        # the cache entry's manifest too, where a cache hit reads it back
+        out.manifest.etl_key = job.key
         if store:
             staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
         if to_ray and not store:
@@ -159,7 +159,7 @@ def _spark_etl(
     timings["etl_s"] = etl_clock.seconds()
     stats = {
         "phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
-        "curation": out.manifest["curation"],
+        "curation": out.manifest.curation,
         "spark_start_s": round(timings["spark_start_s"], 3),
         **read_event_log(job.out_dir / EVENT_LOG_DIR),
     }
@@ -167,22 +167,22 @@ def _spark_etl(
     entry = cache.commit(staged, stats) if staged else None
     if to_ray and entry:
         sources = cache.parquet_sources(entry, out.index)
-    return PreparedData(out.tokenizer, out.manifest, entry, cache_hit=False, index=out.index,
-                        sources=sources, stats=stats, timings=timings)
+    return PreparedData(out.tokenizer, out.manifest.to_json(), entry, cache_hit=False,
+                        index=out.index, sources=sources, stats=stats, timings=timings)
 
 
 def _report(out: EtlOutput, run_name: str) -> None:
     """The ETL's figures on the console and in Ray's metrics."""
     m = out.manifest
     log.info("ETL: %d files, %d documents, %d tokens, vocab %d (%s), chunks train %d / val %d "
-             "(%.2f bytes per token stored)", m["files"], m["documents"], m["tokens"],
-             m["vocab_size"], m["tokenizer"], m["chunks_train"], m["chunks_val"],
-             m["token_bytes_stored"] / max(m["tokens"], 1))
-    for line in curation_lines(m):
+             "(%.2f bytes per token stored)", m.files, m.documents, m.tokens,
+             m.vocab_size, m.tokenizer, m.chunks_train, m.chunks_val,
+             m.token_bytes_stored / max(m.tokens, 1))
+    for line in curation_lines(m.to_json()):
         log.info("ETL %s", line)
     gauges = RunGauges(run_name)
     gauges.set_tagged("etl_phase_s", "phase", out.phase_s)
-    gauges.set_tagged("etl_chunks", "split", {"train": m["chunks_train"], "val": m["chunks_val"]})
+    gauges.set_tagged("etl_chunks", "split", {"train": m.chunks_train, "val": m.chunks_val})
 
 
 def curation_lines(m: dict) -> list[str]:
@@ -281,7 +281,7 @@ def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: dict)
     they are cut and how many each split has per epoch. One line when a split has none (a corpus
     too small for the block)."""
     cut = samplings(settings)
-    counts = {name: int(cut[name].counts(index[name]).sum()) for name in cut}
+    counts = {name: cut[name].windows(index[name]) for name in cut}
     if not (counts["train"] and counts["val"]):
         b, d = settings.model.block_size, settings.data
         needed = -(-(b + 1) // min(d.val_fraction, 1 - d.val_fraction))

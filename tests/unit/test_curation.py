@@ -1,4 +1,5 @@
-"""The curation pieces the executors run: exact keys, shingles, MinHash and LSH banding."""
+"""The curation kernels the executors run (minhash.py, quality.py, ngrams.py): exact keys, shingles,
+MinHash and LSH banding, the quality measures, the contamination n-grams."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 import numpy as np
 
-from raydp_llm.data.curation import (
+from raydp_llm.data.minhash import (
     Banding,
     exact_key,
     jaccard,
@@ -46,7 +47,7 @@ def test_minhash_estimates_jaccard_and_lsh_finds_close_pairs():
 
 
 def test_gopher_measures_of_boilerplate_and_prose():
-    from raydp_llm.data.curation import quality
+    from raydp_llm.data.quality import quality
 
     prose = ("Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous "
              "fortune, or to take arms against a sea of troubles and by opposing end them.")
@@ -83,7 +84,7 @@ def test_every_curation_setting_and_the_score_files_content_are_in_the_etl_cache
 
 
 def test_word_ngrams_are_hashed_alike_everywhere_and_ignore_case_and_punctuation():
-    from raydp_llm.data.curation import ngrams
+    from raydp_llm.data.ngrams import ngrams
 
     text = "It is a truth universally acknowledged, that a single man in possession"
     assert ngrams(text, 13).size == 0  # 12 words
@@ -108,7 +109,7 @@ def _line_batches(docs: list[list[str]], cut: int) -> list:
 
 def test_the_ngram_pass_joins_a_documents_lines_across_batches_and_never_two_documents():
     from raydp_llm.data.contamination import LineGrams
-    from raydp_llm.data.curation import ngrams
+    from raydp_llm.data.ngrams import ngrams
 
     rng = random.Random(3)
     vocab = [f"w{i}" for i in range(40)]
@@ -125,7 +126,7 @@ def test_the_ngram_pass_joins_a_documents_lines_across_batches_and_never_two_doc
 
 
 def test_a_bloom_filter_holds_what_was_added_and_little_else():
-    from raydp_llm.data.curation import Bloom
+    from raydp_llm.data.ngrams import Bloom
 
     rng = np.random.default_rng(0)
     added = rng.integers(0, 2**63, 50_000).astype(np.uint64)
@@ -164,7 +165,7 @@ def test_the_exact_checks_training_pass_returns_each_document_and_n_gram_once():
     from types import SimpleNamespace
 
     from raydp_llm.data.contamination import GramSet, TrainHits
-    from raydp_llm.data.curation import ngrams
+    from raydp_llm.data.ngrams import ngrams
 
     val_text = "the quick brown fox jumps over the lazy dog"
     docs = [[val_text], [val_text, "and " + val_text], ["nothing of it here at all"],

@@ -7,9 +7,9 @@ import functools
 import numpy as np
 import pytest
 
+from conftest import chunked
 from raydp_llm.data import windows
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, Sampling
-from tests.unit.test_windows import chunked
 
 N, BLOCK, BATCH = 40_000, 16, 12
 

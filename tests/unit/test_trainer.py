@@ -8,13 +8,12 @@ import functools
 import numpy as np
 import pytest
 
+from conftest import chunked
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import windows
-from raydp_llm.data.stream import Sampling
-from raydp_llm.data.stream import steps_per_epoch as epoch_steps_of
+from raydp_llm.data.stream import Sampling, steps_per_epoch
 from raydp_llm.training.spec import TrainSpec
 from raydp_llm.training.trainer import WorkerData, lr_at
-from tests.unit.test_windows import chunked
 
 N, BLOCK = 1300, 12  # 1200 training tokens: 100 windows of 13 tokens at a stride of 12
 
@@ -40,7 +39,7 @@ def spec(data, seed: int = 7) -> TrainSpec:
         token_dtype="uint16",
         chars_per_token=None,
         sampling=sampling,
-        steps_per_epoch=epoch_steps_of(data["train"][1], sampling["train"], 12),
+        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"][1]), 12),
         max_steps=100,
         fingerprint="x",
     )

@@ -6,8 +6,9 @@ import functools
 import numpy as np
 import pytest
 
+from conftest import chunked
 from raydp_llm.data import windows
-from raydp_llm.data.stream import ChunkIndex, ChunkReader, EpochOrder, Sampling
+from raydp_llm.data.stream import ChunkReader, EpochOrder, Sampling
 
 
 def reference_windows(n, boundary, block, stride):
@@ -16,34 +17,6 @@ def reference_windows(n, boundary, block, stride):
     for name, lo, hi in (("train", 0, boundary), ("val", boundary, n)):
         out[name] = [s for s in range(lo, hi, stride) if s + block + 1 <= hi]
     return out
-
-
-class StoredChunks:
-    """Chunk rows as the ETL stores them: cut per piece, each with the halo after it."""
-
-    def __init__(self, rows: dict[int, bytes]):
-        self.rows, self.fetched = rows, []
-
-    def fetch(self, c, start):
-        self.fetched.append(c)
-        return self.rows[start]
-
-
-def chunked(stream, lengths, segments_of, chunk_tokens, halo):
-    """What the ETL makes of ``stream`` cut into pieces of ``lengths``: each split's index and its
-    stored chunks, cut piece by piece from the piece's tokens and its halo (etl.cut_chunks)."""
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    pieces = [stream[o:o + k] for o, k in zip(offsets, lengths)]
-    piece_halos = windows.halos([p[:halo] for p in pieces], halo)
-    rows = {"train": [], "val": []}
-    stored = {"train": {}, "val": {}}
-    for off, piece, after in zip(offsets, pieces, piece_halos):
-        local = np.concatenate([piece, after])
-        for s in windows.chunk_spans(int(off), int(off) + len(piece), segments_of, chunk_tokens):
-            rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
-            stored[s.split][s.start] = local[s.start - off:min(s.end + halo, s.seg_end) - off]
-    return ({k: ChunkIndex.of(v) for k, v in rows.items()},
-            {k: StoredChunks({a: t.tobytes() for a, t in v.items()}) for k, v in stored.items()})
 
 
 @pytest.mark.parametrize("block,stride,chunk", [(10, 7, 16), (10, 10, 5), (10, 1, 64), (40, 3, 8)])

@@ -1,0 +1,99 @@
+"""The Spark ETL: lines → scan → curate → tokenizer → token ids (in the executors) → chunks of the
+token stream, per train/val split. A module per stage, in the pipeline's order:
+
+1. *read* (``read.py``, a reader per ``data.format`` in ``formats.py``): one row per line with its
+   file and the start of its input split (``src``, ``block``), so huge files are split and read in
+   parallel; markdown is stripped in the JVM.
+2. *scan* (``scan.py``) and the input checks (``checks.py``): per-file lines, characters, NUL bytes
+   (binary files), replaced invalid UTF-8, character set; UTF-16, binary and empty corpora refused.
+3. *curate* (``data/curate.py``): quality filters and deduplication, on whole documents.
+4. *tokenizer* (``tokenizer.py``): the character set (``char``) or a BPE trained on a sample Spark
+   draws (``bpe``).
+5. *encode* (``encode.py``): ``mapInArrow`` batches through the tokenizer, a paragraph at a time;
+   documents are joined by the end-of-document token; each input split becomes pieces of about
+   ``PIECE_TOKENS`` ids. The contamination check (``data/contamination.py``) follows.
+6. *chunk* (``chunks.py``): each piece cuts its own chunks where it lies, and the driver knows the
+   chunks' index by arithmetic (windows.py); windows are cut when read (stream.py).
+7. *manifest* (``manifest.py``): what the ETL made, for ``manifest.json``.
+
+Everything that touches the corpus runs in Spark executors; the driver collects only per-file
+statistics, the tokenizer's training sample (one joined text per batch) and the length and first
+``data.halo_tokens`` tokens of each piece of the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
+
+from raydp_llm.core.config import DataSettings
+from raydp_llm.data import contamination, curate
+from raydp_llm.data.etl.checks import Scanned, read_and_scan
+from raydp_llm.data.etl.chunks import check_chunk_count, cut_chunks, sorted_chunks, to_object_store
+from raydp_llm.data.etl.encode import Encoded, Encoding
+from raydp_llm.data.etl.formats import reader_for
+from raydp_llm.data.etl.manifest import Manifest, build_manifest
+from raydp_llm.data.etl.plan import EtlOutput, EtlPlan, Phases
+from raydp_llm.data.etl.read import documents, read_lines
+from raydp_llm.data.etl.scan import FileStats
+from raydp_llm.data.etl.tokenizer import build_tokenizer
+from raydp_llm.data.windows import SPLITS
+
+# what the entry points, the cache, the tests and the benchmarks import from the package
+__all__ = ["EtlOutput", "EtlPlan", "FileStats", "Manifest", "Scanned", "check_chunk_count",
+           "checks_contamination", "documents", "read_and_scan", "read_lines", "run_etl",
+           "sorted_chunks", "to_object_store"]
+
+
+def run_etl(spark: SparkSession, plan: EtlPlan,
+            on_phase: Callable[[str, float], None] | None = None) -> EtlOutput:
+    """The whole ETL on ``spark``: read (and scan), curate, tokenizer, encode, contamination,
+    chunks, manifest. Returns the chunk DataFrames (cut when written or handed to Ray), their index,
+    the documents' places and the removed documents, and the manifest. ``on_phase(name,
+    seconds)`` is called as each phase before the chunks ends."""
+    phases, data = Phases(on_phase), plan.data
+    scanned = phases.run("read", lambda: read_and_scan(spark, plan))
+    document_split = reader_for(data).document_split(data)
+    curated = phases.run(
+        "curate", lambda: curate.curate(spark, scanned.lines, data, document_split, plan.seed))
+    tokenizer = phases.run(
+        "tokenizer", lambda: build_tokenizer(curated.lines, scanned.files, plan))
+    encoding = Encoding(tokenizer, document_split, data, plan.seed)
+    encoded = _encode(phases, "encode", encoding, curated)
+    if checks_contamination(data):
+        encoded = _decontaminate(phases, data, encoding, curated, encoded)
+    layout = encoded.layout
+    chunks = {name: cut_chunks(encoded.pieces, layout, name) for name in SPLITS}
+    manifest = build_manifest(plan.corpus, scanned, layout, tokenizer, document_split,
+                              curated.report)
+    return EtlOutput(chunks=chunks, index=layout.index, encoded=encoded.pieces,
+                     tokenizer=tokenizer, manifest=manifest, phase_s=phases.seconds,
+                     documents=encoded.placed, removed=curated.removed,
+                     removed_sample=curated.sample())
+
+
+def checks_contamination(data: DataSettings) -> bool:
+    """The contamination check runs on text (not on id files) unless turned off."""
+    return data.decontaminate != "off" and not reader_for(data).token_ids
+
+
+def _encode(phases: Phases, phase: str, encoding: Encoding, curated: curate.Curated) -> Encoded:
+    """The curated lines encoded (timed as ``phase``), and each document's place in the stream."""
+    pieces, layout = phases.run(phase, lambda: encoding.run(curated.lines))
+    return encoding.placed(pieces, layout)
+
+
+def _decontaminate(phases: Phases, data: DataSettings, encoding: Encoding,
+                   curated: curate.Curated, encoded: Encoded) -> Encoded:
+    """The contamination check, into the curation report; with ``data.decontaminate=remove``, the
+    overlapping training documents dropped and the rest encoded again."""
+    found, overlapping = phases.run(
+        "contamination", lambda: contamination.check(
+            curated.lines, curated.documents, encoded.placed, data.decontaminate_ngram))
+    curated.report["contamination"] = found | {"action": data.decontaminate}
+    if data.decontaminate != "remove" or not found["train_documents_overlapping"]:
+        return encoded
+    curated.drop("decontaminate", overlapping, "contamination")
+    encoded.unpersist()
+    return _encode(phases, "encode again", encoding, curated)

@@ -1,0 +1,73 @@
+"""The ETL's read phase: the lines read and scanned, and the inputs checked on what the scan found
+(UTF-16 text, binary files, invalid UTF-8, bad JSON lines, a corpus of nothing but white space)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from raydp_llm.core.config import DataSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.storage import S3Options
+from raydp_llm.data.corpus import read_head, utf16
+from raydp_llm.data.etl.formats import reader_for
+from raydp_llm.data.etl.plan import EtlPlan
+from raydp_llm.data.etl.read import documents, read_lines
+from raydp_llm.data.etl.scan import FileStats, scan_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scanned:
+    """What the read phase hands on."""
+
+    lines: DataFrame  # src, block, raw: read again by each pass (cheaper than Spark's cache)
+    files: dict[str, FileStats]  # per file, the binary files skipped left out
+    skipped: list[str]  # the binary files skipped (data.skip_binary)
+
+
+def read_and_scan(spark: SparkSession, plan: EtlPlan) -> Scanned:
+    """The lines, each file's statistics, and the binary files skipped (``data.skip_binary``); one
+    line for a corpus of nothing but whitespace."""
+    corpus, data = plan.corpus, plan.data
+    reader = reader_for(data)
+    read = read_lines(spark, corpus, data, plan.s3)
+    lines = documents(read, corpus, data)
+    want_charset = plan.tokenizer.kind == "char" and not reader.token_ids
+    files = scan_files(lines, want_charset=want_charset, id_file=reader.token_ids)
+    reader.check(read, files, data)
+    skipped = check_files(files, data, plan.s3)
+    if skipped:
+        lines = lines.where(~F.col("src").isin(skipped))
+        files = {k: v for k, v in files.items() if k not in skipped}
+    if sum(f.nonblank for f in files.values()) == 0:
+        raise InputError(f"data.path: the corpus {corpus.name} ({len(corpus.files)} files) holds "
+                         "no text, only whitespace or nothing; point data.path at text files")
+    return Scanned(lines, files, skipped)
+
+
+def check_files(files: dict[str, FileStats], data: DataSettings, s3: S3Options) -> list[str]:
+    """UTF-16 text, binary files and invalid UTF-8: errors, or the binary files to skip
+    (``data.skip_binary``). A file with NUL bytes is looked at once more, on the driver: UTF-16 text
+    has them too, and is named as such."""
+    binary = sorted(src for src, f in files.items() if f.nul_lines)
+    for src in binary:
+        encoding = utf16(read_head(src, s3))
+        if encoding:
+            raise InputError(f"{src} is {encoding} text: convert it to UTF-8 (iconv -f UTF-16 -t "
+                             "UTF-8 FILE > FILE.txt) and point data.path at the converted file")
+    if binary and not data.skip_binary:
+        more = f"; {len(binary) - 1} more such files" if len(binary) > 1 else ""
+        raise InputError(f"{binary[0]} looks binary (NUL bytes in {files[binary[0]].nul_lines} "
+                         f"lines{more}): remove it from data.path or set data.skip_binary=true")
+    for src in binary:
+        log.warning("skipping binary file %s (NUL bytes)", src)
+    bad = sorted(src for src, f in files.items() if f.replaced and src not in binary)
+    if bad and data.strict_utf8:
+        raise InputError(f"{bad[0]} has {files[bad[0]].replaced} invalid UTF-8 sequences: fix "
+                         "its encoding or set data.strict_utf8=false to replace them")
+    return binary

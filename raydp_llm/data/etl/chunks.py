@@ -1,0 +1,123 @@
+"""The ETL's *chunk* stage: from the pieces' lengths the driver knows every piece's offset in the
+stream, and from their heads every piece's halo (``StreamLayout``); each piece cuts its own chunks
+(at most ``data.chunk_tokens`` tokens of one segment, with up to ``data.halo_tokens`` tokens after
+them) where it lies, and the driver knows the chunks' index by arithmetic (windows.py). Windows are
+cut when read (stream.py): the output holds each token about once, whatever the stride or the block
+size. ``to_object_store`` hands the chunks to Ray."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from raydp_llm.core.config import DataSettings
+from raydp_llm.data import windows
+from raydp_llm.data.stream import CHUNK_SCHEMA, BlockChunks, ChunkIndex
+from raydp_llm.data.windows import SPLITS
+from raydp_llm.engines import raydp_fixes
+
+if TYPE_CHECKING:
+    from raydp_llm.data.etl.encode import Piece
+    from raydp_llm.data.etl.plan import EtlOutput
+
+CHUNK_DDL = from_arrow_schema(CHUNK_SCHEMA)  # the chunks' rows as Spark types them
+
+
+class StreamLayout:
+    """The token stream as the pieces make it: each piece's offset and halo (the ``halo`` tokens
+    after it), the train/validation segments, and each split's chunks (``index``), by arithmetic."""
+
+    def __init__(self, pieces: list[Piece], data: DataSettings, seed: int, dtype: np.dtype):
+        self.pieces, self.data, self.seed, self.dtype = pieces, data, seed, dtype
+        self.halo = data.halo_tokens
+        self.n_tokens = sum(p.n for p in pieces)
+        offsets = np.concatenate(
+            [[0], np.cumsum([p.n for p in pieces], dtype=np.int64)[:-1]]
+        ).tolist()
+        halos = windows.halos([np.frombuffer(p.head, dtype) for p in pieces], self.halo)
+        self.placed = {(p.src, p.block, p.part): (offset, halo.tobytes())
+                       for p, offset, halo in zip(pieces, offsets, halos)}
+        self.segments_of = functools.partial(
+            windows.segments, n=self.n_tokens, split=data.split, val_fraction=data.val_fraction,
+            seed=seed, segment_tokens=data.segment_tokens)
+        rows = {name: [] for name in SPLITS}
+        for p, offset in zip(pieces, offsets):
+            for s in windows.chunk_spans(offset, offset + p.n, self.segments_of, data.chunk_tokens):
+                rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
+        self.index = {name: ChunkIndex.of(r) for name, r in rows.items()}
+
+    def stored_tokens(self) -> int:
+        """Tokens the chunks hold, halos included."""
+        total = 0
+        for index in self.index.values():
+            ends = index.start + index.n
+            total += int(np.minimum(ends + self.halo, index.seg_end).sum() - index.start.sum())
+        return total
+
+
+def cut_chunks(encoded: DataFrame, layout: StreamLayout, name: str) -> DataFrame:
+    """``start, tokens``: the chunks of split ``name``, sorted by start. Each piece cuts the chunks
+    that start in it, in its executor, from its tokens and its halo (the tokens after it); a chunk's
+    row holds its own tokens and up to ``halo`` tokens after them in its segment."""
+    # plain values for the closure Spark ships to the executors (not the pieces' heads)
+    placed, dtype, halo = layout.placed, layout.dtype, layout.halo
+    segments, chunk_tokens = layout.segments_of, layout.data.chunk_tokens
+
+    def cut(batches):
+        for batch in batches:
+            for src, block, part, raw in zip(
+                *(batch.column(c).to_pylist() for c in ("src", "block", "part", "tokens"))
+            ):
+                offset, piece_halo = placed[(src, block, part)]
+                ids = np.frombuffer(raw, dtype=dtype)
+                local = np.concatenate([ids, np.frombuffer(piece_halo, dtype=dtype)])
+                spans = windows.chunk_spans(offset, offset + len(ids), segments, chunk_tokens)
+                chosen = [s for s in spans if s.split == name]
+                if chosen:
+                    yield pa.RecordBatch.from_pydict({
+                        "start": [s.start for s in chosen],
+                        "tokens": [local[s.start - offset:min(s.end + halo, s.seg_end) - offset]
+                                   .tobytes() for s in chosen],
+                    }, schema=CHUNK_SCHEMA)
+
+    return encoded.mapInArrow(cut, CHUNK_DDL)
+
+
+def sorted_chunks(df: DataFrame, chunks: int, per_partition: int) -> DataFrame:
+    """The chunk rows sorted by start, ``per_partition`` chunks to a partition (a Ray block, or a
+    Parquet file), partitions in stream order."""
+    parts = max(1, math.ceil(chunks / per_partition))
+    return df.repartitionByRange(parts, "start").sortWithinPartitions("start")
+
+
+def check_chunk_count(name: str, count: int, index: ChunkIndex) -> None:
+    """Spark's output against the chunk arithmetic: a mismatch is a bug, never silently trained
+    on."""
+    if count != len(index):
+        raise RuntimeError(f"chunk count mismatch in {name}: Spark cut {count}, the arithmetic "
+                           f"says {len(index)}")
+
+
+def to_object_store(out: EtlOutput) -> dict[str, BlockChunks]:
+    """Hand the chunks to Ray (``ray.data.from_spark``, a block per chunk), then release Spark's
+    cached copy. The blocks are materialized in the object store, owned by this driver, so they
+    outlive Spark; each worker later fetches only the blocks of its own chunks."""
+    import ray.data
+    from raydp.spark import release_spark_recoverable
+
+    raydp_fixes.install()
+    sources = {}
+    for name, df in out.chunks.items():
+        df = sorted_chunks(df, len(out.index[name]), per_partition=1)
+        dataset = ray.data.from_spark(df).materialize()
+        release_spark_recoverable(df)
+        check_chunk_count(name, dataset.count(), out.index[name])
+        sources[name] = BlockChunks(dataset.to_arrow_refs(), out.index[name])
+    out.encoded.unpersist()
+    return sources

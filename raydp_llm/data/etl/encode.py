@@ -1,0 +1,228 @@
+"""The ETL's *encode* stage: ``mapInArrow`` batches through the tokenizer, a paragraph at a time,
+in the executors; documents are joined by the end-of-document token; each input split becomes
+pieces of about ``PIECE_TOKENS`` ids. The driver collects only each piece's length, documents and
+head, and lays out the stream from them (``chunks.StreamLayout``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from raydp_llm.core.config import DataSettings
+from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
+from raydp_llm.data import contamination
+from raydp_llm.data.etl.chunks import StreamLayout
+from raydp_llm.data.etl.scan import decode_column
+from raydp_llm.engines.spark import detached
+
+PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
+PARAGRAPH_LINES = 1000  # lines encoded as one text at most
+
+PIECE_SCHEMA = pa.schema(
+    [
+        ("src", pa.string()),
+        ("block", pa.int64()),
+        ("part", pa.int64()),
+        ("docs", pa.int64()),
+        ("n", pa.int64()),
+        ("tokens", pa.binary()),
+        # the documents (``documents.document_keys``) whose tokens lie in the piece, in order, and
+        # where: [start, end) within the piece (a document may go on in the next piece)
+        ("doc", pa.list_(pa.int64())),
+        ("doc_start", pa.list_(pa.int64())),
+        ("doc_end", pa.list_(pa.int64())),
+    ]
+)
+
+
+class Piece(NamedTuple):
+    """A piece of the token stream as the driver sees it: where it comes from (file, input split,
+    part), its length and documents, and its first ``halo_tokens`` tokens (the halo of the piece
+    before it)."""
+
+    src: str
+    block: int
+    part: int
+    n: int
+    docs: int
+    head: bytes
+
+
+class Encoder:
+    """The encode step of one Spark task (``mapInArrow``): lines in, the stream's pieces out
+    (``PIECE_SCHEMA``).
+
+    Documents are joined by the end-of-document token: ``file`` puts one before each file,
+    ``blank_line`` one at each run of blank lines (and before each file), ``line`` one before each
+    non-empty line (and each Parquet row). Id files get no added token. Text is encoded a paragraph
+    at a time (its lines joined, at most ``PARAGRAPH_LINES``), which BPE splits as it would the
+    whole text; ``file`` keeps blank lines as newlines, ``line`` encodes each line alone without its
+    newline. An input split's piece closes past ``PIECE_TOKENS`` ids. Each piece lists where its
+    documents' tokens lie (the lines' ``doc`` keys; end-of-document tokens belong to none).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, document_split: str):
+        self.tokenizer_json, self.dtype = tokenizer.to_json(), tokenizer.token_dtype
+        self.document_split = document_split
+
+    def __call__(self, batches):
+        self.tok = tokenizer_from_json(self.tokenizer_json)  # once per task, in the executor
+        self.eod = np.array(
+            [self.tok.eod_id] if self.tok.eod_id is not None else [], dtype=self.dtype
+        )
+        self.key = None
+        for batch in batches:
+            texts = decode_column(batch.column("raw"))[0].to_pylist()
+            columns = (batch.column(c).to_pylist() for c in ("src", "block", "doc"))
+            for src, block, doc, text in zip(*columns, texts):
+                if (src, block) != self.key:
+                    yield from self._close()
+                    self._open(src, block)
+                self._add(text, doc)
+            if self.key is None:  # an empty batch before any line
+                continue
+            self._encode()
+            if sum(map(len, self.encoded)) >= PIECE_TOKENS:
+                yield self._piece()
+                self.part, self.docs = self.part + 1, 0
+        yield from self._close()
+
+    def _open(self, src: str, block: int) -> None:
+        """An input split starts (a file starts when its first split does: a document starts)."""
+        self.key, self.part, self.docs, self.prev_blank = (src, block), 0, 0, True
+        # the piece's texts to encode, each with its document key; (None, None) = an
+        # end-of-document token
+        self.items: list[tuple[str | None, int | None]] = []
+        self.paragraph: list[str] = []
+        self.encoded: list[np.ndarray] = []  # the piece's ids so far
+        self.spans: list[list[int]] = []  # [doc, start, end] in the piece, in order
+        self.length = 0  # tokens in self.encoded
+        if block == 0 and self.document_split != "line":
+            self._end_document()
+
+    def _add(self, text: str, doc: int) -> None:
+        blank = not text.strip()
+        if self.document_split == "line":
+            if not blank:
+                self._end_document()
+                self.items.append((text, doc))
+        elif not blank:
+            self.paragraph.append(text)
+            self.paragraph_doc = doc
+            if len(self.paragraph) == PARAGRAPH_LINES:
+                self._end_paragraph()
+        else:
+            self._end_paragraph()
+            if self.document_split == "file":
+                self.items.append((text + "\n", doc))
+            elif not self.prev_blank:
+                self._end_document()
+        self.prev_blank = blank
+
+    def _end_document(self) -> None:
+        self.items.append((None, None))
+        self.docs += 1
+
+    def _end_paragraph(self) -> None:
+        if self.paragraph:
+            self.items.append(("\n".join(self.paragraph) + "\n", self.paragraph_doc))
+            self.paragraph.clear()
+
+    def _encode(self) -> None:
+        ids = iter(self.tok.encode_batch([t for t, _ in self.items if t is not None]))
+        for text, doc in self.items:
+            encoded = self.eod if text is None else next(ids)
+            self.encoded.append(encoded)
+            if doc is not None and self.spans and self.spans[-1][0] == doc:
+                self.spans[-1][2] += len(encoded)
+            elif doc is not None:
+                self.spans.append([doc, self.length, self.length + len(encoded)])
+            self.length += len(encoded)
+        self.items.clear()
+
+    def _piece(self) -> pa.RecordBatch:
+        self._encode()
+        ids = np.concatenate(self.encoded) if self.encoded else np.empty(0, self.dtype)
+        spans = np.array(self.spans, np.int64).reshape(-1, 3).T.tolist()
+        self.encoded, self.spans, self.length = [], [], 0
+        src, block = self.key
+        return pa.RecordBatch.from_pydict(
+            {
+                "src": [src],
+                "block": [block],
+                "part": [self.part],
+                "docs": [self.docs],
+                "n": [len(ids)],
+                "tokens": [ids.tobytes()],
+                "doc": [spans[0]],
+                "doc_start": [spans[1]],
+                "doc_end": [spans[2]],
+            },
+            schema=PIECE_SCHEMA,
+        )
+
+    def _close(self):
+        """The last piece of the input split that ends, if one was open."""
+        if self.key is not None:
+            self._end_paragraph()
+            yield self._piece()
+
+
+def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) -> DataFrame:
+    """``src, block, part, docs, n, tokens``: the stream's pieces, encoded in the executors
+    (``Encoder``)."""
+    return lines.mapInArrow(Encoder(tokenizer, document_split), from_arrow_schema(PIECE_SCHEMA))
+
+
+def collect_pieces(encoded: DataFrame, head_bytes: int) -> list[Piece]:
+    """Every piece's place, length, documents and first ``head_bytes``, in stream order (the only
+    pass that brings anything of the corpus to the driver)."""
+    heads = encoded.select(
+        "src", "block", "part", "n", "docs", F.substring("tokens", 1, head_bytes).alias("head")
+    )
+    return sorted(
+        Piece(r.src, r.block, r.part, r.n, r.docs, bytes(r.head)) for r in heads.collect()
+    )
+
+
+@dataclass
+class Encoded:
+    """The encode step's output: the pieces (cached), the stream they make, each document's place
+    in it (cached: the contamination check and the ETL's output read it)."""
+
+    pieces: DataFrame
+    layout: StreamLayout
+    placed: DataFrame
+
+    def unpersist(self) -> None:
+        self.pieces.unpersist()
+        self.placed.unpersist()
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The encode step and what follows from it: the pieces, the stream's layout, the documents'
+    places in it."""
+
+    tokenizer: Tokenizer
+    document_split: str
+    data: DataSettings
+    seed: int
+
+    def run(self, lines: DataFrame) -> tuple[DataFrame, StreamLayout]:
+        """The pieces (cached) and the stream's layout."""
+        encoded = encode_lines(lines, self.tokenizer, self.document_split).cache()
+        head_bytes = self.data.halo_tokens * self.tokenizer.token_dtype.itemsize
+        pieces = collect_pieces(encoded, head_bytes)
+        return encoded, StreamLayout(pieces, self.data, self.seed, self.tokenizer.token_dtype)
+
+    def placed(self, encoded: DataFrame, layout: StreamLayout) -> Encoded:
+        """``encoded`` with each document's place in the stream."""
+        places = contamination.placements(encoded, layout.placed, layout.segments_of)
+        return Encoded(encoded, layout, detached(places))

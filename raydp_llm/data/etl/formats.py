@@ -1,0 +1,118 @@
+"""One reader per ``data.format``: how Spark's own readers read its files into ``src, block, text``
+rows, what a row is (a line, or a whole document), and the facts the later stages need of it. The
+stages ask the reader (``reader_for``), never ``data.format``."""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from raydp_llm.core.config import DataSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.data import jsonl
+from raydp_llm.data.corpus import hadoop_literal
+from raydp_llm.data.etl.scan import FileStats
+
+log = logging.getLogger(__name__)
+
+
+def tagged(df: DataFrame, text: Column) -> DataFrame:
+    """``src, block, text``: each row's file, the start of its input split, its text as bytes."""
+    return df.select(F.input_file_name().alias("src"), F.input_file_block_start().alias("block"),
+                     text.cast("binary").alias("text"))
+
+
+class TextReader:
+    """``data.format=text``: lines of text; documents end as ``data.document_split`` says."""
+
+    rows_are_documents = False  # a Parquet row or a JSON line is a document
+    token_ids = False  # the lines hold token ids: no tokenizer to build, no text to check
+    verdicts: tuple[str, ...] = ()  # columns the parse adds for the scan to count
+
+    def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
+                   name: str) -> DataFrame:
+        """``src, block, text``: what Spark's text reader makes of local files and Hadoop URIs."""
+        return tagged(spark.read.text([hadoop_literal(f) for f in files]), F.col("value"))
+
+    def parse(self, lines: DataFrame, data: DataSettings) -> DataFrame:
+        """The lines as read (``src, block, text``) → one text per row, plus ``verdicts``."""
+        return lines
+
+    def document_split(self, data: DataSettings) -> str:
+        return "line" if self.rows_are_documents else data.document_split
+
+    def check(self, read: DataFrame, files: dict[str, FileStats], data: DataSettings) -> None:
+        """What only this format can find wrong in the scanned files (``read``: the lines as
+        read)."""
+
+    def manifest_facts(self, files: dict[str, FileStats]) -> dict:
+        """This format's own entries of ``manifest.json``, placed before the others."""
+        return {}
+
+
+class IdsReader(TextReader):
+    """``data.format=ids``: lines of whitespace-separated integer token ids, read as text."""
+
+    token_ids = True
+
+
+class ParquetReader(TextReader):
+    """``data.format=parquet``: each row's ``data.text_column`` is a document."""
+
+    rows_are_documents = True
+
+    def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
+                   name: str) -> DataFrame:
+        df = spark.read.parquet(*map(hadoop_literal, files))
+        if data.text_column not in df.columns:
+            raise InputError(f"data.text_column={data.text_column}: no such column in {name}; its "
+                             f"columns are {', '.join(df.columns)}")
+        return tagged(df, F.col(data.text_column))
+
+
+class JsonLinesReader(TextReader):
+    """``data.format=jsonl``: each line a JSON object whose ``data.text_column`` is a document,
+    parsed in the executors (``jsonl.py``); each line's verdict is kept (``bad``) and counted."""
+
+    rows_are_documents = True
+    verdicts = ("bad",)
+
+    def parse(self, lines: DataFrame, data: DataSettings) -> DataFrame:
+        return jsonl.documents(lines, data.text_column)
+
+    def check(self, read: DataFrame, files: dict[str, FileStats], data: DataSettings) -> None:
+        """Bad JSON lines: with ``data.strict_json`` an error naming the first one's file and line,
+        else a warning (``manifest.json`` counts them per file and kind)."""
+        bad = json_counts(files)["files"]
+        if not bad:
+            return
+        src = next(iter(bad))
+        if data.strict_json:
+            line, kind, head = jsonl.first_bad_line(read, src, data.text_column)
+            what = jsonl.WHAT[kind].format(column=data.text_column)
+            raise InputError(f"{src}: line {line} {what} ({head.decode(errors='replace')[:60]!r}); "
+                             "fix it, or set data.strict_json=false to skip and count bad lines")
+        log.warning("skipped %d bad JSON lines in %d files, first in %s (manifest.json counts them "
+                    "per file and kind; data.strict_json=true refuses them)", sum(bad.values()),
+                    len(bad), src)
+
+    def manifest_facts(self, files: dict[str, FileStats]) -> dict:
+        return {"bad_json_lines": json_counts(files)}
+
+
+def json_counts(files: dict[str, FileStats]) -> dict:
+    """Bad JSON lines by kind, and per file (files with none left out)."""
+    per_file = {src: f.bad_json_lines() for src, f in sorted(files.items())}
+    return {kind: sum(getattr(f, kind) for f in files.values()) for kind in jsonl.BAD_KINDS} | {
+        "files": {src: n for src, n in per_file.items() if n}}
+
+
+READERS = {"text": TextReader(), "ids": IdsReader(), "parquet": ParquetReader(),
+           "jsonl": JsonLinesReader()}
+
+
+def reader_for(data: DataSettings) -> TextReader:
+    """The reader of ``data.format`` (the settings' validation has checked its name)."""
+    return READERS[data.format]
