@@ -118,6 +118,7 @@ def removed_by(spark_out) -> dict[tuple[str, int], str]:
     return {(Path(r.src).name, r.doc): r.reason for r in spark_out.removed.collect()}
 
 
+@pytest.mark.slow
 def test_planted_duplicates_boilerplate_and_contamination_are_found(spark, tmp_path):
     corpus = Planted(tmp_path)
     cfg = make_config(f"data.path={tmp_path}", "data.format=jsonl", "data.dedup=near",
@@ -152,6 +153,7 @@ def test_planted_duplicates_boilerplate_and_contamination_are_found(spark, tmp_p
     assert {s["reason"] for s in out.removed_sample} == set(removed.values())
 
 
+@pytest.mark.slow
 def test_the_exact_and_the_filtered_contamination_checks_agree(spark, tmp_path, monkeypatch):
     """A small validation split's n-grams are collected and matched exactly; a large one's go
     through a Bloom filter and joins in Spark: the same figures (the removal: the test above)."""

@@ -213,6 +213,7 @@ def test_corpora_too_small_say_what_is_needed(spark, tmp_path, content, message)
         etl(spark, f"data.path={tmp_path / 'small.txt'}")
 
 
+@pytest.mark.slow
 def test_a_50_mb_line_without_newline_works(spark, tmp_path):
     word = "abcdefghij" * 5
     path = tmp_path / "one_line.txt"
@@ -401,6 +402,7 @@ def test_a_file_changed_or_deleted_during_the_etl_is_one_line(spark, tmp_path, c
         _run_etl(spark, EtlPlan.of(cfg, corpus), interfere)
 
 
+@pytest.mark.slow
 def test_a_spark_executor_killed_mid_encode_changes_nothing(spark, tmp_path, shakespeare):
     """SIGKILL of a Spark executor's JVM (its Ray actor) while the encode phase runs: Spark retries
     its tasks (and RayDP restarts the actor), and the ETL's manifest and windows equal those of an
