@@ -18,11 +18,11 @@ from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training import runs, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
+from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases
 from raydp_llm.training.generation import sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
 from raydp_llm.training.spec import TrainSpec, build_spec
-from raydp_llm.training.trainer import FitResult, Launch, RunContext, fit, startup_phases
 
 log = logging.getLogger(__name__)
 
