@@ -42,6 +42,7 @@ from raydp_llm.data.stream import iter_windows
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.checkpoint import MODEL_FILES, load_model_dir
+from raydp_llm.training.metrics import bits_per_char
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def metrics(totals: dict, chars_per_token: float | None) -> dict:
     accuracy."""
     loss = totals["nats"] / totals["tokens"]
     return {"loss": loss, "perplexity": math.exp(loss),
-            "bits_per_char": loss / math.log(2) / chars_per_token if chars_per_token else None,
+            "bits_per_char": bits_per_char(loss, chars_per_token),
             "accuracy": totals["correct"] / totals["tokens"], "windows": totals["windows"],
             "tokens": totals["tokens"]}
 

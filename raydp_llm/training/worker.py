@@ -29,6 +29,7 @@ from raydp_llm.core.tokenizer import tokenizer_from_json
 from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
 from raydp_llm.training.checkpoint import load_train_checkpoint, save_train_checkpoint
+from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.optim import make_optimizer
 from raydp_llm.training.spec import TrainSpec
 from raydp_llm.training.state import TrainState
@@ -271,9 +272,7 @@ class Worker:
             "train_loss": train_loss / world / interval.steps,
             "val_loss": val_loss,
             "val_ppl": math.exp(min(val_loss, 700)) if math.isfinite(val_loss) else val_loss,
-            "val_bpc": val_loss / math.log(2) / spec.chars_per_token
-            if spec.chars_per_token
-            else None,
+            "val_bpc": bits_per_char(val_loss, spec.chars_per_token),
             "train_acc": train_hits / max(train_count, 1),
             "val_acc": val_hits / max(val_count, 1),
             "grad_norm": interval.grad_norm / interval.steps,

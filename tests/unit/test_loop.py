@@ -22,6 +22,7 @@ from raydp_llm.data.stream import Sampling
 from raydp_llm.data.stream import steps_per_epoch as epoch_steps_of
 from raydp_llm.training.checkpoint import STATE_JSON
 from raydp_llm.training.loop import TrainLoop, divergence
+from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.spec import TrainSpec
 from raydp_llm.training.state import TrainState
@@ -99,7 +100,7 @@ def test_a_few_loop_steps_report_a_row_per_evaluation_and_checkpoint(data, tmp_p
     for r in rows:
         assert math.isfinite(r["train_loss"]) and math.isfinite(r["val_loss"])
         assert r["lr"] == pytest.approx(lr_at(r["step"] - 1, s))  # the lr of the row's last step
-        assert r["val_bpc"] == pytest.approx(r["val_loss"] / math.log(2) / 2.0)
+        assert r["val_bpc"] == pytest.approx(bits_per_char(r["val_loss"], 2.0))
         assert r["tokens"] == r["step"] * BATCH * BLOCK and r["workers"] == 1
         assert 0 <= r["train_acc"] <= 1 and r["grad_abs_max"] >= r["grad_abs_min"]
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
