@@ -9,7 +9,7 @@ One char-level ETL of the corpus (first 90% training, last 10% validation) into 
                    block; baseline: the old layout, every window stored as ``block + 1`` uint16 ids
                    (Parquet's own overhead left out, so the baseline is a lower bound)
   reads            windows and chunks each worker reads in one epoch at stride 1 with 1 and 2
-                   workers (trainer.WorkerData over the cache's Parquet files); baseline: the old
+                   workers (worker.WorkerData over the cache's Parquet files); baseline: the old
                    trainer, where every worker read every window of the epoch
   resume           seconds from a fresh worker to the first batch of a step at 10% and 90% of an
                    epoch (stride 1); baseline: reading through the steps before it, as the old
@@ -78,7 +78,7 @@ def spec_of(cfg, data, stride: int):
 
 
 def worker_data(spec, data, rank: int, world: int):
-    from raydp_llm.training.trainer import WorkerData
+    from raydp_llm.training.worker import WorkerData
 
     sources = {s: (data.sources[s], data.index[s]) for s in ("train", "val")}
     return WorkerData(spec, sources, rank, world)

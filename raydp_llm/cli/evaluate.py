@@ -28,6 +28,7 @@ from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.scores import score_documents
+from raydp_llm.cli.session import job_session
 from raydp_llm.core import storage
 from raydp_llm.core.config import CONF_DIR, EvaluateSettings
 from raydp_llm.core.errors import InputError
@@ -37,11 +38,10 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import TOKENIZER_FILE
 from raydp_llm.data import cache
 from raydp_llm.data.batches import WindowBatch
-from raydp_llm.data.prepare import dataset_store, prepared, samplings, windows_of, write_json
+from raydp_llm.data.prepare import dataset_store, samplings, write_json
 from raydp_llm.data.stream import iter_windows
-from raydp_llm.engines.preflight import preflight
-from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.checkpoint import MODEL_FILES, load_model_dir
+from raydp_llm.training.metrics import bits_per_char
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def metrics(totals: dict, chars_per_token: float | None) -> dict:
     accuracy."""
     loss = totals["nats"] / totals["tokens"]
     return {"loss": loss, "perplexity": math.exp(loss),
-            "bits_per_char": loss / math.log(2) / chars_per_token if chars_per_token else None,
+            "bits_per_char": bits_per_char(loss, chars_per_token),
             "accuracy": totals["correct"] / totals["tokens"], "windows": totals["windows"],
             "tokens": totals["tokens"]}
 
@@ -119,18 +119,14 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
     total = Stopwatch()
     model, settings = model_and_settings(settings, out_dir)
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
-    store = dataset_store(settings.data, out_dir)
-    with ray_session(settings.cluster, settings.name):
-        preflight(settings.cluster, None, store)
-        with prepared(settings, corpus, out_dir, to_ray=False, store=store) as data:
-            timings = dict(data.timings)
+    with job_session(settings, dataset_store(settings.data, out_dir)) as session:
+        data, timings = session.prepare(corpus, out_dir), session.timings
         scores = None
         if settings.per_document:  # on the cluster, Spark gone: its CPUs are free
             with timed(timings, "per_document_s"):
                 scores = score_documents(
                     str(Path(settings.tokenizer.path).parent), data.entry, out_dir,
                     settings.eval_batch_size, max(1, int(ray.cluster_resources().get("CPU", 1))))
-    data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
     m = data.manifest
     with timed(timings, "eval_s"):
         torch.set_num_threads(os.cpu_count())

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
         return 2
     # torch: seconds to import, after the arguments are known good
     from raydp_llm.training.checkpoint import load_model_dir
-    from raydp_llm.training.sampling import sample_text, top_next_tokens
+    from raydp_llm.training.generation import sample_text, top_next_tokens
 
     try:
         model, tokenizer = load_model_dir(s.model_dir, s3=S3Options.of(s.s3))

@@ -8,32 +8,21 @@ import shutil
 import textwrap
 from pathlib import Path
 
+from raydp_llm.cli.session import job_session
 from raydp_llm.core.config import Settings
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prepare import (
-    PreparedData,
-    curation_lines,
-    dataset_store,
-    prepared,
-    windows_of,
-    write_json,
-)
-from raydp_llm.engines.preflight import preflight
-from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.data.prepare import PreparedData, curation_lines, dataset_store, write_json
 
 REMOVED_SAMPLE_TEXT = "removed_sample.txt"
 
 
 def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, total: Stopwatch) -> None:
     """The ETL on checked ``settings`` into the ETL cache (or ``out_dir``), what it made printed."""
-    store = dataset_store(settings.data, out_dir)
-    with ray_session(settings.cluster, settings.name):
-        preflight(settings.cluster, None, store)
-        with prepared(settings, corpus, out_dir, to_ray=False, store=store) as data:
-            manifest = data.manifest | windows_of(settings, data.index, data.manifest) | {
-                "cache_hit": data.cache_hit, "dataset": str(data.entry)}
+    with job_session(settings, dataset_store(settings.data, out_dir)) as session:
+        with session.prepared(corpus, out_dir) as data:
+            manifest = data.manifest | {"cache_hit": data.cache_hit, "dataset": str(data.entry)}
             write_json(out_dir / "manifest.json", manifest)
     removed = removed_documents(data.entry, out_dir)
     print(describe(data, manifest))

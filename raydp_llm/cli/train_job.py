@@ -4,25 +4,24 @@ input: Ray, the ETL (or its cache), DDP training, the model, the sample, the sum
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from raydp_llm.cli.session import JobSession, job_session
 from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prepare import PreparedData, prepared, samplings, windows_of, write_json
-from raydp_llm.engines.preflight import preflight
-from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.data.prepare import PreparedData, samplings, write_json
 from raydp_llm.training import runs, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
+from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases
+from raydp_llm.training.generation import sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
-from raydp_llm.training.sampling import sample_text
 from raydp_llm.training.spec import TrainSpec, build_spec
-from raydp_llm.training.trainer import FitResult, Launch, RunContext, fit, startup_phases
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +48,14 @@ def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path) -> str
 
 @dataclass
 class Trained:
-    """A finished training: the data it ran on, what it did, and the seconds each phase took."""
+    """A finished training: the data it ran on, what it did, the seconds each phase took, and
+    where its outputs go."""
 
     data: PreparedData
     outcome: FitResult
     timings: dict
     destination: str  # where the outputs go beside the checkpoints: <storage>/<run name>
+    copied: bool  # whether they go there (train.storage_path set)
 
 
 def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
@@ -67,14 +68,19 @@ def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, started: dict
     record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
     # never another run's: Ray Train would silently continue it
     run_name = f"{settings.name}-{record.run_id}"
+    # the ETL cache, when on, holds the dataset the workers read (else Ray's object store)
+    store = Path(settings.data.cache_dir) if settings.data.cache else None
     with tracking.tracked(tracking.tracker(settings.tracking), out_dir) as tracker:
-        # this directory is this run's alone (a run refused for its input gives it back)
-        with runs.claimed(out_dir, record), ray_session(settings.cluster, settings.name):
-            timings = {"ray_start_s": total.seconds()}
+        # this directory is this run's alone (a run refused for its input gives it back); the
+        # cluster's nodes are known once Ray is up, before the ETL
+        with (runs.claimed(out_dir, record),
+              job_session(settings, store, settings.train, clock=total) as session):
             job = Job(out_dir, record, run_name, tracker, sweep_dir)
-            trained = train(settings, corpus, job, timings)
+            trained = train(settings, corpus, job, session)
         trained.timings["startup"] = startup(started, trained.timings, trained.outcome)
-        return finish(settings, out_dir, trained, total)
+        outputs = artifacts(settings, out_dir, trained, total)
+        publish(settings, out_dir, trained)
+        return report(out_dir, trained, outputs)
 
 
 @dataclass
@@ -88,16 +94,12 @@ class Job:
     sweep_dir: str | None
 
 
-def train(settings: Settings, corpus, job: Job, timings: dict) -> Trained:
+def train(settings: Settings, corpus, job: Job, session: JobSession) -> Trained:
     """The ETL (or its cache), then training, on the running Ray; the model into ``model/``;
-    seconds per phase into ``timings``."""
+    seconds per phase into the session's ``timings``."""
     out_dir, record = job.out_dir, job.record
     run_storage = settings.train.storage_path or str(out_dir / "ray_results")
-    store = Path(settings.data.cache_dir) if settings.data.cache else None
-    # the cluster's nodes are known now, before the ETL
-    preflight(settings.cluster, settings.train, store)
-    with prepared(settings, corpus, out_dir, to_ray=True, store=store) as data:
-        data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
+    with session.prepared(corpus, out_dir, to_ray=True) as data:
         write_json(out_dir / "manifest.json", data.manifest)
         spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
         record.resumed_from = resume_checkpoint(settings, spec, out_dir)
@@ -108,7 +110,7 @@ def train(settings: Settings, corpus, job: Job, timings: dict) -> Trained:
             [str(out_dir / runs.RECORD), storage.join(run_storage, job.run_name, runs.RECORD)],
             spec.s3,
         )
-        with timed(timings, "train_s"), keeper.beating():
+        with timed(session.timings, "train_s"), keeper.beating():
             outcome = fit(
                 spec,
                 RunContext(job.run_name, resume_from=record.resumed_from),
@@ -119,8 +121,8 @@ def train(settings: Settings, corpus, job: Job, timings: dict) -> Trained:
             keeper.finish("diverged" if outcome.diverged else "finished")
         if outcome.diverged is None:
             storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"), spec.s3)
-        timings |= data.timings
-    return Trained(data, outcome, timings, storage.join(run_storage, job.run_name))
+    return Trained(data, outcome, session.timings, storage.join(run_storage, job.run_name),
+                   copied=settings.train.storage_path is not None)
 
 
 def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
@@ -141,41 +143,75 @@ def _export(checkpoint, directory: Path) -> None:
         export_model_dir(Path(d), directory)
 
 
-def finish(settings: Settings, out_dir: Path, trained: Trained, total: Stopwatch) -> dict:
-    """After training: the sample, the plots, ``summary.json``, and the outputs copied beside the
-    checkpoints when ``train.storage_path`` is set. A diverged run gets no model and no sample, and
-    ends with one line."""
-    outcome, timings = trained.outcome, trained.timings
-    text, sizes = None, {}
-    if outcome.diverged is None:
-        model, tokenizer = load_model_dir(out_dir / "model")
-        sample = settings.sample
-        text = sample_text(model, tokenizer, sample.prompt, sample.max_new_tokens,
-                           sample.temperature, sample.top_k, settings.seed)
-        (out_dir / "samples.txt").write_text(text + "\n")
-        sizes = {"num_params": model.num_params(), "flops_per_token": model.flops_per_token()}
+# After training: its artifacts, published, and the closing report.
+
+
+@dataclass
+class Sample:
+    """The trained model's continuation of ``sample.prompt``, and its size."""
+
+    text: str | None = None
+    sizes: dict = field(default_factory=dict)  # num_params, flops_per_token
+
+
+@dataclass
+class Outputs:
+    """What a run leaves beside its model: the sample, and the summary (``summary.json``)."""
+
+    sample: Sample
+    summary: dict
+
+
+def artifacts(settings: Settings, out_dir: Path, trained: Trained, total: Stopwatch) -> Outputs:
+    """After training, into ``out_dir``: the model's sample (``samples.txt``), the plots and
+    ``summary.json``. A diverged run has no model, so no sample."""
+    sample = write_sample(settings, out_dir) if trained.outcome.diverged is None else Sample()
+    timings = trained.timings
     timings["total_s"] = total.seconds()
     metrics_csv = out_dir / "metrics.csv"
     rows = read_metrics(metrics_csv) if metrics_csv.exists() else []
     if rows:
         plot_loss(metrics_csv, out_dir / "loss.png")
         plot_throughput(metrics_csv, out_dir / "throughput.png")
-    copied = settings.train.storage_path is not None
+    outcome, data = trained.outcome, trained.data
     summary = write_summary(
         out_dir / "summary.json",
         rows,
         status="diverged" if outcome.diverged else "finished",
-        **sizes,
+        **sample.sizes,
         resumed_from=outcome.resumed_from,
         restarts=outcome.restarts,
         diverged=outcome.diverged,
-        storage=trained.destination if copied else None,
+        storage=trained.destination if trained.copied else None,
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
-        etl=trained.data.manifest | {"cache_hit": trained.data.cache_hit},
-        etl_stats={k: v for k, v in trained.data.stats.items() if k != "per_stage"},
+        etl=data.manifest | {"cache_hit": data.cache_hit},
+        etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"},
     )
-    if copied:  # the run's outputs beside its checkpoints, where the machine's disk may not last
+    return Outputs(sample, summary)
+
+
+def write_sample(settings: Settings, out_dir: Path) -> Sample:
+    """The model of ``out_dir/model`` continues ``sample.prompt`` into ``samples.txt``."""
+    model, tokenizer = load_model_dir(out_dir / "model")
+    sample = settings.sample
+    text = sample_text(model, tokenizer, sample.prompt, sample.max_new_tokens,
+                       sample.temperature, sample.top_k, settings.seed)
+    (out_dir / "samples.txt").write_text(text + "\n")
+    return Sample(text, {"num_params": model.num_params(),
+                         "flops_per_token": model.flops_per_token()})
+
+
+def publish(settings: Settings, out_dir: Path, trained: Trained) -> None:
+    """The run's outputs copied beside its checkpoints when ``train.storage_path`` is set, where
+    the machine's disk may not last."""
+    if trained.copied:
         copy_outputs(out_dir, trained.destination, S3Options.of(settings.s3))
+
+
+def report(out_dir: Path, trained: Trained, outputs: Outputs) -> dict:
+    """The run's last words: a diverged run ends with one line (``RunFailure``); a finished one
+    logs its times, its validation loss and its sample. Returns the summary."""
+    outcome, timings, summary = trained.outcome, trained.timings, outputs.summary
     if outcome.diverged:
         raise RunFailure(divergence_line(outcome.diverged, out_dir))
     log.info(
@@ -190,7 +226,7 @@ def finish(settings: Settings, out_dir: Path, trained: Trained, total: Stopwatch
         summary["final_val_loss"],
         out_dir,
     )
-    log.info("sample:\n%s", text)
+    log.info("sample:\n%s", outputs.sample.text)
     return summary
 
 

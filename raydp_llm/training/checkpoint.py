@@ -28,6 +28,7 @@ from raydp_llm.core.model import LanguageModel, build_model
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_FILE, Tokenizer, tokenizer_from_json
 from raydp_llm.training.runs import STATE_JSON
+from raydp_llm.training.state import TrainState
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -153,21 +154,21 @@ def build_from_dir(
 
 
 def save_train_checkpoint(
-    directory: Path, model: LanguageModel, tokenizer: Tokenizer, optimizer, state: dict
+    directory: Path, model: LanguageModel, tokenizer: Tokenizer, optimizer, state: TrainState
 ) -> Path:
     """A model directory plus what resuming needs: ``state`` (JSON: step, epoch, position,
     fingerprint, ...), the optimizer's state and the torch RNG; sealed last."""
     save_model_dir(directory, model, tokenizer, seal=False)
-    (Path(directory) / STATE_JSON).write_text(json.dumps(state, indent=2))
+    (Path(directory) / STATE_JSON).write_text(json.dumps(state.to_json(), indent=2))
     torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
                Path(directory) / STATE_TENSORS)
     integrity.seal(directory)
     return Path(directory)
 
 
-def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> dict:
+def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> TrainState:
     """Restore weights, optimizer and RNG from a complete training checkpoint into ``model`` and
-    ``optimizer``; returns its state (JSON)."""
+    ``optimizer``; returns its state (``train_state.json``)."""
     directory = Path(directory)
     damage = integrity.problem(directory)
     if damage:
@@ -176,7 +177,7 @@ def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> d
     tensors = torch.load(directory / STATE_TENSORS, weights_only=True)
     optimizer.load_state_dict(tensors["optimizer"])
     torch.set_rng_state(tensors["torch_rng"])
-    return json.loads((directory / STATE_JSON).read_text())
+    return TrainState.from_json(json.loads((directory / STATE_JSON).read_text()))
 
 
 def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:

@@ -69,6 +69,12 @@ LOST = (
 )
 
 
+def bits_per_char(loss: float, chars_per_token: float | None) -> float | None:
+    """Bits per character of a mean loss per token in nats (the ``bpc`` above): ``loss / ln 2 /
+    characters per token``; None for a corpus of token ids, which has no characters."""
+    return loss / math.log(2) / chars_per_token if chars_per_token else None
+
+
 class MetricsWriter(UserCallback):
     """Runs in the Ray Train controller, which Ray places on the driver's node, and writes into
     ``out_dir``:

@@ -10,6 +10,7 @@ go through tqdm (``logging_redirect_tqdm``), so they never tear the bar.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,3 +150,9 @@ class LivePosts:
 
     def evaluation(self, val_loss: float) -> None:
         self.gauges.set(val_loss=val_loss)
+
+    def mark(self, name: str, at: float | None = None, first: bool = True) -> None:
+        """That rank 0 reached ``name`` now (or ``at``, a ``time.time()``), on the board
+        (``ProgressBoard.mark``)."""
+        if self.board is not None:
+            self.board.mark.remote(name, time.time() if at is None else at, first=first)

@@ -83,5 +83,5 @@ def test_the_wheel_holds_the_console_scripts_and_the_configuration(tmp_path):
     shipped = sorted(f"share/raydp_llm/conf/{p.relative_to(ROOT / 'conf')}"
                      for p in (ROOT / "conf").rglob("*.yaml"))
     assert confs == shipped
-    assert "raydp_llm/training/trainer.py" in names and "raydp_llm/data/etl/__init__.py" in names
+    assert "raydp_llm/training/fit.py" in names and "raydp_llm/data/etl/__init__.py" in names
     assert "raydp_llm/log4j2.properties" in names  # the Spark driver's log configuration

@@ -14,7 +14,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import GPT, LSTMLM, LanguageModel, build_model
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.training.checkpoint import load_model_dir, save_model_dir
-from raydp_llm.training.sampling import sample_text, top_next_tokens
+from raydp_llm.training.generation import sample_text, top_next_tokens
 
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)
 LSTM_CFG = LSTMConfig(vocab_size=11, block_size=16, n_layer=2, n_embd=32)

@@ -1,4 +1,4 @@
-"""The trainer's data order (trainer.WorkerData over data/stream.py): fixed by the seed, disjoint
+"""The trainer's data order (worker.WorkerData over data/stream.py): fixed by the seed, disjoint
 across ranks, independent of the number of workers, resumable; and the learning-rate schedule."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from conftest import chunked
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.training.optim import lr_at
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.trainer import WorkerData, lr_at
+from raydp_llm.training.worker import WorkerData
 
 N, BLOCK = 1300, 12  # 1200 training tokens: 100 windows of 13 tokens at a stride of 12
 
@@ -94,7 +95,7 @@ def test_learning_rate_warms_up_then_decays_to_min_lr(data):
 
 
 def test_start_up_phases_from_the_marks():
-    from raydp_llm.training.trainer import startup_phases
+    from raydp_llm.training.fit import startup_phases
 
     marks = {"fit": 100.0, "loop_start": 104.5, "worker_ready": 105.0, "first_step": 105.25,
              "last_step": 130.0, "fit_end": 133.0}

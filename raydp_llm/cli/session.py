@@ -1,0 +1,53 @@
+"""The start-up every job shares (train, prepare, evaluate), in one place: Ray up
+(``ray_session``), the cluster checked once its nodes are known (``preflight``), then the data:
+the ETL or its cache (``prepared``), the run's windows in its manifest, its phases' seconds in the
+job's timings."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from raydp_llm.core.config import Settings, TrainSettings
+from raydp_llm.core.timing import Stopwatch
+from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.prepare import PreparedData, prepared, windows_of
+from raydp_llm.engines.preflight import preflight
+from raydp_llm.engines.ray_cluster import ray_session
+
+
+class JobSession:
+    """A job on a running, checked Ray. ``timings``: the seconds of each phase so far."""
+
+    def __init__(self, settings: Settings, store: Path | None, timings: dict):
+        self.settings, self.store, self.timings = settings, store, timings
+
+    @contextlib.contextmanager
+    def prepared(self, corpus: Corpus, out_dir: Path, to_ray: bool = False
+                 ) -> Iterator[PreparedData]:
+        """The ETL (or its cache) into ``store``, its manifest with the run's windows; Spark's
+        lifetime is this block's. The ETL's seconds join ``timings`` at its end."""
+        settings = self.settings
+        with prepared(settings, corpus, out_dir, to_ray=to_ray, store=self.store) as data:
+            data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
+            yield data
+            self.timings |= data.timings
+
+    def prepare(self, corpus: Corpus, out_dir: Path) -> PreparedData:
+        """The ETL (or its cache) run to its end, Spark stopped: the data of a job that reads it
+        from disk."""
+        with self.prepared(corpus, out_dir) as data:
+            return data
+
+
+@contextlib.contextmanager
+def job_session(settings: Settings, store: Path | None, train: TrainSettings | None = None,
+                clock: Stopwatch | None = None) -> Iterator[JobSession]:
+    """Ray up for ``settings.name`` and the cluster checked for the job (for the DDP workers too
+    when ``train`` is given; ``store``: where the ETL writes its dataset); Ray stops at the end.
+    With ``clock`` (started with the job), ``ray_start_s`` opens the timings."""
+    with ray_session(settings.cluster, settings.name):
+        timings = {"ray_start_s": clock.seconds()} if clock else {}
+        preflight(settings.cluster, train, store)
+        yield JobSession(settings, store, timings)

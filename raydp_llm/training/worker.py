@@ -1,0 +1,289 @@
+"""One DDP worker's side of training, in plain torch: where it runs (``Placement``), its windows
+(``WorkerData``), its model and optimizer, the optimizer step and an evaluation's metrics row
+(``Worker``).
+
+Nothing here asks Ray. Ray Train's entry (``loop.train_loop``) gives the worker its placement and
+the function that wraps its model for DDP, so a test trains a worker in one CPU process. The
+collectives are DDP's gradient all-reduce in the step, and an evaluation's ``all_reduce_sum`` and
+``all_reduce_max``, which go through ``torch.distributed`` only when it is initialized (with one
+process there is nothing to reduce).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+import torch.distributed as dist
+
+from raydp_llm.core import hf
+from raydp_llm.core.model import build_model
+from raydp_llm.core.timing import Stopwatch
+from raydp_llm.core.tokenizer import tokenizer_from_json
+from raydp_llm.data.batches import WindowBatch
+from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
+from raydp_llm.training.checkpoint import load_train_checkpoint, save_train_checkpoint
+from raydp_llm.training.metrics import bits_per_char
+from raydp_llm.training.optim import make_optimizer
+from raydp_llm.training.spec import TrainSpec
+from raydp_llm.training.state import TrainState
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a worker runs: its rank among ``world_size`` workers, its rank on its node, its
+    device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+class WorkerData:
+    """One worker's windows: its lanes of each epoch's training sequence, and its share of the
+    validation windows. ``data`` = ``{split: (source, ChunkIndex)}`` (data/stream.py)."""
+
+    def __init__(self, spec: TrainSpec, data: dict, rank: int, world: int):
+        self.spec, self.rank, self.world = spec, rank, world
+        self.lanes = Lanes(spec.train.batch_size, rank, world)
+        open_chunks = spec.train.batch_size // world + 2  # at most one per lane, and some slack
+        self.readers = {name: ChunkReader(source, index, spec.token_dtype, open_chunks)
+                        for name, (source, index) in data.items()}
+        self.val_order = EpochOrder(data["val"][1], spec.sampling["val"], spec.seed, epoch=None)
+        self.epoch_reads = {"epoch": None, "windows": 0, "chunks": 0}
+
+    def steps(self, epoch: int, first_step: int):
+        """This worker's micro-batches for the optimizer steps ``first_step..`` of ``epoch``,
+        ``grad_accum`` at a time."""
+        spec, reader = self.spec, self.readers["train"]
+        order = EpochOrder(reader.index, spec.sampling["train"], spec.seed, epoch)
+        before = reader.counts()
+        for step in range(first_step, spec.steps_per_epoch):
+            windows = reader.windows(order, self.lanes.positions(step, spec.steps_per_epoch))
+            after = reader.counts()
+            self.epoch_reads = {"epoch": epoch,
+                                "windows": after["windows_read"] - before["windows_read"],
+                                "chunks": after["chunks_read"] - before["chunks_read"]}
+            yield np.split(windows, spec.train.grad_accum)
+
+    def val_batches(self):
+        """This worker's contiguous share of the first ``eval_batches × batch_size / grad_accum``
+        validation windows (all when None: the same windows with any number of workers)."""
+        spec = self.spec
+        micro = spec.micro_batch(self.world)
+        limit = None if spec.train.eval_batches is None else spec.train.eval_batches * micro * \
+            self.world
+        positions = ordered_positions(self.val_order.total, limit, self.rank, self.world)
+        for lo in range(0, len(positions), micro):
+            yield self.readers["val"].windows(self.val_order, positions[lo:lo + micro])
+
+
+def all_reduce_sum(*values: float) -> list[float]:
+    """``values`` summed over the workers (as they are with one process)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(*values: float) -> list[float]:
+    """The largest of each of ``values`` over the workers."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _loss_and_hits(model, x: torch.Tensor, y: torch.Tensor, autocast) -> tuple[torch.Tensor, int]:
+    with autocast():
+        logits, loss = model(x, y)
+    return loss, int((logits.argmax(dim=-1) == y).sum())
+
+
+@torch.no_grad()
+def validation_pass(model: torch.nn.Module, data: WorkerData, collate: WindowBatch,
+                    autocast) -> list[float]:
+    """Over this worker's share of the validation windows: the summed loss (nats), the correct
+    top-1 predictions and the predicted tokens."""
+    model.eval()
+    loss_sum = hits = count = 0
+    for windows in data.val_batches():
+        x, y = collate(windows)
+        loss, h = _loss_and_hits(model, x, y, autocast)
+        loss_sum, hits, count = loss_sum + loss.item() * y.numel(), hits + h, count + y.numel()
+    model.train()
+    return [loss_sum, hits, count]
+
+
+@dataclass
+class StepResult:
+    loss: float  # this worker's mean loss over its micro-batches
+    hits: int  # correct top-1 predictions
+    count: int  # predicted tokens
+    grad_norm: float  # total gradient norm before clipping: the same on every rank
+
+
+class Interval:
+    """What happens between two reports: losses, hits, gradient norms, step times."""
+
+    def __init__(self):
+        self.loss = self.hits = self.count = self.grad_norm = self.step_s = 0.0
+        self.steps, self.clock = 0, Stopwatch()
+
+    def add(self, step: StepResult, step_s: float) -> None:
+        self.loss += step.loss
+        self.hits += step.hits
+        self.count += step.count
+        self.grad_norm += step.grad_norm
+        self.step_s += step_s
+        self.steps += 1
+
+    def tokens_per_s(self, tokens_per_step: int) -> float:
+        return self.steps * tokens_per_step / self.clock.seconds()
+
+
+def grad_stats(model: torch.nn.Module) -> dict:
+    """Mean, min, max and variance of the gradients' magnitudes (the DL4J projects' gradient
+    statistics)."""
+    g = torch.cat(
+        [p.grad.detach().abs().flatten().float() for p in model.parameters() if p.grad is not None]
+    )
+    return {
+        "grad_abs_mean": g.mean().item(),
+        "grad_abs_min": g.min().item(),
+        "grad_abs_max": g.max().item(),
+        "grad_abs_var": g.var().item(),
+    }
+
+
+def system_stats(process: psutil.Process, device: torch.device) -> dict:
+    """This worker's memory and CPU load, the node's, and GPU memory when on a GPU."""
+    mem = psutil.virtual_memory()
+    return {
+        "rss_mb": process.memory_info().rss / 2**20,
+        "sys_mem_used_mb": (mem.total - mem.available) / 2**20,
+        "sys_mem_total_mb": mem.total / 2**20,
+        "cpu_percent": process.cpu_percent(),
+        "sys_cpu_percent": psutil.cpu_percent(),
+        "gpu_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20
+        if device.type == "cuda"
+        else None,
+    }
+
+
+def non_finite_weights(model: torch.nn.Module) -> int:
+    """How many parameter tensors hold a NaN or an infinity (the same on every rank: DDP keeps them
+    equal)."""
+    return sum(1 for p in model.parameters() if not torch.isfinite(p).all())
+
+
+def autocast_for(precision: str, device: torch.device) -> Callable:
+    """bf16 autocast on a GPU (``train.precision`` bf16, or auto); fp32 otherwise."""
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if bf16 and device.type == "cuda":
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+class Worker:
+    """One DDP worker's model, optimizer and data, and the optimizer step (nanoGPT's inner loop).
+    ``prepare`` puts the model on the device and wraps it for DDP (``ray.train.torch.
+    prepare_model`` in a run); without it the model is only moved to the device."""
+
+    def __init__(self, spec: TrainSpec, data: dict, placement: Placement,
+                 prepare: Callable[[torch.nn.Module], torch.nn.Module] | None = None):
+        self.spec, self.placement, self.device = spec, placement, placement.device
+        torch.set_num_threads(spec.train.cpus_per_worker)
+        torch.manual_seed(spec.seed)
+        self.data = WorkerData(spec, data, placement.rank, placement.world_size)
+        self.autocast = autocast_for(spec.train.precision, self.device)
+        self.model = build_model(spec.model)
+        if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (core/hf.py)
+            hf.load_gpt2_weights(self.model, hf.read_gpt2_tensors(spec.model.init_from),
+                                 spec.model.init_from)
+        prepare = prepare or (lambda model: model.to(self.device))
+        self.ddp_model = prepare(self.model)  # on the device; DDP when world > 1
+        self.optimizer = make_optimizer(self.model, spec)
+        self.forward = torch.compile(self.ddp_model) if spec.train.compile else self.ddp_model
+        self.collate = WindowBatch(self.device)
+        self.tokens_per_step = spec.train.batch_size * self.model.config.block_size
+        self.process = psutil.Process()
+        self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
+
+    def load_checkpoint(self, directory: Path) -> TrainState:
+        """Weights, optimizer and RNG from a training checkpoint; the state it was taken at."""
+        return load_train_checkpoint(directory, self.model, self.optimizer)
+
+    def save_checkpoint(self, directory: Path, state: TrainState) -> None:
+        """A training checkpoint at ``state``, stamped with the run's fingerprint, ``max_steps``
+        and number of workers."""
+        spec = self.spec
+        stamped = replace(state, fingerprint=spec.fingerprint, max_steps=spec.max_steps,
+                          world=self.placement.world_size)
+        save_train_checkpoint(directory, self.model, tokenizer_from_json(spec.tokenizer_json),
+                              self.optimizer, stamped)
+
+    def train_step(self, group: list[np.ndarray], lr: float) -> StepResult:
+        """Forward and backward over this worker's ``grad_accum`` micro-batches (DDP all-reduces the
+        gradients on the last), clip, and step the optimizer unless the gradient norm is not
+        finite."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        loss_sum, hits = 0.0, 0
+        for i, windows in enumerate(group):
+            x, y = self.collate(windows)
+            sync = i == len(group) - 1 or not hasattr(self.ddp_model, "no_sync")
+            with contextlib.nullcontext() if sync else self.ddp_model.no_sync():
+                loss, h = _loss_and_hits(self.forward, x, y, self.autocast)
+                (loss / self.spec.train.grad_accum).backward()
+            loss_sum, hits = loss_sum + loss.item(), hits + h
+        max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        return StepResult(loss_sum / len(group), hits, y.numel() * len(group), grad_norm)
+
+    def metrics(self, interval: Interval, state: TrainState, lr: float) -> dict:
+        """The metrics.csv row of an evaluation at ``state``: the interval's training figures and a
+        validation pass, each summed over the workers, the most windows and chunks a worker read
+        this epoch, and system load. Three collectives, in this order on every rank."""
+        spec, world = self.spec, self.placement.world_size
+        train_loss, train_hits, train_count = all_reduce_sum(interval.loss, interval.hits,
+                                                             interval.count)
+        val_sum, val_hits, val_count = all_reduce_sum(
+            *validation_pass(self.model, self.data, self.collate, self.autocast))
+        windows_read, chunks_read = all_reduce_max(self.data.epoch_reads["windows"],
+                                                   self.data.epoch_reads["chunks"])
+        val_loss = val_sum / max(val_count, 1)
+        tokens_per_s = interval.tokens_per_s(self.tokens_per_step)
+        flops_per_token = self.model.flops_per_token()
+        return {
+            "step": state.step,
+            "epoch": state.epoch,
+            "tokens": state.step * self.tokens_per_step,
+            "lr": lr,
+            "train_loss": train_loss / world / interval.steps,
+            "val_loss": val_loss,
+            "val_ppl": math.exp(min(val_loss, 700)) if math.isfinite(val_loss) else val_loss,
+            "val_bpc": bits_per_char(val_loss, spec.chars_per_token),
+            "train_acc": train_hits / max(train_count, 1),
+            "val_acc": val_hits / max(val_count, 1),
+            "grad_norm": interval.grad_norm / interval.steps,
+            "tokens_per_s": tokens_per_s,
+            "step_time_s": interval.step_s / interval.steps,
+            "mfu": (flops_per_token * tokens_per_s / (spec.train.peak_flops * world))
+            if spec.train.peak_flops
+            else None,
+            **system_stats(self.process, self.device),
+            "elapsed_s": state.elapsed_s,
+            "workers": world,
+            "windows_read": int(windows_read),  # this epoch, the most any worker read
+            "chunks_read": int(chunks_read),
+        }
