@@ -41,9 +41,11 @@ def prepare(corpus: Path, block: int, out: Path):
     from hydra import compose, initialize_config_dir
 
     from raydp_llm.cli.inputs import check_inputs, typed_settings
+    from raydp_llm.core.registry import register_configs
     from raydp_llm.data.prepare import prepared
     from raydp_llm.engines.ray_cluster import ray_session
 
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = typed_settings(compose(config_name="config", overrides=[
             "+experiment=shakespeare_char", f"data.path={corpus}", f"data.cache_dir={out}/cache",

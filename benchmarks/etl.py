@@ -37,11 +37,13 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
     from hydra import compose, initialize_config_dir
 
     from raydp_llm.cli.inputs import check_inputs, typed_settings
+    from raydp_llm.core.registry import register_configs
     from raydp_llm.data import cache
     from raydp_llm.data.etl import EtlPlan, run_etl
     from raydp_llm.engines.ray_cluster import ray_session
     from raydp_llm.engines.spark import spark_session
 
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(
             config_name="config",

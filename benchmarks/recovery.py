@@ -30,8 +30,10 @@ def run_once(out: Path, overrides: list[str], kill_after: int | None) -> dict:
 
     from raydp_llm.cli.inputs import typed_settings
     from raydp_llm.cli.train import run
+    from raydp_llm.core.registry import register_configs
     from raydp_llm.training.metrics import read_events, read_metrics
 
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     seen: dict = {}
@@ -75,7 +77,8 @@ def main() -> None:
     args = parser.parse_args()
     from hydra import compose, initialize_config_dir
 
-    from raydp_llm.cli.inputs import typed_settings  # its import registers the config schemas
+    from raydp_llm.cli.inputs import typed_settings
+    from raydp_llm.core.registry import register_configs
     from raydp_llm.engines.ray_cluster import ray_session
 
     overrides = [
@@ -85,6 +88,7 @@ def main() -> None:
         "cluster.dashboard=false",
         *args.set,
     ]
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cluster = typed_settings(compose(config_name="config", overrides=overrides)).cluster
     with tempfile.TemporaryDirectory() as tmp, ray_session(cluster, "recovery"):

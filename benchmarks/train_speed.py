@@ -43,9 +43,11 @@ def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: li
 
     from raydp_llm.cli.inputs import typed_settings
     from raydp_llm.cli.train import run
+    from raydp_llm.core.registry import register_configs
     from raydp_llm.training.metrics import read_metrics
 
     cpus = os.cpu_count() // workers
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(
             config_name="config",

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-# importing it registers the config schemas with Hydra
 from raydp_llm.cli.inputs import typed_settings
+from raydp_llm.core.registry import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+register_configs()  # the schemas every composed config (compose_config) stands on
 
 
 BUCKET = "raydp-llm-test"  # in the s3 fixture's server

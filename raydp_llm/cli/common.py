@@ -12,7 +12,7 @@ import traceback
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from raydp_llm.core.errors import OneLineError
+from raydp_llm.core.errors import OneLineError, first_line
 
 log = logging.getLogger("raydp_llm")
 
@@ -40,8 +40,7 @@ def cli_errors(main):
                 log.error("error: %s", err)
             else:  # the traceback goes to the log file only
                 log_file = _traceback_to_log_file()
-                first = _known_cause(err) or next(
-                    (line for line in _message(err).splitlines() if line.strip()), "")
+                first = _known_cause(err) or first_line(_message(err))
                 first = first[:300]
                 log.error(
                     "error: %s: %s%s",

@@ -30,9 +30,10 @@ from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.scores import score_documents
 from raydp_llm.cli.session import job_session
 from raydp_llm.core import storage
-from raydp_llm.core.config import CONF_DIR, EvaluateSettings
+from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import LanguageModel
+from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import TOKENIZER_FILE
@@ -180,5 +181,6 @@ def main(cfg: DictConfig) -> float:
 
 def cli() -> None:
     """``python -m raydp_llm.evaluate`` and the ``raydp-llm-evaluate`` console script."""
+    register_configs()
     with documented_output():  # --help, --cfg: each setting with its meaning
         main()

@@ -11,7 +11,7 @@ import sys
 from dataclasses import fields, is_dataclass
 from typing import Iterator
 
-from raydp_llm.core.config import SCHEMAS
+from raydp_llm.core.registry import SCHEMAS
 
 
 def field_help(schema: type | None = None) -> dict[str, str]:

@@ -15,7 +15,8 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from raydp_llm.core import storage
-from raydp_llm.core.config import Settings, validate
+from raydp_llm.core.checks import validate
+from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.corpus import Corpus, resolve_corpus
@@ -99,7 +100,7 @@ def _absolute_any(path: str | list[str] | None) -> str | list[str] | None:
 
 
 def check_inputs(settings: Settings) -> Corpus:
-    """Check the settings (``config.validate``, the paths that must exist, a checkpoint to resume,
+    """Check the settings (``checks.validate``, the paths that must exist, a checkpoint to resume,
     the storage's bucket) and resolve the corpus, before any engine starts."""
     validate(settings)
     t, d, s3 = settings.train, settings.data, S3Options.of(settings.s3)

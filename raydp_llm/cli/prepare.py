@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
-from raydp_llm.core.config import CONF_DIR
+from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Stopwatch
 
 
@@ -34,5 +34,6 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     """``python -m raydp_llm.prepare`` and the ``raydp-llm-prepare`` console script."""
+    register_configs()
     with documented_output():  # --help, --cfg: each setting with its meaning
         main()

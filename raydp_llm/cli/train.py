@@ -16,7 +16,8 @@ from omegaconf import DictConfig
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
-from raydp_llm.core.config import CONF_DIR, Settings
+from raydp_llm.core.config import Settings
+from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.training import runs
 
 
@@ -43,6 +44,7 @@ def main(cfg: DictConfig) -> float:
 
 def cli() -> None:
     """``python -m raydp_llm.train`` and the ``raydp-llm-train`` console script."""
+    register_configs()
     with documented_output():  # --help, --cfg: each setting with its meaning
         # before Hydra writes its own files into an explicit hydra.run.dir
         runs.refuse_used_run_dir()

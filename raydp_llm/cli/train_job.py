@@ -10,7 +10,7 @@ from pathlib import Path
 from raydp_llm.cli.session import JobSession, job_session
 from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
-from raydp_llm.core.errors import RunFailure
+from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.data.corpus import Corpus
@@ -251,7 +251,7 @@ def copy_outputs(out_dir: Path, destination: str, s3: S3Options) -> None:
     except OSError as err:
         raise RunFailure(
             f"the run's outputs could not be copied to {destination} "
-            f"({str(err).splitlines()[0][:200]}); they are complete in {out_dir}: "
+            f"({first_line(err, 200)}); they are complete in {out_dir}: "
             f"copy them with `aws s3 cp --recursive {out_dir} {destination}`"
         ) from None
     log.info("outputs copied to %s", destination)

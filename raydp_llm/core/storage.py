@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from raydp_llm.core.errors import InputError
+from raydp_llm.core.errors import InputError, first_line
 
 T = TypeVar("T")
 S3_SCHEMES = (
@@ -76,7 +76,7 @@ def retried(work: Callable[[], T], s3: S3Options) -> T:
 
 def unreachable(key: str, value, err: OSError) -> InputError:
     """The one-line error for a setting whose storage could not be read."""
-    return InputError(f"{key}={value}: cannot read it ({str(err).splitlines()[0]}); check the URI, "
+    return InputError(f"{key}={value}: cannot read it ({first_line(err)}); check the URI, "
                       "the AWS credentials (environment, ~/.aws, instance role) and "
                       "s3.endpoint_url")
 

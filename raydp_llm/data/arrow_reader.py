@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from raydp_llm.core.errors import InputError
+from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.storage import S3Options, is_s3, resolve
 
 SCHEMA = "src string, block long, text binary"
@@ -153,7 +153,7 @@ def read_corpus(
                     yield from read_split(uri, start, end)
                 # pyarrow's message may not name the object (a failed GetObject)
                 except OSError as err:
-                    raise OSError(f"{uri}: {str(err).splitlines()[0]}") from err
+                    raise OSError(f"{uri}: {first_line(err)}") from err
 
     slices = max(1, min(len(splits), spark.sparkContext.defaultParallelism * 4))
     table = spark.createDataFrame(spark.sparkContext.parallelize(splits, slices), "src string, "

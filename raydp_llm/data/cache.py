@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from raydp_llm.core import integrity
 from raydp_llm.core.config import DataSettings
+from raydp_llm.core.errors import first_line
 from raydp_llm.core.tokenizer import Tokenizer, load_tokenizer
 from raydp_llm.data import stream
 from raydp_llm.data.corpus import Corpus
@@ -138,7 +139,7 @@ def entry_problem(entry: Path) -> str | None:
                 for f in sorted((entry / split).glob("*.parquet"))
             )
         except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-            return f"{split}/ has an unreadable Parquet file ({str(err).splitlines()[0][:100]})"
+            return f"{split}/ has an unreadable Parquet file ({first_line(err, 100)})"
         if rows != manifest.chunks(split):
             return f"{split}/ holds {rows} chunks, the manifest {manifest.chunks(split)}"
     return None

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from raydp_llm.core.config import DataSettings
-from raydp_llm.core.errors import InputError
+from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.data import minhash, quality
 from raydp_llm.data.corpus import decode, hadoop_literal
 from raydp_llm.data.documents import document_keys
@@ -260,7 +260,7 @@ def read_scores(spark: SparkSession, path: str) -> DataFrame:
         scores = spark.read.parquet(hadoop_literal(path))
     except Exception as err:  # Spark's AnalysisException: no such path, not Parquet
         raise InputError(f"data.filters.score_path={path}: cannot be read as Parquet "
-                         f"({str(err).splitlines()[0]}); give the document_scores.parquet "
+                         f"({first_line(err)}); give the document_scores.parquet "
                          "of python -m raydp_llm.evaluate per_document=true") from None
     missing = [c for c in SCORE_COLUMNS if c not in scores.columns]
     if missing:

@@ -2,7 +2,7 @@
 instead of Ray Train waiting forever for workers that cannot be placed, or files scattered over the
 nodes' disks.
 
-The CPU formula is the configuration's (``core.config.cpus_needed``): the same one that checks the
+The CPU formula is the configuration's (``core.checks.cpus_needed``): the same one that checks the
 embedded Ray before it starts.
 """
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import ray
 
-from raydp_llm.core.config import ClusterSettings, TrainSettings, cpus_needed
+from raydp_llm.core.checks import cpus_needed
+from raydp_llm.core.config import ClusterSettings, TrainSettings
 from raydp_llm.core.errors import InputError
 
 

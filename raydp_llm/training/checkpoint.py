@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.config import ModelConfig, model_config
-from raydp_llm.core.errors import InputError
+from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.model import LanguageModel, build_model
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_FILE, Tokenizer, tokenizer_from_json
@@ -67,7 +67,7 @@ def _load_weights(directory: Path, model: LanguageModel, device: str, shown_as: 
         state = load_file(Path(directory) / WEIGHTS_FILE, device=device)
     except (SafetensorError, OSError) as err:
         raise ModelDirError(f"{shown_as}: {WEIGHTS_FILE} is damaged "
-                            f"({str(err).splitlines()[0][:120]}); give a model/ directory or "
+                            f"({first_line(err, 120)}); give a model/ directory or "
                             "checkpoint that a run finished writing") from None
     if model.config.tie_weights and "wte.weight" in state:
         state["lm_head.weight"] = state["wte.weight"]
@@ -143,7 +143,7 @@ def build_from_dir(
     except Exception as err:  # tokenizers raises plain Exceptions for a bad file
         raise ModelDirError(
             f"{shown_as}: {TOKENIZER_FILE} is unreadable "
-            f"({str(err).splitlines()[0][:120]}); give the model/ directory of a "
+            f"({first_line(err, 120)}); give the model/ directory of a "
             "finished run"
         ) from None
     if tokenizer.vocab_size != model.config.vocab_size:

@@ -23,6 +23,8 @@ from ray.train.v2._internal.execution.controller.state import (
     RestartingState,
 )
 
+from raydp_llm.core.errors import first_line
+
 # One row per evaluation. Losses are mean cross-entropy per token (nats); ppl = exp(val_loss); bpc =
 # bits per character (val_loss / ln 2 / characters per token); acc = top-1 next-token accuracy;
 # grad_norm = mean total gradient norm before clipping; grad_abs_* = magnitudes of all gradient
@@ -164,8 +166,9 @@ class RestartRecorder(ControllerCallback):
             # collective aborts).
             lost = sorted(int(rank) for rank, err in failures.items() if type(err).__name__ in LOST)
             event = {"event": "restart", "lost": lost,
-                     "errors": {int(rank): _first_line(err) for rank, err in failures.items()}
-                     or {"-": _first_line(error)}}
+                     "errors": {int(rank): first_line(err, 160, with_type=True)
+                                for rank, err in failures.items()}
+                     or {"-": first_line(error, 160, with_type=True)}}
         elif isinstance(current_state, ResizingState):
             event = {"event": "resize", "workers": current_state.scaling_decision.num_workers}
         else:
@@ -173,11 +176,6 @@ class RestartRecorder(ControllerCallback):
         event |= {"from_step": self.metrics.checkpoint_step, "time": time.time()}
         with (self.metrics.out_dir / EVENTS_FILE).open("a") as f:
             f.write(json.dumps(event) + "\n")
-
-
-def _first_line(err: BaseException) -> str:
-    text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
-    return f"{type(err).__name__}: {text}"[:160]
 
 
 def _read_rows(path: Path) -> list[dict]:

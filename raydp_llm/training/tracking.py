@@ -26,7 +26,7 @@ from typing import Iterator
 
 from raydp_llm.core import storage
 from raydp_llm.core.config import TrackingSettings
-from raydp_llm.core.errors import InputError
+from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.storage import S3Options
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class MlflowTracking(NoTracking):
         except Exception as err:  # noqa: BLE001 - tracking never ends a run
             if not self.warned:
                 log.warning("MLflow: could not log %s (%s); the run goes on, its files are "
-                            "complete in its directory", what, str(err).splitlines()[0][:200])
+                            "complete in its directory", what, first_line(err, 200))
             self.warned = True
 
 

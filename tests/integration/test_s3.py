@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -131,13 +132,13 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         "data.cache=false",
         f"s3.endpoint_url={s3.endpoint_url}",
     )
-    cfg.cluster.spark_conf = {
+    cfg = replace(cfg, cluster=replace(cfg.cluster, spark_conf={
         "spark.sql.files.maxPartitionBytes": "8k"
-    }  # several input splits per file
+    }))  # several input splits per file
 
-    def chunks(path: str):
-        cfg.data.path = path
-        out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
+    def chunks(path: str, data_format: str = "text"):
+        settings = replace(cfg, data=replace(cfg.data, path=path, format=data_format))
+        out = run_etl(spark, EtlPlan.of(settings, check_inputs(settings)))
         blocks = sorted(
             {
                 (r.src.rsplit("/", 1)[1], r.block)
@@ -168,14 +169,12 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     storage.copy(tmp_path / "jsonl", f"s3://{BUCKET}/jsonl", s3)
     with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
         from_s3, from_disk = chunks(f"s3://{BUCKET}/etl/"), chunks(str(local))
-        cfg.data.format = "parquet"
         parquet_from_s3, parquet_from_disk = (
-            chunks(f"s3://{BUCKET}/parquet/"),
-            chunks(str(tmp_path / "parquet")),
+            chunks(f"s3://{BUCKET}/parquet/", "parquet"),
+            chunks(str(tmp_path / "parquet"), "parquet"),
         )
-        cfg.data.format = "jsonl"
-        jsonl_from_s3 = chunks(f"s3://{BUCKET}/jsonl/")
-        jsonl_from_disk = chunks(str(tmp_path / "jsonl"))
+        jsonl_from_s3 = chunks(f"s3://{BUCKET}/jsonl/", "jsonl")
+        jsonl_from_disk = chunks(str(tmp_path / "jsonl"), "jsonl")
     assert max(block for _, block in from_s3[2]) > 0  # files were read as several byte ranges
     assert from_s3[2] == from_disk[2]  # ... the same ones as Spark's reader cuts
     assert from_s3[1] == from_disk[1]  # the same token stream, token for token

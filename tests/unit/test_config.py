@@ -12,7 +12,9 @@ from omegaconf import DictConfig
 from conftest import CONF_DIR, ROOT, compose_config, make_config
 from raydp_llm.cli.help import field_help
 from raydp_llm.cli.inputs import check_inputs
-from raydp_llm.core.errors import InputError
+from raydp_llm.core.config import ClusterSettings, DataFormat, DataSettings
+from raydp_llm.core.errors import InputError, first_line
+from raydp_llm.core.schema import checks_of
 
 GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
           for group in ("data", "tokenizer", "model", "optim", "train", "cluster", "tracking")}
@@ -89,3 +91,20 @@ def test_cfg_job_and_help_print_each_setting_with_its_meaning():
         in help_text
     )
     assert "python -m raydp_llm.train -m +experiment=smoke" in help_text  # the examples
+
+
+def test_a_choice_is_declared_once_for_its_help_and_its_check():
+    help_text = field_help()["data.format"]
+    assert help_text.startswith("text | ids (lines of whitespace-separated integer token ids) | ")
+    assert checks_of(DataSettings)["format"].allowed == " | ".join(DataFormat.values())
+    placement = checks_of(ClusterSettings)["placement"]
+    assert placement.allowed == "null or PACK | SPREAD | STRICT_SPREAD"
+    assert DataSettings().format == DataFormat.text == "text"  # a plain string, equal to the member
+
+
+def test_first_line_is_the_first_non_blank_line_of_an_error_cut_to_its_limit():
+    err = OSError("\n  no such key  \n  File ...")
+    assert first_line(err) == "no such key"
+    assert first_line(err, 6) == "no suc"
+    assert first_line(err, 14, with_type=True) == "OSError: no su"
+    assert first_line(ValueError()) == ""

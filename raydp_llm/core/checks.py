@@ -1,0 +1,105 @@
+"""``validate``: the settings' checks, before Ray or Spark start. Each field's own check sits beside
+it in the schema (core/config.py, ``setting(..., check=...)``); here are those that span settings:
+the required settings, pairs that must agree, and the CPUs the job needs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from raydp_llm.core.config import ClusterSettings, FilterSettings, Settings, TrainSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.schema import check_fields
+
+
+def select(settings: Settings, key: str, default: Any = None) -> Any:
+    """The setting at a dotted ``key`` (``train.num_workers``), or ``default`` when the settings
+    have none."""
+    node: Any = settings
+    for part in key.split("."):
+        if not hasattr(node, part):
+            return default
+        node = getattr(node, part)
+    return node
+
+
+def validate(settings: Settings) -> None:
+    """Raise ``InputError`` (key, bad value, what is allowed) for the first required setting not
+    given, the first setting that fails its check, the first pair that disagrees, or a cluster too
+    small for the job. Needs no engine: runs before Ray or Spark start."""
+    for key in settings.required:
+        if select(settings, key) is None:
+            raise InputError(f"{key} is missing: the {settings.name} configuration needs it; add "
+                             f"{key}=...")
+    check_fields(settings)
+    t, o, c = settings.train, settings.optim, settings.cluster
+    if o.min_lr > o.lr:
+        raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at "
+                         "min_lr ≤ lr")
+    _check_batch(t)
+    _check_score_filter(settings.data.filters)
+    if settings.model.block_size > settings.data.halo_tokens:
+        raise InputError(f"model.block_size={settings.model.block_size} is above "
+                         f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
+                         "ETL output serves; set data.halo_tokens to at least the block size")
+    if t.checkpoint_interval % t.eval_interval:
+        raise InputError(f"train.checkpoint_interval={t.checkpoint_interval} is not a multiple of "
+                         f"train.eval_interval={t.eval_interval}; checkpoints are taken at "
+                         "evaluations")
+    # a joined cluster's CPUs are known once it is reached (engines/preflight.py)
+    if c.address == "local":
+        cpus = c.num_cpus or os.cpu_count()
+        need, formula = cpus_needed(c, t)
+        if need > cpus:
+            raise InputError(f"the embedded Ray has {cpus:g} CPUs (cluster.num_cpus) but the job "
+                             f"needs {need:g}: {formula}; lower them")
+
+
+def _check_score_filter(f: FilterSettings) -> None:
+    """The score filter needs its file and exactly one bound."""
+    bounds = [name for name in ("max_score", "max_score_quantile") if getattr(f, name) is not None]
+    if f.score_path is None and bounds:
+        raise InputError(f"data.filters.{bounds[0]} needs data.filters.score_path: give the "
+                         "document_scores.parquet of python -m raydp_llm.evaluate "
+                         "per_document=true")
+    if f.score_path is not None and len(bounds) != 1:
+        raise InputError("data.filters.score_path needs one of data.filters.max_score (a mean "
+                         "loss) or data.filters.max_score_quantile (a quantile in (0, 1])")
+    if f.score_path is not None and "://" not in f.score_path and not Path(f.score_path).exists():
+        raise InputError(f"data.filters.score_path={f.score_path}: no such file; give the "
+                         "document_scores.parquet of python -m raydp_llm.evaluate "
+                         "per_document=true")
+
+
+def _check_batch(t: TrainSettings) -> None:
+    """The global batch splits evenly over the workers and accumulation steps, for every number of
+    workers an elastic group (``min_workers``) may have."""
+    if t.min_workers is not None and t.min_workers > t.num_workers:
+        raise InputError(f"train.min_workers={t.min_workers} is above "
+                         f"train.num_workers={t.num_workers}; it is the fewest workers of an "
+                         "elastic group, num_workers the most")
+    for world in range(t.min_workers or t.num_workers, t.num_workers + 1):
+        if t.batch_size % (world * t.grad_accum):
+            if world == t.num_workers:
+                workers = f"train.num_workers={world}"
+            else:
+                workers = f"{world} workers (train.min_workers={t.min_workers})"
+            raise InputError(f"train.batch_size={t.batch_size} is not divisible by {workers} × "
+                             f"train.grad_accum={t.grad_accum}; it is the global batch, split "
+                             "evenly over the workers and accumulation steps")
+
+
+def cpus_needed(c: ClusterSettings, t: TrainSettings) -> tuple[float, str]:
+    """Ray CPUs the job needs at its peak, and the formula that gives them: the Spark executors and
+    the DDP workers (an elastic group's fewest), at once with ``keep_executors``, else one after the
+    other."""
+    workers = t.min_workers or t.num_workers
+    workers_key = "train.min_workers" if t.min_workers else "train.num_workers"
+    spark, train = c.executors * c.executor_ray_cpus, workers * t.cpus_per_worker
+    need = spark + train if c.keep_executors else max(spark, train)
+    formula = (f"cluster.executors={c.executors} × "
+               f"cluster.executor_ray_cpus={c.executor_ray_cpus:g} "
+               f"{'+' if c.keep_executors else 'and'} {workers_key}={workers} × "
+               f"train.cpus_per_worker={t.cpus_per_worker:g}")
+    return need, formula

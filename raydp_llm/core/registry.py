@@ -1,0 +1,65 @@
+"""What Hydra needs of the schema (core/config.py): where ``conf/`` is, and ``register_configs``,
+which every entry point calls before Hydra composes its config (nothing registers on import)."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from raydp_llm.core.config import (
+    BPETokenizerSettings,
+    CharTokenizerSettings,
+    EvaluateSettings,
+    GPTConfig,
+    LSTMConfig,
+    Settings,
+)
+
+# conf/ beside the package (a checkout, an editable install), else the copy a wheel installs
+# (pyproject.toml's data-files): Hydra takes this absolute path as the entry points' config_path.
+_CHECKOUT_CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = str(_CHECKOUT_CONF if (_CHECKOUT_CONF / "config.yaml").is_file()
+               else Path(sys.prefix) / "share" / "raydp_llm" / "conf")
+
+
+SCHEMAS = {  # ConfigStore (group, name) → schema; conf/ files name them in their defaults lists
+    (None, "base_config"): Settings,
+    (None, "base_evaluate"): EvaluateSettings,
+    ("model", "base_gpt"): GPTConfig,
+    ("model", "base_lstm"): LSTMConfig,
+    ("tokenizer", "base_char"): CharTokenizerSettings,
+    ("tokenizer", "base_bpe"): BPETokenizerSettings,
+}
+
+
+def register_configs() -> None:
+    """Give Hydra the schemas (``SCHEMAS``) and the ``${uid:}`` resolver: every entry point calls
+    this before Hydra composes its config. Calling it again changes nothing."""
+    # ``${uid:}``: six random hex digits, the same wherever one config reads it (the resolver's
+    # cache). It ends the run and sweep directory names (conf/config.yaml): two runs started in the
+    # same second get their own.
+    OmegaConf.register_new_resolver("uid", lambda: secrets.token_hex(3), use_cache=True,
+                                    replace=True)
+    for (group, name), schema in SCHEMAS.items():
+        ConfigStore.instance().store(group=group, name=name, node=_writable(schema))
+
+
+def _writable(schema: type) -> DictConfig:
+    """``schema`` as a config Hydra can compose onto: a frozen dataclass makes a read-only config,
+    which Hydra's merges and overrides could not change. ``OmegaConf.to_object`` makes the frozen
+    objects at the end all the same."""
+    node = OmegaConf.structured(schema)
+    _set_writable(node)
+    return node
+
+
+def _set_writable(node: DictConfig | ListConfig) -> None:
+    OmegaConf.set_readonly(node, False)
+    if isinstance(node, DictConfig):
+        for _, child in node.items_ex(resolve=False):
+            if OmegaConf.is_config(child):
+                _set_writable(child)
