@@ -237,3 +237,51 @@ def spark(ray_cluster, tmp_path_factory, request):
     with spark_session(cfg.cluster, app_name=request.module.__name__.rsplit(".", 1)[-1],
                        log_dir=tmp_path_factory.mktemp("spark")) as session:
         yield session
+
+
+# ---------------------------------------------------------------- the launch scripts' helpers
+# (tests/unit/test_launch.py, tests/unit/test_launch_submit.py)
+
+LAUNCH = ROOT / "launch"
+BOOTSTRAP = LAUNCH / "emr" / "bootstrap.sh"
+CREATE = LAUNCH / "emr" / "create_cluster.sh"
+SUBMIT = LAUNCH / "submit.sh"
+TUNNEL = LAUNCH / "tunnel.sh"
+TEARDOWN = LAUNCH / "teardown.sh"
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    """A clean environment: HOME in tmp_path, no token, and stand-ins for aws/ssh/ray that record
+    calls."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name in ("aws", "ssh", "ray"):
+        stub = stubs / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> "{tmp_path}/called"\nexit 97\n')
+        stub.chmod(0o755)
+    (tmp_path / "home").mkdir()
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "EMR_", "NODE_", "AWS_"))}
+    e.update(HOME=str(tmp_path / "home"), PATH=f"{stubs}{os.pathsep}{e['PATH']}")
+    yield e
+    called = tmp_path / "called"
+    assert not called.exists(), f"a dry run called: {called.read_text()}"
+
+
+def run(
+    script: Path, *args: str, env: dict, check_rc: int | None = 0
+) -> subprocess.CompletedProcess:
+    """``bash script args`` in ``env``; asserts its exit status is ``check_rc`` (None: any)."""
+    p = subprocess.run(
+        ["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    if check_rc is not None:
+        assert p.returncode == check_rc, (
+            f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+        )
+    return p
+
+
+def lines(p: subprocess.CompletedProcess) -> list[str]:
+    """The lines a script printed (a dry run: one command a line)."""
+    return p.stdout.splitlines()

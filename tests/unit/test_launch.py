@@ -1,14 +1,13 @@
-"""The cluster-launch scripts (launch/): shellcheck and bash -n clean, help and argument errors, the
-exact commands of every dry run, bootstrap.sh's node roles from EMR metadata files, and
-launch/ray/cluster.yaml against Ray's own cluster-config schema. Nothing here calls AWS, SSH or Ray:
-stand-ins for `aws`, `ssh` and `ray` on PATH record any call, and the tests assert there was
-none."""
+"""The cluster-launch scripts (launch/): shellcheck and bash -n clean, help and argument errors,
+create_cluster.sh's dry runs and tokens, bootstrap.sh's node roles from EMR metadata files, and
+launch/ray/cluster.yaml against Ray's own cluster-config schema (submit.sh, tunnel.sh and
+teardown.sh: test_launch_submit.py). Nothing here calls AWS, SSH or Ray: stand-ins for `aws`, `ssh`
+and `ray` on PATH (the `env` fixture) record any call, and the tests assert there was none."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,53 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-LAUNCH = ROOT / "launch"
-BOOTSTRAP = LAUNCH / "emr" / "bootstrap.sh"
-CREATE = LAUNCH / "emr" / "create_cluster.sh"
-SUBMIT = LAUNCH / "submit.sh"
-TUNNEL = LAUNCH / "tunnel.sh"
-TEARDOWN = LAUNCH / "teardown.sh"
+from conftest import BOOTSTRAP, CREATE, LAUNCH, SUBMIT, TEARDOWN, TUNNEL, lines, run
+
 SCRIPTS = [BOOTSTRAP, CREATE, SUBMIT, TUNNEL, TEARDOWN]
 
 NAMED = ["--name", "x", "--bucket", "b", "--key-name", "k"]  # create_cluster.sh's required args
-SSH_OPTS = ("-N -L 8265:127.0.0.1:8265 -o ExitOnForwardFailure=yes -o ServerAliveInterval=30 "
-            "-o StrictHostKeyChecking=accept-new")
-
-
-@pytest.fixture
-def env(tmp_path) -> dict:
-    """A clean environment: HOME in tmp_path, no token, and stand-ins for aws/ssh/ray that record
-    calls."""
-    stubs = tmp_path / "stubs"
-    stubs.mkdir()
-    for name in ("aws", "ssh", "ray"):
-        stub = stubs / name
-        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> "{tmp_path}/called"\nexit 97\n')
-        stub.chmod(0o755)
-    (tmp_path / "home").mkdir()
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "EMR_", "NODE_", "AWS_"))}
-    e.update(HOME=str(tmp_path / "home"), PATH=f"{stubs}{os.pathsep}{e['PATH']}")
-    yield e
-    called = tmp_path / "called"
-    assert not called.exists(), f"a dry run called: {called.read_text()}"
-
-
-def run(
-    script: Path, *args: str, env: dict, check_rc: int | None = 0
-) -> subprocess.CompletedProcess:
-    p = subprocess.run(
-        ["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=60
-    )
-    if check_rc is not None:
-        assert p.returncode == check_rc, (
-            f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
-        )
-    return p
-
-
-def lines(p: subprocess.CompletedProcess) -> list[str]:
-    return p.stdout.splitlines()
 
 
 # --- static checks
@@ -165,46 +122,31 @@ def test_create_cluster_dry_run(env, tmp_path):
     assert not (tmp_path / "home" / ".ray").exists(), "a dry run makes no token"
 
 
+# Every option of create_cluster.sh, each with its value.
+ALL_OPTIONS = [
+    "--dry-run",
+    "--name", "big run",
+    "--bucket", "b",
+    "--key-name", "k",
+    "--prefix", "p/q",
+    "--release", "emr-7.10.0",
+    "--region", "eu-west-1",
+    "--subnet", "subnet-0abc",
+    "--primary-type", "m7i.2xlarge",
+    "--core-type", "g5.2xlarge",
+    "--core-count", "4",
+    "--task-count", "3",
+    "--task-type", "m7i.4xlarge",
+    "--idle-timeout", "3600",
+    "--source", "s3://other/src.whl",
+    "--upload-source", "dist/src.whl",
+    "--bootstrap-arg", "--head-cpus",
+    "--bootstrap-arg", "2",
+]
+
+
 def test_create_cluster_dry_run_all_options(env):
-    p = run(
-        CREATE,
-        "--dry-run",
-        "--name",
-        "big run",
-        "--bucket",
-        "b",
-        "--key-name",
-        "k",
-        "--prefix",
-        "p/q",
-        "--release",
-        "emr-7.10.0",
-        "--region",
-        "eu-west-1",
-        "--subnet",
-        "subnet-0abc",
-        "--primary-type",
-        "m7i.2xlarge",
-        "--core-type",
-        "g5.2xlarge",
-        "--core-count",
-        "4",
-        "--task-count",
-        "3",
-        "--task-type",
-        "m7i.4xlarge",
-        "--idle-timeout",
-        "3600",
-        "--source",
-        "s3://other/src.whl",
-        "--upload-source",
-        "dist/src.whl",
-        "--bootstrap-arg",
-        "--head-cpus",
-        "--bootstrap-arg",
-        "2",
-        env=env,
-    )
+    p = run(CREATE, *ALL_OPTIONS, env=env)
     home = env["HOME"]
     assert lines(p) == [
         f"aws s3 cp --only-show-errors {BOOTSTRAP} s3://b/p/q/bootstrap.sh",
@@ -267,159 +209,6 @@ def test_no_tracing_where_a_secret_is_handled():
             assert not (tracing and "token" in code.lower()), (
                 f"{script.name}:{number} runs traced: {line}"
             )
-
-
-# --- submit.sh, tunnel.sh, teardown.sh
-# -----------------------------------------------------------------------
-
-def test_submit_dry_run_with_tunnel(env):
-    p = run(
-        SUBMIT,
-        "--dry-run",
-        "--head",
-        "ec2-1-2-3-4.compute.amazonaws.com",
-        "--key",
-        "key.pem",
-        "--",
-        "data.path=s3://bucket/corpus/",
-        "train.num_workers=4",
-        "sample.prompt=To be",
-        env=env,
-    )
-    sock = f"{env['HOME']}/.ssh/raydp_llm-tunnel-8265"
-    assert lines(p) == [
-        f"ssh -f -M -S {sock} -i key.pem {SSH_OPTS} hadoop@ec2-1-2-3-4.compute.amazonaws.com",
-        "env RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 -- python -m "
-        "raydp_llm.train +experiment=emr data.path=s3://bucket/corpus/ train.num_workers=4 "
-        "'sample.prompt=To be'",
-        f"ssh -S {sock} -O exit raydp_llm-tunnel",
-    ]
-
-
-def test_submit_dry_run_through_open_tunnel(env):
-    p = run(
-        SUBMIT,
-        "--dry-run",
-        "--port",
-        "18265",
-        "--experiment",
-        "smoke",
-        "--submission-id",
-        "run-1",
-        "--no-wait",
-        env=env,
-    )
-    assert lines(p) == [
-        "env RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:18265 --submission-id "
-        "run-1 --no-wait -- python -m raydp_llm.train +experiment=smoke",
-    ]
-
-
-def test_submit_passes_token_in_environment(env, tmp_path):
-    """Not a dry run: `ray` (the stand-in) gets RAY_AUTH_MODE=token and the token from the token
-    file."""
-    token = tmp_path / "token"
-    token.write_text("0123abcd")
-    fake_ray = Path(env["PATH"].split(os.pathsep)[0]) / "ray"
-    fake_ray.write_text('#!/bin/sh\necho "$RAY_AUTH_MODE $RAY_AUTH_TOKEN $*" > '
-                        f'"{tmp_path}/ray-args"\n')
-    p = run(SUBMIT, "--token-file", str(token), "--", "train.max_steps=10", env=env)
-    assert p.stdout == ""
-    assert (tmp_path / "ray-args").read_text() == (
-        "token 0123abcd job submit --address http://127.0.0.1:8265 -- python -m raydp_llm.train "
-        "+experiment=emr train.max_steps=10\n")
-
-
-def test_submit_finds_the_clusters_token(env, tmp_path):
-    fake_ray = Path(env["PATH"].split(os.pathsep)[0]) / "ray"
-    fake_ray.write_text(f'#!/bin/sh\necho "$RAY_AUTH_TOKEN" > "{tmp_path}/ray-token"\n')
-    clusters = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters"
-    for name in ("a", "b"):
-        (clusters / name).mkdir(parents=True)
-        (clusters / name / "auth_token").write_text(f"token-{name}")
-    assert "several clusters" in run(SUBMIT, env=env, check_rc=2).stderr
-    run(SUBMIT, "--cluster", "b", env=env)
-    assert (tmp_path / "ray-token").read_text() == "token-b\n"
-    (clusters / "b" / "auth_token").unlink()
-    run(SUBMIT, env=env)  # the only one left
-    assert (tmp_path / "ray-token").read_text() == "token-a\n"
-
-
-def test_tunnel_dry_runs(env):
-    sock = f"{env['HOME']}/.ssh/raydp_llm-tunnel-9000"
-    assert lines(run(TUNNEL, "--dry-run", "--head", "h.example", "--key", "k.pem", env=env)) == [
-        f"ssh -i k.pem {SSH_OPTS} hadoop@h.example"]
-    assert lines(
-        run(
-            TUNNEL,
-            "--dry-run",
-            "--head",
-            "h.example",
-            "--key",
-            "k.pem",
-            "--user",
-            "ec2-user",
-            "--port",
-            "9000",
-            "--background",
-            env=env,
-        )
-    ) == [
-        f"ssh -f -M -S {sock} -i k.pem " + SSH_OPTS.replace("8265", "9000") + " ec2-user@h.example"
-    ]
-    assert lines(run(TUNNEL, "--dry-run", "--stop", "--port", "9000", env=env)) == [
-        f"ssh -S {sock} -O exit raydp_llm-tunnel"]
-
-
-def test_teardown_dry_runs(env, tmp_path):
-    assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
-        "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF"]
-    assert lines(
-        run(
-            TEARDOWN,
-            "--dry-run",
-            "--cluster-id",
-            "j-2AXXXXXXGAPLF",
-            "--region",
-            "us-west-2",
-            "--wait",
-            env=env,
-        )
-    ) == [
-        "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF --region us-west-2",
-        "aws emr wait cluster-terminated --cluster-id j-2AXXXXXXGAPLF --region us-west-2",
-    ]
-    assert lines(
-        run(TEARDOWN, "--dry-run", "--ray-config", "launch/ray/cluster.yaml", env=env)
-    ) == ["ray down -y launch/ray/cluster.yaml"]
-    # An open background tunnel (its control socket) is closed first.
-    ssh_dir = tmp_path / "home" / ".ssh"
-    ssh_dir.mkdir()
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(ssh_dir / "raydp_llm-tunnel-8265"))
-    try:
-        assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
-            f"ssh -S {ssh_dir}/raydp_llm-tunnel-8265 -O exit raydp_llm-tunnel",
-            "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF"]
-    finally:
-        sock.close()
-
-
-def test_teardown_removes_the_clusters_token(env, tmp_path):
-    record = tmp_path / "home" / ".ray" / "raydp_llm" / "clusters" / "x"
-    record.mkdir(parents=True)
-    (record / "auth_token").write_text("secret")
-    (record / "cluster.env").write_text(
-        "CLUSTER_ID=j-2AXXXXXXGAPLF\n"
-        "TOKEN_URI=s3://b/p/clusters/x/auth_token\n"
-        f"TOKEN_FILE={record}/auth_token\n"
-    )
-    assert lines(run(TEARDOWN, "--dry-run", "--cluster-id", "j-2AXXXXXXGAPLF", env=env)) == [
-        "aws emr terminate-clusters --cluster-ids j-2AXXXXXXGAPLF",
-        "aws s3 rm --only-show-errors s3://b/p/clusters/x/auth_token",
-        f"rm -f {record}/auth_token {record}/cluster.env"]
-    p = run(TEARDOWN, "--dry-run", "--cluster-id", "j-OTHERCLUSTER", env=env)
-    assert "no record of j-OTHERCLUSTER" in p.stderr and "remove its token by hand" in p.stderr
 
 
 # --- bootstrap.sh: node roles from EMR's metadata
