@@ -126,7 +126,7 @@ def run_one(kind: str, path: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -139,21 +139,22 @@ def main() -> None:
     parser.add_argument("--measure", choices=["etl-1", "etl-2", "single"], help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.measure:
-        fn = measure_single if args.measure == "single" else None
-        result = (
-            fn(args.path, args.out)
-            if fn
-            else measure_etl(args.path, int(args.measure[-1]), args.out)
-        )
-        print(json.dumps(result))
-        return
+    return parser.parse_args()
 
-    text = args.corpus.read_text()
+
+def measure(kind: str, path: Path, out: Path) -> dict:
+    """One measurement in this (fresh) process: ``single``, or ``etl-N`` with N executors."""
+    if kind == "single":
+        return measure_single(path, out)
+    return measure_etl(path, int(kind[-1]), out)
+
+
+def measure_all(corpus: Path, sizes: list[int]) -> list[dict]:
+    """Every pipeline on the corpus repeated to each size, each in a fresh process; one row each."""
+    text = corpus.read_text()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mb in args.sizes:
+        for mb in sizes:
             path = Path(tmp) / f"corpus_{mb}mb.txt"
             path.write_text(text * max(1, round(mb * 1e6 / len(text.encode()))))
             size_mb = path.stat().st_size / 1e6
@@ -163,7 +164,11 @@ def main() -> None:
                 print(f"  measured {kind:6} on {size_mb:6.1f} MB: {r['etl_s']:6.1f}s "
                       f"(+{r['start_s']:.1f}s start-up), peak RSS {r['rss_mb']:.0f} MB "
                       f"{r.get('phase_s', '')}", file=sys.stderr, flush=True)
+    return rows
 
+
+def print_table(rows: list[dict]) -> None:
+    """The rows as a Markdown table, each against the single-process baseline of its size."""
     header = [
         "corpus MB",
         "pipeline",
@@ -192,6 +197,14 @@ def main() -> None:
             f"{r['rss_mb']:.0f}",
         ]
         print("| " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.measure:  # a child of run_one: print one result as JSON
+        print(json.dumps(measure(args.measure, args.path, args.out)))
+        return
+    print_table(measure_all(args.corpus, args.sizes))
 
 
 if __name__ == "__main__":
