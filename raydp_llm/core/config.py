@@ -89,7 +89,7 @@ class Precision(Choice):
     bf16 = "bf16"
 
 
-class Placement(Choice):
+class PlacementStrategy(Choice):
     PACK = "PACK"
     SPREAD = "SPREAD", "over the nodes, as far as possible"
     STRICT_SPREAD = "STRICT_SPREAD", "each on a node of its own"
@@ -333,7 +333,7 @@ class ClusterSettings:
                                              "{spark.sql.shuffle.partitions: 8}")
     placement: Optional[str] = setting(
         None, "where Ray puts the Spark executors and the DDP workers: null = Ray's default | "
-              f"{Placement.listed()}", check=optional(one_of(Placement)))
+              f"{PlacementStrategy.listed()}", check=optional(one_of(PlacementStrategy)))
     worker_nodes: int = setting(1, "nodes that run executors and DDP workers; "
                                    "conf/cluster/emr.yaml sizes the job per node from it",
                                 check=COUNT)
