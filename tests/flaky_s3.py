@@ -14,6 +14,73 @@ SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code
              b"<Message>Please reduce your request rate.</Message></Error>")
 
 
+class _ProxyHandler(BaseHTTPRequestHandler):
+    """One request: answered with ``SlowDown`` when ``proxy`` says so, else passed upstream. Each
+    ``FlakyS3`` subclasses it with its own ``proxy``."""
+
+    protocol_version = "HTTP/1.1"
+    proxy: FlakyS3
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _any(self):
+        body = self._body()
+        if self.proxy.should_fail(self.command, urlparse(self.path).path):
+            self._slow_down()
+            return
+        self._forward(body)
+
+    def _slow_down(self) -> None:
+        self.send_response(503)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(SLOW_DOWN)))
+        self.end_headers()
+        self.wfile.write(SLOW_DOWN)
+
+    def _forward(self, body: bytes) -> None:
+        upstream = self.proxy.upstream
+        conn = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=60)
+        headers = {
+            k: v
+            for k, v in self.headers.items()
+            if k.lower() not in ("host", "transfer-encoding")
+        }
+        headers["Host"] = upstream.netloc
+        headers["Content-Length"] = str(len(body))
+        conn.request(self.command, self.path, body=body, headers=headers)
+        reply = conn.getresponse()
+        data = reply.read()
+        self.send_response(reply.status)
+        dropped = ("transfer-encoding", "connection") + (
+            () if self.command == "HEAD" else ("content-length",)
+        )
+        for key, value in reply.getheaders():
+            if key.lower() not in dropped:
+                self.send_header(key, value)
+        if self.command != "HEAD":
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        conn.close()
+
+    def _body(self) -> bytes:
+        """The request's body, with HTTP chunked transfer encoding (the AWS SDK's uploads)
+        undone."""
+        if "chunked" not in self.headers.get("Transfer-Encoding", ""):
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b""
+        while size := int(self.rfile.readline().split(b";")[0], 16):
+            body += self.rfile.read(size)
+            self.rfile.readline()
+        while self.rfile.readline().strip():  # trailers
+            pass
+        return body
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+
 class FlakyS3:
     def __init__(self, upstream: str, every: int = 0, broken: str | None = None,
                  methods: tuple[str, ...] = ("GET", "HEAD", "PUT", "POST", "DELETE")):
@@ -21,66 +88,8 @@ class FlakyS3:
         self.every, self.broken, self.methods = every, broken, methods
         self.requests = self.failed = 0
         self._lock = threading.Lock()
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _any(self):
-                body = self._body()
-                if proxy.should_fail(self.command, urlparse(self.path).path):
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
-                    self.end_headers()
-                    self.wfile.write(SLOW_DOWN)
-                    return
-                conn = http.client.HTTPConnection(
-                    proxy.upstream.hostname, proxy.upstream.port, timeout=60
-                )
-                headers = {
-                    k: v
-                    for k, v in self.headers.items()
-                    if k.lower() not in ("host", "transfer-encoding")
-                }
-                headers["Host"] = proxy.upstream.netloc
-                headers["Content-Length"] = str(len(body))
-                conn.request(self.command, self.path, body=body, headers=headers)
-                reply = conn.getresponse()
-                data = reply.read()
-                self.send_response(reply.status)
-                dropped = ("transfer-encoding", "connection") + (
-                    () if self.command == "HEAD" else ("content-length",)
-                )
-                for key, value in reply.getheaders():
-                    if key.lower() not in dropped:
-                        self.send_header(key, value)
-                if self.command != "HEAD":
-                    self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                conn.close()
-
-            def _body(self) -> bytes:
-                """The request's body, with HTTP chunked transfer encoding (the AWS SDK's uploads)
-                undone."""
-                if "chunked" not in self.headers.get("Transfer-Encoding", ""):
-                    return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = b""
-                while size := int(self.rfile.readline().split(b";")[0], 16):
-                    body += self.rfile.read(size)
-                    self.rfile.readline()
-                while self.rfile.readline().strip():  # trailers
-                    pass
-                return body
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        handler = type("Handler", (_ProxyHandler,), {"proxy": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

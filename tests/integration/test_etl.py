@@ -3,6 +3,12 @@ references."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +119,7 @@ def test_char_etl_equals_a_single_process_reference(spark, corpus_dir):
     assert m.bytes == sum(p.stat().st_size for p in corpus_dir.iterdir())
     assert m.characters == sum(len(s) + 1 for p in corpus_dir.iterdir() for s in file_lines(p))
     assert m.chars_per_token == pytest.approx(m.characters / m.tokens)
-    assert (
-        m.token_dtype == "uint16" and len(m.inputs) == 3 and m.invalid_utf8_replaced == 0
-    )
+    assert m.token_dtype == "uint16" and len(m.inputs) == 3 and m.invalid_utf8_replaced == 0
 
 
 def test_bpe_is_trained_on_a_spark_sample_and_encodes_in_the_executors(spark, corpus_dir, tmp_path):
@@ -156,9 +160,8 @@ def test_hash_split_keeps_windows_inside_seeded_segments(spark, corpus_dir):
     ids = reference_ids(corpus_dir, CharTokenizer(text + "\n"))
     assert got == expected_windows(ids, segs, BLOCK, 8)
     val = {s // 512 for s, _ in got["val"]}
-    assert all(
-        (s + BLOCK) // 512 == s // 512 for s, _ in got["train"] + got["val"]
-    )  # never crosses a segment
+    # never crosses a segment
+    assert all((s + BLOCK) // 512 == s // 512 for s, _ in got["train"] + got["val"])
     assert val and not val & {s // 512 for s, _ in got["train"]}
     assert 0.05 < out.manifest.tokens_val / n < 0.4
     other = etl(spark, *overrides, "data.stride=8", "seed=7")
@@ -187,9 +190,8 @@ def test_binary_files_fail_or_are_skipped(spark, tmp_path):
     with pytest.raises(InputError, match=r"image\.bin looks binary .*data\.skip_binary=true"):
         etl(spark, f"data.path={tmp_path}", block=8)
     out = etl(spark, f"data.path={tmp_path}", "data.skip_binary=true", block=8)
-    assert out.manifest.files == 1 and out.manifest.skipped_binary_files[0].endswith(
-        "image.bin"
-    )
+    m = out.manifest
+    assert m.files == 1 and m.skipped_binary_files[0].endswith("image.bin")
 
 
 def test_invalid_utf8_is_counted_or_refused(spark, tmp_path):
@@ -222,9 +224,7 @@ def test_a_50_mb_line_without_newline_works(spark, tmp_path):
             f.write(word)
     out = etl(spark, f"data.path={path}", block=64)
     m = out.manifest
-    assert (
-        m.characters == 50_000_001 and m.tokens == 50_000_002
-    )  # + newline + end-of-document
+    assert m.characters == 50_000_001 and m.tokens == 50_000_002  # + newline + end-of-document
     assert out.windows["windows_train"] == (m.tokens_train - 65) // 64 + 1
     assert m.chunks_train == -(-m.tokens_train // m.chunk_tokens)
     # one token stored per token, and the halos: at most data.halo_tokens per chunk
@@ -254,12 +254,10 @@ def test_pre_tokenized_id_files(spark, tmp_path):
     assert got == expected_windows(
         ids.astype(np.uint16), [("train", 0, 2400), ("val", 2400, 3000)], 32, 32
     )
-    assert (
-        etl(
-            spark, f"data.path={tmp_path}", "data.format=ids", "data.vocab_size=1000", block=32
-        ).manifest.vocab_size
-        == 1000
+    wider = etl(
+        spark, f"data.path={tmp_path}", "data.format=ids", "data.vocab_size=1000", block=32
     )
+    assert wider.manifest.vocab_size == 1000
 
 
 @pytest.mark.parametrize("content,vocab,message", [
@@ -284,9 +282,8 @@ def test_parquet_text_column_rows_are_documents(spark, tmp_path):
         spark, f"data.path={tmp_path}", "data.format=parquet", "data.text_column=body", block=16
     )
     tok = out.tokenizer
-    expected = np.concatenate([np.concatenate([[tok.eod_id], tok.encode(d)]) for d in docs]).astype(
-        np.uint16
-    )
+    expected = np.concatenate([np.concatenate([[tok.eod_id], tok.encode(d)])
+                               for d in docs]).astype(np.uint16)
     assert out.manifest.documents == 300 and out.manifest.tokens == len(expected)
     n = len(expected)
     b = windows.split_boundary(n, 0.1)
@@ -306,8 +303,6 @@ def test_json_lines_documents_bad_lines_counted_and_compressed_files(spark, tmp_
     """Each JSON line's text field is a document (newlines inside kept); bad lines are counted per
     file and kind, a blank line is nothing; .gz and .bz2 go through Spark's reader, .zst through
     pyarrow's, and all give the same documents in path order."""
-    import json
-
     lines = [json.dumps({"id": i, "text": d}) for i, d in enumerate(JSON_DOCS)]
     write_lines(tmp_path / "a.jsonl", lines[:10] + BAD_JSON + lines[10:12])
     write_lines(tmp_path / "b.jsonl.gz", lines[12:20])
@@ -330,8 +325,6 @@ def test_json_lines_documents_bad_lines_counted_and_compressed_files(spark, tmp_
 def test_strict_json_names_the_file_and_line_of_the_first_bad_one(spark, tmp_path):
     """Counted across input splits: the file is read as many byte ranges, and the bad line lies in a
     later one."""
-    import json
-
     good = [json.dumps({"text": d}) for d in JSON_DOCS * 20]
     write_lines(tmp_path / "big.jsonl", good[:700] + ['{"body": "x"}'] + good[700:])
     split_bytes = spark.conf.get("spark.sql.files.maxPartitionBytes")
@@ -393,13 +386,40 @@ def test_a_file_changed_or_deleted_during_the_etl_is_one_line(spark, tmp_path, c
 
     cfg = make_config(f"data.path={tmp_path}", "model.block_size=8")
     corpus = check_inputs(cfg)
-    message = (
-        "changed while the ETL read it"
-        if change == "append"
-        else "was deleted while the ETL read it"
-    )
+    deleted = "was deleted while the ETL read it"
+    message = "changed while the ETL read it" if change == "append" else deleted
     with pytest.raises(InputError, match=rf"data.path: {victim} {message}"):
         _run_etl(spark, EtlPlan.of(cfg, corpus), interfere)
+
+
+def _staged_digests(spark, cfg, stage_dir: Path, key: str, on_phase=None) -> tuple[dict, dict]:
+    """The ETL's manifest, and a sha256 of each split's tokens as staged in ``stage_dir``."""
+    import pyarrow.dataset as pads
+
+    from raydp_llm.data import cache
+
+    out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)), on_phase)
+    staged, digests = cache.stage(out, stage_dir, key), {}
+    for split in ("train", "val"):
+        table = pads.dataset(str(staged / split)).to_table().sort_by("start")
+        digests[split] = hashlib.sha256(b"".join(table.column("tokens").to_pylist())).hexdigest()
+    return out.manifest, digests
+
+
+def _kill_an_executor_once_a_stage_runs(spark, killed: dict) -> None:
+    """SIGKILL a live Spark executor's actor 0.5 s into the next stage; note its pid, the stages."""
+    from ray.util.state import list_actors
+
+    tracker, deadline = spark.sparkContext.statusTracker(), time.time() + 60
+    while not tracker.getActiveStageIds() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    executor = next(
+        a for a in list_actors(filters=[("state", "=", "ALIVE")]) if "Executor" in a.class_name
+    )
+    killed["active_stages"] = list(tracker.getActiveStageIds())
+    os.kill(executor.pid, signal.SIGKILL)
+    killed["pid"] = executor.pid
 
 
 @pytest.mark.slow
@@ -408,52 +428,22 @@ def test_a_spark_executor_killed_mid_encode_changes_nothing(spark, tmp_path, sha
     its tasks (and RayDP restarts the actor), and the ETL's manifest and windows equal those of an
     undisturbed ETL. (The last test of this module: it shares the module's Spark session, and leaves
     it with a restarted executor.)"""
-    import hashlib
-    import os
-    import signal
-    import threading
-    import time
-
-    import pyarrow.dataset as pads
-    from ray.util.state import list_actors
-
-    from raydp_llm.data import cache
-
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(4):
         (corpus / f"part{i}.txt").write_text(shakespeare.read_text() * 2)
     cfg = make_config(f"data.path={corpus}", "model.block_size=64")
-
-    def etl(key: str, on_phase=None) -> tuple[dict, dict]:
-        out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)), on_phase)
-        staged, digests = cache.stage(out, tmp_path / "cache", key), {}
-        for split in ("train", "val"):
-            table = pads.dataset(str(staged / split)).to_table().sort_by("start")
-            digests[split] = hashlib.sha256(
-                b"".join(table.column("tokens").to_pylist())
-            ).hexdigest()
-        return out.manifest, digests
-
     killed = {}
-
-    def kill():
-        tracker, deadline = spark.sparkContext.statusTracker(), time.time() + 60
-        while not tracker.getActiveStageIds() and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        executor = next(
-            a for a in list_actors(filters=[("state", "=", "ALIVE")]) if "Executor" in a.class_name
-        )
-        killed["active_stages"] = list(tracker.getActiveStageIds())
-        os.kill(executor.pid, signal.SIGKILL)
-        killed["pid"] = executor.pid
 
     def kill_once_encoding_starts(phase: str, _seconds: float) -> None:
         if phase == "tokenizer":  # the encode phase comes next
-            threading.Thread(target=kill, daemon=True).start()
+            threading.Thread(
+                target=_kill_an_executor_once_a_stage_runs, args=(spark, killed), daemon=True
+            ).start()
 
-    undisturbed = etl("undisturbed")
-    disturbed = etl("disturbed", on_phase=kill_once_encoding_starts)
+    undisturbed = _staged_digests(spark, cfg, tmp_path / "cache", "undisturbed")
+    disturbed = _staged_digests(
+        spark, cfg, tmp_path / "cache", "disturbed", on_phase=kill_once_encoding_starts
+    )
     assert killed["pid"] and killed["active_stages"], "the executor was killed while a stage ran"
     assert disturbed == undisturbed

@@ -275,10 +275,20 @@ def test_a_diverging_run_stops_at_once_with_one_line(ray_cluster, overrides, tmp
     assert json.loads((out / "run.json").read_text())["status"] == "diverged"
 
 
-def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
-    """Two shells start a run at once: two run directories, even within one second (Hydra's ${now:}
-    has second resolution); and a run refuses, before Hydra writes anything, a directory another run
-    wrote to."""
+# The run.json a run that failed left in a directory: a later run must not write there.
+FAILED_RUN_RECORD = {
+    "run_id": "20261122-101010-abcdef",
+    "out_dir": None,  # the directory, filled in by the test
+    "host": "h",
+    "pid": 1,
+    "pid_started": 0.0,
+    "heartbeat": 0.0,
+    "status": "failed",
+    "resumed_from": None,
+}
+
+
+def _two_runs_started_at_once(tmp_path: Path) -> None:
     both = [
         subprocess.Popen(
             [sys.executable, "-m", "raydp_llm.train", "optim.lr=0", NO_CHECK],
@@ -291,6 +301,13 @@ def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
     ]
     for p in both:
         p.communicate(timeout=120)
+
+
+def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
+    """Two shells start a run at once: two run directories, even within one second (Hydra's ${now:}
+    has second resolution); and a run refuses, before Hydra writes anything, a directory another run
+    wrote to."""
+    _two_runs_started_at_once(tmp_path)
     dirs = sorted((tmp_path / "outputs" / "raydp_llm").iterdir())
     assert len(dirs) == 2 and all((d / "train.log").is_file() for d in dirs)
     # <date>_<time, to the second>_<6 random hex digits>: the tail tells apart runs of the same
@@ -302,20 +319,7 @@ def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
 
     used = tmp_path / "used"
     (used / ".hydra").mkdir(parents=True)
-    (used / "run.json").write_text(
-        json.dumps(
-            {
-                "run_id": "20261122-101010-abcdef",
-                "out_dir": str(used),
-                "host": "h",
-                "pid": 1,
-                "pid_started": 0.0,
-                "heartbeat": 0.0,
-                "status": "failed",
-                "resumed_from": None,
-            }
-        )
-    )
+    (used / "run.json").write_text(json.dumps({**FAILED_RUN_RECORD, "out_dir": str(used)}))
     p = subprocess.run(
         [sys.executable, "-m", "raydp_llm.train", f"hydra.run.dir={used}"],
         cwd=tmp_path,

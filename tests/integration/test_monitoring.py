@@ -45,12 +45,23 @@ def wait_for(what: str, check, timeout_s: float = 120.0):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, corpus_dir, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+WATCHED_RUN = [
+    "name=watched",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.block_size=16",
+    "train.batch_size=8",
+    "train.max_steps=400",
+    "train.eval_interval=100",
+    "train.eval_batches=2",
+    "train.checkpoint_interval=0",
+    "sample.max_new_tokens=10",
+]
 
-    from raydp_llm.cli.train import run
 
-    dashboard = "http://" + ray._private.worker.get_dashboard_url()
+def _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard: str) -> str:
+    """The dashboard answers on 127.0.0.1 only, and only with the token, which it returns."""
     host, port = dashboard.removeprefix("http://").rsplit(":", 1)
     assert host == "127.0.0.1"
     node_ip = ray.util.get_node_ip_address()
@@ -70,21 +81,66 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, co
     assert len(helpers) == 1 and helpers[0].info["nice"] == 19
     assert all(c.nice() == 19 for c in helpers[0].children(recursive=True))
     assert get(f"{dashboard}/api/jobs/", token=token)[0] == 200
+    return token
 
-    cfg = make_config(
-        f"data.path={corpus_dir}",
-        "name=watched",
-        "model.n_layer=1",
-        "model.n_head=2",
-        "model.n_embd=32",
-        "model.block_size=16",
-        "train.batch_size=8",
-        "train.max_steps=400",
-        "train.eval_interval=100",
-        "train.eval_batches=2",
-        "train.checkpoint_interval=0",
-        "sample.max_new_tokens=10",
+
+def _train_run(dashboard: str, token: str, run_name: str):
+    """The Ray Train run named ``run_name`` in the dashboard's list, or a falsy value."""
+    status, body = get(f"{dashboard}/api/train/v2/runs/v1", token)
+    return status == 200 and next(
+        (r for r in json.loads(body)["train_runs"] if r["name"] == run_name), None
     )
+
+
+def _assert_the_run_shows_while_it_trains(dashboard: str, token: str, num_workers: int,
+                                          out: Path) -> str:
+    """While it trains: the workers, the Ray Train run, and the run's own metrics in Ray's
+    Prometheus endpoint. Returns the run's name."""
+    def training_workers():
+        status, body = get(f"{dashboard}/api/v0/actors?detail=1&limit=1000", token)
+        actors = json.loads(body)["data"]["result"]["result"] if status == 200 else []
+        alive = [a for a in actors if "RayTrainWorker" in a["class_name"] and a["state"] == "ALIVE"]
+        return len(alive) == num_workers
+
+    wait_for("every training worker in the Actors list", training_workers)
+    run_name = wait_for(
+        "the run's directory", lambda: next((out / "ray_results").glob("watched-*"), None)
+    ).name
+
+    shown = wait_for("the Ray Train run", lambda: _train_run(dashboard, token, run_name))
+    assert shown["status"] in ("INITIALIZING", "SCHEDULING", "RUNNING", "FINISHED")
+
+    metrics_url = f"http://127.0.0.1:{ray.nodes()[0]['MetricsExportPort']}/metrics"
+
+    def exported():
+        text = get(metrics_url)[1]
+        return [line for line in text.splitlines() if line.startswith("ray_raydp_llm_train_loss")
+                and f'run="{run_name}"' in line]
+
+    assert float(wait_for("the run's metrics", exported, timeout_s=90)[0].rsplit(" ", 1)[1]) > 0
+    return run_name
+
+
+def _assert_tensorboard_events_and_plots(out: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val_loss")] == [100, 200, 300, 400]
+    assert {"train_loss", "tokens_per_s", "grad_norm", "rss_mb", "lr"} <= set(
+        events.Tags()["scalars"]
+    )
+    for png in ("loss.png", "throughput.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, corpus_dir, tmp_path):
+    from raydp_llm.cli.train import run
+
+    dashboard = "http://" + ray._private.worker.get_dashboard_url()
+    token = _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard)
+
+    cfg = make_config(f"data.path={corpus_dir}", *WATCHED_RUN)
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -97,41 +153,9 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, co
             done.set()
 
     threading.Thread(target=train, daemon=True).start()
-
-    # While it trains: the workers, the Ray Train run, and the run's own metrics in Ray's Prometheus
-    # endpoint.
-    def training_workers():
-        status, body = get(f"{dashboard}/api/v0/actors?detail=1&limit=1000", token)
-        actors = json.loads(body)["data"]["result"]["result"] if status == 200 else []
-        alive = [a for a in actors if "RayTrainWorker" in a["class_name"] and a["state"] == "ALIVE"]
-        return len(alive) == cfg.train.num_workers
-
-    wait_for("every training worker in the Actors list", training_workers)
-    run_name = wait_for(
-        "the run's directory", lambda: next((tmp_path / "ray_results").glob("watched-*"), None)
-    ).name
-
-    def train_run():
-        status, body = get(f"{dashboard}/api/train/v2/runs/v1", token)
-        return status == 200 and next(
-            (r for r in json.loads(body)["train_runs"] if r["name"] == run_name), None
-        )
-
-    assert wait_for("the Ray Train run", train_run)["status"] in (
-        "INITIALIZING",
-        "SCHEDULING",
-        "RUNNING",
-        "FINISHED",
+    run_name = _assert_the_run_shows_while_it_trains(
+        dashboard, token, cfg.train.num_workers, tmp_path
     )
-
-    metrics_url = f"http://127.0.0.1:{ray.nodes()[0]['MetricsExportPort']}/metrics"
-
-    def exported():
-        text = get(metrics_url)[1]
-        return [line for line in text.splitlines() if line.startswith("ray_raydp_llm_train_loss")
-                and f'run="{run_name}"' in line]
-
-    assert float(wait_for("the run's metrics", exported, timeout_s=90)[0].rsplit(" ", 1)[1]) > 0
 
     done.wait(300)
     assert not failure, failure
@@ -139,13 +163,6 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, co
     assert any(
         job["metadata"].get("raydp_llm_run") == "tests" for job in jobs
     )  # the driver job, named
-    assert wait_for("the finished run", train_run)["status"] == "FINISHED"
-
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
-    events.Reload()
-    assert [e.step for e in events.Scalars("val_loss")] == [100, 200, 300, 400]
-    assert {"train_loss", "tokens_per_s", "grad_norm", "rss_mb", "lr"} <= set(
-        events.Tags()["scalars"]
-    )
-    for png in ("loss.png", "throughput.png"):
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    finished = wait_for("the finished run", lambda: _train_run(dashboard, token, run_name))
+    assert finished["status"] == "FINISHED"
+    _assert_tensorboard_events_and_plots(tmp_path)

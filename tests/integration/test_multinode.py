@@ -147,43 +147,9 @@ def two_nodes(tmp_path_factory):
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
-    ray_cluster, s3, two_nodes, corpus_dir, tmp_path
-):
-    storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/corpus", s3)
-    data = [
-        f"data.path=s3://{BUCKET}/multinode/corpus/",
-        f"s3.endpoint_url={s3.endpoint_url}",
-        *DATA,
-    ]
-    # The single-node result: the same ETL on the session's embedded Ray (or its cached output).
-    cfg = make_config(*data)
-    single = prepare(
-        cfg, check_inputs(cfg), tmp_path / "single", to_ray=False, store=CACHE_DIR
-    ).manifest
-
-    run_dir = tmp_path / "run"
-    runs = f"s3://{BUCKET}/multinode/runs"
-    job = [
-        sys.executable,
-        "-m",
-        "raydp_llm.train",
-        f"cluster.address={two_nodes.address}",
-        *EMR,
-        *data,
-        *TINY,
-        f"hydra.run.dir={run_dir}",
-    ]
-    # What needs storage every node reaches is refused before Spark starts, with the setting to
-    # change.
-    plain = [
-        sys.executable,
-        "-m",
-        "raydp_llm.train",
-        f"cluster.address={two_nodes.address}",
-        *data,
-        *TINY,
-    ]
+def _assert_refused_before_spark_starts(job: list, plain: list, runs: str, tmp_path: Path,
+                                        env: dict) -> None:
+    """Each of three jobs on the cluster fails with the setting to change."""
     # The three run at once: each is a Python start and a look at the cluster.
     refusals = [
         (job, "train.storage_path is missing: the emr configuration needs it"),
@@ -195,20 +161,14 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
          "nodes; on a cluster set data.cache=false"),
     ]
     started = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=two_nodes.env)
+                                stderr=subprocess.STDOUT, text=True, env=env)
                for command, _ in refusals]
     for proc, (_, message) in zip(started, refusals):
         output = proc.communicate(timeout=120)[0]
         assert proc.returncode == 1 and message in output, output[-2000:]
-    out = subprocess.run(
-        [*job, f"train.storage_path={runs}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=480,
-        env=two_nodes.env,
-    )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+
+
+def _assert_both_nodes_ran_an_executor_and_a_worker(two_nodes: TwoNodes, run_dir: Path) -> None:
     nodes = set(two_nodes.nodes)
     assert len(nodes) == 2
 
@@ -233,6 +193,9 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
                 tasks[event["Task Info"]["Executor ID"]] += 1
     assert set(tasks) == set(executors) and min(tasks.values()) > 0, (tasks, executors)
 
+
+def _assert_the_single_node_dataset_trained_to_the_end(run_dir: Path, single: dict, runs: str,
+                                                       s3) -> None:
     # The same dataset as on one node; training ran to the end on both workers (DDP: every step
     # needs both).
     multi = json.loads((run_dir / "manifest.json").read_text())
@@ -254,3 +217,39 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
     saved = storage.find_files(summary["storage"], "train_state.json", s3)
     assert [json.loads(storage.read_text(uri, s3))["step"] for uri, _, _ in saved] == [20]
     assert storage.exists(f"{summary['storage']}/model/model.safetensors", s3)
+
+
+def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
+    ray_cluster, s3, two_nodes, corpus_dir, tmp_path
+):
+    storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/corpus", s3)
+    data = [
+        f"data.path=s3://{BUCKET}/multinode/corpus/",
+        f"s3.endpoint_url={s3.endpoint_url}",
+        *DATA,
+    ]
+    # The single-node result: the same ETL on the session's embedded Ray (or its cached output).
+    cfg = make_config(*data)
+    single = prepare(
+        cfg, check_inputs(cfg), tmp_path / "single", to_ray=False, store=CACHE_DIR
+    ).manifest
+
+    run_dir = tmp_path / "run"
+    runs = f"s3://{BUCKET}/multinode/runs"
+    train = [sys.executable, "-m", "raydp_llm.train", f"cluster.address={two_nodes.address}"]
+    job = [*train, *EMR, *data, *TINY, f"hydra.run.dir={run_dir}"]
+    # What needs storage every node reaches is refused before Spark starts, with the setting to
+    # change.
+    plain = [*train, *data, *TINY]
+    _assert_refused_before_spark_starts(job, plain, runs, tmp_path, two_nodes.env)
+    out = subprocess.run(
+        [*job, f"train.storage_path={runs}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=480,
+        env=two_nodes.env,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    _assert_both_nodes_ran_an_executor_and_a_worker(two_nodes, run_dir)
+    _assert_the_single_node_dataset_trained_to_the_end(run_dir, single, runs, s3)

@@ -29,46 +29,33 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 BLOCK = 16
 
 
-def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
-    from raydp_llm.cli.train import run
+E2E_RUN = [
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=64",
+    "model.block_size=32",
+    "train.batch_size=16",
+    "train.max_steps=150",
+    "train.eval_interval=50",
+    "train.eval_batches=null",
+    "optim.lr=3e-3",
+    "sample.max_new_tokens=80",
+    "sample.prompt=ROMEO:",
+]
+RUN_OUTPUTS = (
+    "metrics.csv",
+    "summary.json",
+    "manifest.json",
+    "samples.txt",
+    "loss.png",
+    "throughput.png",
+    "model/model.safetensors",
+    "model/config.json",
+    "model/tokenizer.json",
+)
 
-    cfg = make_config(
-        f"data.path={corpus_dir}",
-        f"data.cache_dir={tmp_path / 'cache'}",  # a Spark ETL here
-        "model.n_layer=2",
-        "model.n_head=2",
-        "model.n_embd=64",
-        "model.block_size=32",
-        "train.batch_size=16",
-        "train.max_steps=150",
-        "train.eval_interval=50",
-        "train.eval_batches=null",
-        "optim.lr=3e-3",
-        "sample.max_new_tokens=80",
-        "sample.prompt=ROMEO:",
-    )
-    run_dir = tmp_path / "run"
-    summary = run(cfg, run_dir)
 
-    for name in (
-        "metrics.csv",
-        "summary.json",
-        "manifest.json",
-        "samples.txt",
-        "loss.png",
-        "throughput.png",
-        "model/model.safetensors",
-        "model/config.json",
-        "model/tokenizer.json",
-    ):
-        assert (run_dir / name).is_file(), name
-    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    vocab = summary["etl"]["vocab_size"]
-    assert summary["final_val_loss"] < 0.8 * math.log(vocab), summary
-    assert summary["final_val_loss"] < summary["first_val_loss"]
-    assert summary["steps"] == 150 and summary["tokens"] == 150 * 16 * 32
-    rows = read_metrics(run_dir / "metrics.csv")
-    assert [r["step"] for r in rows] == [50, 100, 150] and list(rows[0]) == COLUMNS
+def _assert_metrics_rows(rows: list[dict], summary: dict) -> None:
     for r in rows:
         assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
         assert r["val_bpc"] == pytest.approx(
@@ -82,22 +69,16 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
         assert r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["rss_mb"] > 50
         assert 0 < r["sys_mem_used_mb"] < r["sys_mem_total_mb"] and r["cpu_percent"] > 0
         assert r["mfu"] is None and r["gpu_mem_mb"] is None  # no train.peak_flops, no GPU
-    assert (
-        rows[-1]["val_acc"] > rows[0]["val_acc"]
-        and summary["flops_per_token"] > 6 * summary["num_params"]
-    )
-    for key in ("etl_s", "train_s", "total_s", "spark_start_s", "num_params"):
-        assert summary[key] > 0, key
-    assert summary["ray_start_s"] >= 0  # Ray is shared by the test session, so ~0 here
-    assert (run_dir / "samples.txt").read_text().startswith("ROMEO:")
 
-    # The model directory loads and generates without Ray or Spark, in a fresh process.
+
+def _assert_generates_in_a_fresh_process(model_dir) -> None:
+    """The model directory loads and generates without Ray or Spark, in a fresh process."""
     out = subprocess.run(
         [
             sys.executable,
             "-m",
             "raydp_llm.generate",
-            f"model_dir={run_dir / 'model'}",
+            f"model_dir={model_dir}",
             "prompt=JULIET:",
             "max_new_tokens=50",
             "seed=3",
@@ -108,6 +89,39 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("JULIET:") and len(out.stdout) > len("JULIET:") + 20
+
+
+def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
+    from raydp_llm.cli.train import run
+
+    cfg = make_config(
+        f"data.path={corpus_dir}",
+        f"data.cache_dir={tmp_path / 'cache'}",  # a Spark ETL here
+        *E2E_RUN,
+    )
+    run_dir = tmp_path / "run"
+    summary = run(cfg, run_dir)
+
+    for name in RUN_OUTPUTS:
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    vocab = summary["etl"]["vocab_size"]
+    assert summary["final_val_loss"] < 0.8 * math.log(vocab), summary
+    assert summary["final_val_loss"] < summary["first_val_loss"]
+    assert summary["steps"] == 150 and summary["tokens"] == 150 * 16 * 32
+    rows = read_metrics(run_dir / "metrics.csv")
+    assert [r["step"] for r in rows] == [50, 100, 150] and list(rows[0]) == COLUMNS
+    _assert_metrics_rows(rows, summary)
+    assert (
+        rows[-1]["val_acc"] > rows[0]["val_acc"]
+        and summary["flops_per_token"] > 6 * summary["num_params"]
+    )
+    for key in ("etl_s", "train_s", "total_s", "spark_start_s", "num_params"):
+        assert summary[key] > 0, key
+    assert summary["ray_start_s"] >= 0  # Ray is shared by the test session, so ~0 here
+    assert (run_dir / "samples.txt").read_text().startswith("ROMEO:")
+
+    _assert_generates_in_a_fresh_process(run_dir / "model")
     model, _ = load_model_dir(run_dir / "model")
     assert model.num_params() == summary["num_params"]
     _exports_to_transformers(run_dir / "model", tmp_path / "hf", "ROMEO:")
@@ -201,41 +215,33 @@ def test_lstm_baseline_trains_for_whole_epochs(ray_cluster, corpus_dir, tmp_path
     assert model.kind == "lstm" and model.num_params() == summary["num_params"]
 
 
-def test_kept_executors_stay_up_until_the_run_ends_and_the_chunks_outlive_spark(
-        ray_cluster, corpus_dir, tmp_path):
-    """One hand-off from Spark (``data.cache=false``) asserted both ways: the kept executors hold
-    their CPUs while the caller holds Spark, and the chunks in the object store outlive it."""
+def _assert_spark_and_its_executors_are_up(data) -> None:
+    """While the caller holds Spark: the run's chunks, Spark's UI on the loopback only, and the kept
+    executors' CPUs."""
     import ray
     from pyspark import SparkContext
 
-    cfg = make_config(f"data.path={corpus_dir}", "data.cache=false", "cluster.keep_executors=true",
-                      "train.num_workers=1", "cluster.spark_ui=true", "model.block_size=64",
-                      "data.chunk_tokens=20000")
-    with prepared(
-        cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None
-    ) as data:  # the caller holds Spark
-        assert len(data.sources["val"].where) == data.manifest["chunks_val"]
-        assert SparkContext._active_spark_context is not None  # Spark is still running
-        ui = (
-            SparkContext._active_spark_context.uiWebUrl
-        )  # cluster.spark_ui=true: on the loopback only
-        assert (
-            urlsplit(ui).hostname == "127.0.0.1"
-            and urllib.request.urlopen(f"{ui}/jobs/", timeout=10).status == 200
-        )
-        if ray.util.get_node_ip_address() != "127.0.0.1":
-            with pytest.raises(OSError):  # not on the machine's network address
-                urllib.request.urlopen(
-                    ui.replace("127.0.0.1", ray.util.get_node_ip_address()), timeout=10
-                )
-        total = ray.cluster_resources()["CPU"]
-        assert (
-            ray.available_resources().get("CPU", 0) <= total - 2 * 0.5
-        )  # the executors keep their CPUs
-    assert SparkContext._active_spark_context is None
-    assert ray.available_resources().get("CPU", 0) >= 2  # the executors gave their CPUs back
-    _chunks_outlive_spark(cfg, data, tmp_path)
+    assert len(data.sources["val"].where) == data.manifest["chunks_val"]
+    assert SparkContext._active_spark_context is not None  # Spark is still running
+    ui = (
+        SparkContext._active_spark_context.uiWebUrl
+    )  # cluster.spark_ui=true: on the loopback only
+    assert (
+        urlsplit(ui).hostname == "127.0.0.1"
+        and urllib.request.urlopen(f"{ui}/jobs/", timeout=10).status == 200
+    )
+    if ray.util.get_node_ip_address() != "127.0.0.1":
+        with pytest.raises(OSError):  # not on the machine's network address
+            urllib.request.urlopen(
+                ui.replace("127.0.0.1", ray.util.get_node_ip_address()), timeout=10
+            )
+    total = ray.cluster_resources()["CPU"]
+    assert (
+        ray.available_resources().get("CPU", 0) <= total - 2 * 0.5
+    )  # the executors keep their CPUs
 
+
+def _assert_greedy_workers_are_refused_before_the_etl(corpus_dir) -> None:
     greedy = make_config(
         f"data.path={corpus_dir}",
         "data.cache=false",
@@ -257,6 +263,27 @@ def test_kept_executors_stay_up_until_the_run_ends_and_the_chunks_outlive_spark(
                                          r"cluster's nodes \(\d+ CPUs/0 GPUs\) hold only 0; lower "
                                          r"train.num_workers"):
         check_workers_fit(greedy.train)
+
+
+def test_kept_executors_stay_up_until_the_run_ends_and_the_chunks_outlive_spark(
+        ray_cluster, corpus_dir, tmp_path):
+    """One hand-off from Spark (``data.cache=false``) asserted both ways: the kept executors hold
+    their CPUs while the caller holds Spark, and the chunks in the object store outlive it."""
+    import ray
+    from pyspark import SparkContext
+
+    cfg = make_config(f"data.path={corpus_dir}", "data.cache=false", "cluster.keep_executors=true",
+                      "train.num_workers=1", "cluster.spark_ui=true", "model.block_size=64",
+                      "data.chunk_tokens=20000")
+    with prepared(
+        cfg, check_inputs(cfg), tmp_path, to_ray=True, store=None
+    ) as data:  # the caller holds Spark
+        _assert_spark_and_its_executors_are_up(data)
+    assert SparkContext._active_spark_context is None
+    assert ray.available_resources().get("CPU", 0) >= 2  # the executors gave their CPUs back
+    _chunks_outlive_spark(cfg, data, tmp_path)
+
+    _assert_greedy_workers_are_refused_before_the_etl(corpus_dir)
     check_workers_fit(cfg.train)
 
 
@@ -286,18 +313,8 @@ def _chunks_outlive_spark(cfg, data, tmp_path) -> None:
     assert ray.data.read_parquet(str(tmp_path / "t.parquet")).count() == 10
 
 
-def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
-    cache_dir = tmp_path / "cache"
-    cfg = make_config(
-        f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}"
-    )
-    corpus = check_inputs(cfg)
-    key = cache.cache_key(corpus, cfg.data, cfg.tokenizer, cfg.seed)
-    (cache_dir / key).mkdir(parents=True)  # a partial entry: no manifest
-    (cache_dir / f".{key}.tmp-dead").mkdir()  # a crashed write
-
-    miss = prepare(cfg, corpus, tmp_path, to_ray=False, store=cache_dir / "fresh")
-    assert not miss.cache_hit and "spark_start_s" in miss.timings
+def _assert_the_entry_is_whole(miss, key: str, cache_dir) -> None:
+    """The entry's files: a chunk per row, a row group per chunk, no temporary name left."""
     entry = miss.entry
     assert entry == cache_dir / "fresh" / key and (entry / "manifest.json").is_file()
     assert pq.read_table(entry / "train").num_rows == miss.manifest["chunks_train"]
@@ -309,10 +326,9 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
         groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
         assert all(g.num_rows == 1 or g.total_byte_size <= full for g in groups)
     assert not list((cache_dir / "fresh").glob(".*tmp*"))  # the temporary name is gone
-    stats = json.loads(
-        (tmp_path / "etl_stats.json").read_text()
-    )  # Spark's own metrics for this ETL
-    assert stats == miss.stats == json.loads((entry / "etl_stats.json").read_text())
+
+
+def _assert_spark_stats(stats: dict, corpus_dir) -> None:
     assert stats["jobs"] > 0 and stats["stages"] > 0 and stats["tasks"] >= stats["stages"]
     assert (
         stats["failed_tasks"] == 0
@@ -331,15 +347,8 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     )  # chunks are cut as written
     assert len(stats["per_stage"]) == stats["stages"]
 
-    cfg_hit = make_config(f"data.path={corpus_dir}", f"data.cache_dir={cache_dir / 'fresh'}",
-                          f"model.block_size={BLOCK}")
-    hit = prepare(cfg_hit, corpus, tmp_path, to_ray=True, store=None)
-    assert hit.cache_hit and "spark_start_s" not in hit.timings
-    assert len(hit.sources["train"].where) == miss.manifest["chunks_train"]
-    assert hit.manifest == json.loads((entry / "manifest.json").read_text())
-    assert hit.tokenizer.to_json() == miss.tokenizer.to_json()
-    assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
 
+def _assert_only_inputs_and_etl_settings_change_the_key(cfg, corpus, corpus_dir, key) -> None:
     # Any change of the inputs or ETL settings is a new key.
     touched = corpus_dir / "part1.txt"
     mtime = touched.stat().st_mtime_ns
@@ -354,3 +363,35 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     windows = make_config(f"data.path={corpus_dir}", "model.block_size=64", "data.stride=3",
                           "data.val_stride=5", "data.sampling=random")
     assert cache.cache_key(corpus, windows.data, windows.tokenizer, cfg.seed) == key
+
+
+def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
+    cache_dir = tmp_path / "cache"
+    cfg = make_config(
+        f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}"
+    )
+    corpus = check_inputs(cfg)
+    key = cache.cache_key(corpus, cfg.data, cfg.tokenizer, cfg.seed)
+    (cache_dir / key).mkdir(parents=True)  # a partial entry: no manifest
+    (cache_dir / f".{key}.tmp-dead").mkdir()  # a crashed write
+
+    miss = prepare(cfg, corpus, tmp_path, to_ray=False, store=cache_dir / "fresh")
+    assert not miss.cache_hit and "spark_start_s" in miss.timings
+    _assert_the_entry_is_whole(miss, key, cache_dir)
+    entry = miss.entry
+    stats = json.loads(
+        (tmp_path / "etl_stats.json").read_text()
+    )  # Spark's own metrics for this ETL
+    assert stats == miss.stats == json.loads((entry / "etl_stats.json").read_text())
+    _assert_spark_stats(stats, corpus_dir)
+
+    cfg_hit = make_config(f"data.path={corpus_dir}", f"data.cache_dir={cache_dir / 'fresh'}",
+                          f"model.block_size={BLOCK}")
+    hit = prepare(cfg_hit, corpus, tmp_path, to_ray=True, store=None)
+    assert hit.cache_hit and "spark_start_s" not in hit.timings
+    assert len(hit.sources["train"].where) == miss.manifest["chunks_train"]
+    assert hit.manifest == json.loads((entry / "manifest.json").read_text())
+    assert hit.tokenizer.to_json() == miss.tokenizer.to_json()
+    assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
+
+    _assert_only_inputs_and_etl_settings_change_the_key(cfg, corpus, corpus_dir, key)

@@ -43,6 +43,62 @@ def artifacts(client, run) -> set[str]:
     return {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
+def _interrupt_after_its_first_checkpoint(overrides: list, tracked: list, out) -> list[int]:
+    """A run started as from a terminal, Ctrl-C once it has a checkpoint and metrics; the steps of
+    its checkpoints."""
+    proc = start_like_a_terminal(
+        "raydp_llm.train", *overrides, *tracked, f"hydra.run.dir={out}"
+    )
+    deadline = time.time() + 240
+    while not (list(out.glob("ray_results/*/checkpoint_*/train_state.json"))
+               and (out / "metrics.csv").exists()):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-3000:]
+    saved = [
+        json.loads(p.read_text())["step"]
+        for p in out.glob("ray_results/*/*/train_state.json")
+    ]
+    assert saved and max(saved) < 240  # stopped mid-run
+    return saved
+
+
+def _assert_the_mlflow_run_continued(client, killed, runs, rows: list[dict], summary: dict) -> None:
+    (resumed,) = client.search_runs([killed.info.experiment_id])  # the same MLflow run, continued
+    assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
+    history = client.get_metric_history(resumed.info.run_id, "val_loss")
+    logged = {m.step for m in history}
+    assert logged == {r["step"] for r in read_metrics(runs / "interrupted" / "metrics.csv")} | {
+        r["step"] for r in rows} and max(logged) == 240
+    assert resumed.data.tags["raydp_llm.resumed_from"] == summary["resumed_from"]
+    assert {"summary.json", "manifest.json", "loss.png", "model"} <= artifacts(client, resumed)
+
+
+def _assert_which_checkpoint_a_run_resumes(cfg, data, overrides: list, runs, found: str) -> None:
+    # train.resume=never ignores the checkpoint that auto found; a path names one.
+    manifest = data.manifest | windows_of(cfg, data.index, data.manifest)  # as the run's
+    spec = build_spec(cfg, data.tokenizer, manifest, samplings(cfg))
+    assert (
+        resume_checkpoint(make_config(*overrides, "train.resume=never"), spec, runs / "new") is None
+    )
+    # The resumed run continued the interrupted one and finished: auto continues neither again.
+    assert (
+        resume_checkpoint(make_config(*overrides, "train.resume=auto"), spec, runs / "new") is None
+    )
+    assert check_inputs(make_config(*overrides, f"train.resume={found}")).files
+    # A checkpoint of another model shape is refused before any engine starts.
+    with pytest.raises(InputError, match=r"the checkpoint's model has n_layer=2, block_size=32, "
+                                         r"the config asks for model.n_layer=3, "
+                                         r"model.block_size=64; resume with the checkpoint's"):
+        check_inputs(
+            make_config(
+                *overrides, f"train.resume={found}", "model.block_size=64", "model.n_layer=3"
+            )
+        )
+
+
 def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tmp_path,
                                                      mlflow_server):
     """... and its MLflow run too: the interrupted run's ends KILLED, the resumed run reopens it."""
@@ -57,22 +113,7 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
     expected = {r["step"]: r for r in read_metrics(whole / "run" / "metrics.csv")}
 
     runs = tmp_path / "outputs"
-    proc = start_like_a_terminal(
-        "raydp_llm.train", *overrides, *tracked, f"hydra.run.dir={runs / 'interrupted'}"
-    )
-    deadline = time.time() + 240
-    while not (list((runs / "interrupted").glob("ray_results/*/checkpoint_*/train_state.json"))
-               and (runs / "interrupted" / "metrics.csv").exists()):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, output[-3000:]
-    saved = [
-        json.loads(p.read_text())["step"]
-        for p in (runs / "interrupted").glob("ray_results/*/*/train_state.json")
-    ]
-    assert saved and max(saved) < 240  # stopped mid-run
+    saved = _interrupt_after_its_first_checkpoint(overrides, tracked, runs / "interrupted")
     client = MlflowClient(tracking_uri=mlflow_server)
     (killed,) = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
     assert killed.info.status == "KILLED" and "metrics.csv" in artifacts(client, killed)
@@ -89,14 +130,7 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
         assert r["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3), r["step"]
         assert r["train_loss"] == pytest.approx(want["train_loss"], rel=1e-3), r["step"]
     assert (runs / "resumed" / "model" / "model.safetensors").is_file()
-    (resumed,) = client.search_runs([killed.info.experiment_id])  # the same MLflow run, continued
-    assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
-    history = client.get_metric_history(resumed.info.run_id, "val_loss")
-    logged = {m.step for m in history}
-    assert logged == {r["step"] for r in read_metrics(runs / "interrupted" / "metrics.csv")} | {
-        r["step"] for r in rows} and max(logged) == 240
-    assert resumed.data.tags["raydp_llm.resumed_from"] == summary["resumed_from"]
-    assert {"summary.json", "manifest.json", "loss.png", "model"} <= artifacts(client, resumed)
+    _assert_the_mlflow_run_continued(client, killed, runs, rows, summary)
     assert not (
         runs / "resumed" / "model" / "train_state.pt"
     ).exists()  # the model dir holds no optimizer state
@@ -107,24 +141,4 @@ def test_a_resumed_run_continues_as_if_never_stopped(ray_cluster, corpus_dir, tm
     assert before and all(
         r["val_loss"] == pytest.approx(expected[r["step"]]["val_loss"], rel=1e-6) for r in before
     )
-    # train.resume=never ignores the checkpoint that auto found; a path names one.
-    manifest = data.manifest | windows_of(cfg, data.index, data.manifest)  # as the run's
-    spec = build_spec(cfg, data.tokenizer, manifest, samplings(cfg))
-    assert (
-        resume_checkpoint(make_config(*overrides, "train.resume=never"), spec, runs / "new") is None
-    )
-    # The resumed run continued the interrupted one and finished: auto continues neither again.
-    assert (
-        resume_checkpoint(make_config(*overrides, "train.resume=auto"), spec, runs / "new") is None
-    )
-    found = summary["resumed_from"]
-    assert check_inputs(make_config(*overrides, f"train.resume={found}")).files
-    # A checkpoint of another model shape is refused before any engine starts.
-    with pytest.raises(InputError, match=r"the checkpoint's model has n_layer=2, block_size=32, "
-                                         r"the config asks for model.n_layer=3, "
-                                         r"model.block_size=64; resume with the checkpoint's"):
-        check_inputs(
-            make_config(
-                *overrides, f"train.resume={found}", "model.block_size=64", "model.n_layer=3"
-            )
-        )
+    _assert_which_checkpoint_a_run_resumes(cfg, data, overrides, runs, summary["resumed_from"])

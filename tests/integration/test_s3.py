@@ -114,8 +114,24 @@ def stream(chunks, index) -> bytes:
     return b"".join(tokens[:own[start]] for start, tokens in rows)
 
 
-@pytest.mark.slow
-def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir, tmp_path):
+def _etl_chunks(spark, cfg, path: str, data_format: str = "text"):
+    """The ETL of ``path``: its manifest, each split's token stream, and the (file, block) pieces
+    the readers cut."""
+    settings = replace(cfg, data=replace(cfg.data, path=path, format=data_format))
+    out = run_etl(spark, EtlPlan.of(settings, check_inputs(settings)))
+    blocks = sorted(
+        {
+            (r.src.rsplit("/", 1)[1], r.block)
+            for r in out.encoded.select("src", "block").collect()
+        }
+    )
+    manifest = out.manifest.to_json()
+    return manifest, {n: stream(df, out.index[n]) for n, df in out.chunks.items()}, blocks
+
+
+def _local_text_corpus_also_on_s3(corpus_dir, tmp_path, s3):
+    """The corpus, a copy of one part with Windows line ends, and a gzipped part: on disk (the
+    directory returned) and under s3://BUCKET/etl."""
     local = tmp_path / "corpus"
     local.mkdir()
     for f in corpus_dir.iterdir():
@@ -126,34 +142,12 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     part1 = reference_lines((corpus_dir / "part1.txt").read_bytes())
     write_lines(local / "part4.txt.gz", [line.decode() for line in part1])  # Spark decompresses
     storage.copy(local, f"s3://{BUCKET}/etl", s3)
-    cfg = make_config(
-        "model.block_size=16",
-        "data.stride=5",
-        "data.cache=false",
-        f"s3.endpoint_url={s3.endpoint_url}",
-    )
-    cfg = replace(cfg, cluster=replace(cfg.cluster, spark_conf={
-        "spark.sql.files.maxPartitionBytes": "8k"
-    }))  # several input splits per file
+    return local
 
-    def chunks(path: str, data_format: str = "text"):
-        settings = replace(cfg, data=replace(cfg.data, path=path, format=data_format))
-        out = run_etl(spark, EtlPlan.of(settings, check_inputs(settings)))
-        blocks = sorted(
-            {
-                (r.src.rsplit("/", 1)[1], r.block)
-                for r in out.encoded.select("src", "block").collect()
-            }
-        )
-        manifest = out.manifest.to_json()
-        return manifest, {n: stream(df, out.index[n]) for n, df in out.chunks.items()}, blocks
 
-    rows = [
-        line
-        for f in sorted(corpus_dir.iterdir())
-        for line in f.read_text().split("\n\n")
-        if line.strip()
-    ]
+def _rows_as_parquet_and_jsonl_also_on_s3(rows: list[str], tmp_path, s3) -> list[str]:
+    """The rows as one Parquet file and as four JSON-lines files (plain, .gz, .bz2, .zst; a broken
+    line at the end), on disk and on S3; the JSON-lines files' names."""
     (tmp_path / "parquet").mkdir()
     pq.write_table(
         pa.table({"id": range(len(rows)), "text": rows}),
@@ -167,14 +161,10 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     for i, name in enumerate(names):  # .zst: pyarrow's reader, from S3 and from disk
         write_lines(tmp_path / "jsonl" / name, json_lines[i::4])
     storage.copy(tmp_path / "jsonl", f"s3://{BUCKET}/jsonl", s3)
-    with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
-        from_s3, from_disk = chunks(f"s3://{BUCKET}/etl/"), chunks(str(local))
-        parquet_from_s3, parquet_from_disk = (
-            chunks(f"s3://{BUCKET}/parquet/", "parquet"),
-            chunks(str(tmp_path / "parquet"), "parquet"),
-        )
-        jsonl_from_s3 = chunks(f"s3://{BUCKET}/jsonl/", "jsonl")
-        jsonl_from_disk = chunks(str(tmp_path / "jsonl"), "jsonl")
+    return names
+
+
+def _assert_text_from_s3_as_from_disk(from_s3, from_disk, local) -> None:
     assert max(block for _, block in from_s3[2]) > 0  # files were read as several byte ranges
     assert from_s3[2] == from_disk[2]  # ... the same ones as Spark's reader cuts
     assert from_s3[1] == from_disk[1]  # the same token stream, token for token
@@ -190,6 +180,36 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     )
     assert {k: from_s3[0][k] for k in same} == {k: from_disk[0][k] for k in same}
     assert from_s3[0]["bytes"] == sum(f.stat().st_size for f in local.iterdir())
+
+
+@pytest.mark.slow
+def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir, tmp_path):
+    local = _local_text_corpus_also_on_s3(corpus_dir, tmp_path, s3)
+    cfg = make_config(
+        "model.block_size=16",
+        "data.stride=5",
+        "data.cache=false",
+        f"s3.endpoint_url={s3.endpoint_url}",
+    )
+    cfg = replace(cfg, cluster=replace(cfg.cluster, spark_conf={
+        "spark.sql.files.maxPartitionBytes": "8k"
+    }))  # several input splits per file
+
+    rows = [
+        line
+        for f in sorted(corpus_dir.iterdir())
+        for line in f.read_text().split("\n\n")
+        if line.strip()
+    ]
+    names = _rows_as_parquet_and_jsonl_also_on_s3(rows, tmp_path, s3)
+    with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
+        from_s3 = _etl_chunks(spark, cfg, f"s3://{BUCKET}/etl/")
+        from_disk = _etl_chunks(spark, cfg, str(local))
+        parquet_from_s3 = _etl_chunks(spark, cfg, f"s3://{BUCKET}/parquet/", "parquet")
+        parquet_from_disk = _etl_chunks(spark, cfg, str(tmp_path / "parquet"), "parquet")
+        jsonl_from_s3 = _etl_chunks(spark, cfg, f"s3://{BUCKET}/jsonl/", "jsonl")
+        jsonl_from_disk = _etl_chunks(spark, cfg, str(tmp_path / "jsonl"), "jsonl")
+    _assert_text_from_s3_as_from_disk(from_s3, from_disk, local)
     assert len(parquet_from_s3[2]) > 1 and parquet_from_s3[0]["documents"] == len(
         rows
     )  # a document per row
@@ -198,6 +218,31 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     assert jsonl_from_s3[0]["documents"] == len(rows)
     broken = names[len(rows) % 4]  # the file the last line went to
     assert jsonl_from_s3[0]["bad_json_lines"]["files"] == {f"s3://{BUCKET}/jsonl/{broken}": 1}
+
+
+# a run's outputs, beside its checkpoints in storage_path
+RUN_OUTPUTS = (
+    "model/model.safetensors",
+    "model/config.json",
+    "model/tokenizer.json",
+    "metrics.csv",
+    "summary.json",
+    "samples.txt",
+    "loss.png",
+)
+
+
+def _assert_generation_from_s3_as_from_disk(tmp_path, run_uri: str, runs: str, s3) -> None:
+    # Generation from the model on S3 gives the text generation from the local copy gives.
+    local = generate(f"model_dir={tmp_path / 'first' / 'model'}")
+    assert local.returncode == 0 and len(local.stdout) > 20, local.stderr
+    remote = generate(f"model_dir={run_uri}/model", f"s3.endpoint_url={s3.endpoint_url}")
+    assert remote.returncode == 0 and remote.stdout == local.stdout, remote.stderr
+    missing = generate(f"model_dir={runs}/nothing/model", f"s3.endpoint_url={s3.endpoint_url}")
+    assert missing.returncode == 1 and missing.stderr.strip() == (f"error: {runs}/nothing/model: "
+                                                                  "no model.safetensors; give the "
+                                                                  "model/ directory of a finished "
+                                                                  "run")
 
 
 @pytest.mark.integration
@@ -222,15 +267,7 @@ def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus
     states = {int(json.loads(storage.read_text(uri, s3))["step"]): uri.rsplit("/", 1)[0]
               for uri, _, _ in storage.find_files(run_uri, "train_state.json", s3)}
     assert sorted(states) == [2, 4]  # both checkpoints, written by Ray Train straight to S3
-    for name in (
-        "model/model.safetensors",
-        "model/config.json",
-        "model/tokenizer.json",
-        "metrics.csv",
-        "summary.json",
-        "samples.txt",
-        "loss.png",
-    ):  # and the run's outputs beside them
+    for name in RUN_OUTPUTS:  # and the run's outputs beside them
         assert fs.get_file_info(f"{root}/{name}").type == pafs.FileType.File, name
     assert not (tmp_path / "first" / "ray_results").exists()
 
@@ -251,17 +288,7 @@ def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus
     for uri in (resumed["storage"], states[4]):
         fs.delete_dir(storage.resolve(uri, s3)[1])
     assert resume_checkpoint(cfg, spec, tmp_path / "next") == states[2]
-
-    # Generation from the model on S3 gives the text generation from the local copy gives.
-    local = generate(f"model_dir={tmp_path / 'first' / 'model'}")
-    assert local.returncode == 0 and len(local.stdout) > 20, local.stderr
-    remote = generate(f"model_dir={run_uri}/model", f"s3.endpoint_url={s3.endpoint_url}")
-    assert remote.returncode == 0 and remote.stdout == local.stdout, remote.stderr
-    missing = generate(f"model_dir={runs}/nothing/model", f"s3.endpoint_url={s3.endpoint_url}")
-    assert missing.returncode == 1 and missing.stderr.strip() == (f"error: {runs}/nothing/model: "
-                                                                  "no model.safetensors; give the "
-                                                                  "model/ directory of a finished "
-                                                                  "run")
+    _assert_generation_from_s3_as_from_disk(tmp_path, run_uri, runs, s3)
 
 
 def generate(*args: str) -> subprocess.CompletedProcess:
