@@ -54,8 +54,9 @@ class Trained:
     data: PreparedData
     outcome: FitResult
     timings: dict
-    destination: str  # where the outputs go beside the checkpoints: <storage>/<run name>
-    copied: bool  # whether they go there (train.storage_path set)
+    # where the outputs are copied beside the checkpoints, <storage>/<run name>; None without
+    # train.storage_path (the checkpoints are in the run directory already)
+    destination: str | None
 
 
 def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
@@ -121,8 +122,8 @@ def train(settings: Settings, corpus, job: Job, session: JobSession) -> Trained:
             keeper.finish("diverged" if outcome.diverged else "finished")
         if outcome.diverged is None:
             storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"), spec.s3)
-    return Trained(data, outcome, session.timings, storage.join(run_storage, job.run_name),
-                   copied=settings.train.storage_path is not None)
+    destination = storage.join(run_storage, job.run_name) if settings.train.storage_path else None
+    return Trained(data, outcome, session.timings, destination)
 
 
 def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
@@ -182,7 +183,7 @@ def artifacts(settings: Settings, out_dir: Path, trained: Trained, total: Stopwa
         resumed_from=outcome.resumed_from,
         restarts=outcome.restarts,
         diverged=outcome.diverged,
-        storage=trained.destination if trained.copied else None,
+        storage=trained.destination,
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
         etl=data.manifest | {"cache_hit": data.cache_hit},
         etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"},
@@ -204,7 +205,7 @@ def write_sample(settings: Settings, out_dir: Path) -> Sample:
 def publish(settings: Settings, out_dir: Path, trained: Trained) -> None:
     """The run's outputs copied beside its checkpoints when ``train.storage_path`` is set, where
     the machine's disk may not last."""
-    if trained.copied:
+    if trained.destination:
         copy_outputs(out_dir, trained.destination, S3Options.of(settings.s3))
 
 

@@ -1,5 +1,5 @@
-"""The Spark ETL: lines → scan → curate → tokenizer → token ids (in the executors) → chunks of the
-token stream, per train/val split. A module per stage, in the pipeline's order:
+"""The Spark ETL, from the corpus's lines to chunks of the token stream per train/val split (the
+token ids made in the executors). A module per stage, in the pipeline's order:
 
 1. *read* (``read.py``, a reader per ``data.format`` in ``formats.py``): one row per line with its
    file and the start of its input split (``src``, ``block``), so huge files are split and read in
