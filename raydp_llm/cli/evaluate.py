@@ -33,6 +33,7 @@ from raydp_llm.core import storage
 from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import LanguageModel
+from raydp_llm.core.pretrained import is_hf_dir
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
@@ -65,7 +66,8 @@ def model_and_settings(
             storage.fetch(settings.model_dir, model_dir, S3Options.of(settings.s3))
         except OSError as err:
             raise storage.unreachable("model_dir", settings.model_dir, err) from None
-    missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
+    hf_dir = is_hf_dir(model_dir)  # a Hugging Face directory, trained here or elsewhere
+    missing = [] if hf_dir else [n for n in MODEL_FILES if not (model_dir / n).is_file()]
     if missing:
         raise InputError(f"model_dir={settings.model_dir}: no {', '.join(missing)} there; give the "
                          "model/ directory of a finished run")
@@ -81,7 +83,8 @@ def model_and_settings(
     return model, replace(
         settings,
         data=data,
-        tokenizer=replace(settings.tokenizer, path=str(model_dir / TOKENIZER_FILE)),
+        tokenizer=replace(settings.tokenizer,
+                          path=str(model_dir if hf_dir else model_dir / TOKENIZER_FILE)),
         model=replace(settings.model, block_size=model.config.block_size),
     )
 
@@ -125,8 +128,10 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
         scores = None
         if settings.per_document:  # on the cluster, Spark gone: its CPUs are free
             with timed(timings, "per_document_s"):
+                tokenizer_at = Path(settings.tokenizer.path)  # the model's directory, or in it
                 scores = score_documents(
-                    str(Path(settings.tokenizer.path).parent), data.entry, out_dir,
+                    str(tokenizer_at if tokenizer_at.is_dir() else tokenizer_at.parent),
+                    data.entry, out_dir,
                     settings.eval_batch_size, max(1, int(ray.cluster_resources().get("CPU", 1))))
     m = data.manifest
     with timed(timings, "eval_s"):

@@ -19,6 +19,7 @@ from raydp_llm.core.checks import validate
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
+from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data.corpus import Corpus, resolve_corpus
 
 RESUME_WORDS = ("auto", "never")
@@ -39,9 +40,7 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
     changes = {
         "data": replace(data, path=_absolute_any(paths), cache_dir=absolute(data.cache_dir)),
         "tokenizer": replace(tok, path=tok.path and absolute(tok.path)),
-        "model": replace(
-            model, init_embeddings=model.init_embeddings and absolute(model.init_embeddings)
-        ),
+        "model": _absolute_model(model),
         "train": replace(
             train,
             storage_path=train.storage_path and absolute(train.storage_path),
@@ -54,7 +53,39 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
         changes["model"], changes["tokenizer"] = _init_from(
             replace(model, init_from=absolute(model.init_from)), changes["tokenizer"],
             _given(overrides, "model."))
+    if model.kind == "hf":
+        changes["model"], changes["tokenizer"] = _pretrained(
+            changes["model"], changes["tokenizer"], S3Options.of(settings.s3))
     return replace(settings, **changes)
+
+
+def _absolute_model(model):
+    """The model settings with absolute paths: its token vectors, model=hf's directory."""
+    if getattr(model, "init_embeddings", None):
+        model = replace(model, init_embeddings=absolute(model.init_embeddings))
+    if getattr(model, "path", None):
+        model = replace(model, path=absolute(model.path))
+    return model
+
+
+def _pretrained(model, tokenizer, s3: S3Options):
+    """model=hf: its directory checked (a decoder, with config and weights), its tokenizer as the
+    ETL's (the executors encode with it), and the block size and vocabulary from its config."""
+    from raydp_llm.core import pretrained  # transformers: only for a model=hf run
+
+    if not model.path:
+        raise InputError("model.path is missing: model=hf trains a Hugging Face directory; add "
+                         "model.path=<local directory or s3:// prefix>")
+    if tokenizer.path:
+        raise InputError(f"model=hf brings its tokenizer but tokenizer.path={tokenizer.path} was "
+                         "given; drop tokenizer.path")
+    config = pretrained.read_hf_config(model.path, "model.path", s3)
+    local = pretrained.tokenizer_dir(model.path, s3)
+    try:
+        hf_tokenizer = load_tokenizer(local)
+    except ValueError as err:
+        raise InputError(f"model.path={model.path}: {err}") from None
+    return pretrained.resolved(model, config, hf_tokenizer), replace(tokenizer, path=str(local))
 
 
 def _given(overrides: Iterable[str] | None, prefix: str) -> set[str]:
@@ -104,7 +135,7 @@ def check_inputs(settings: Settings) -> Corpus:
     the storage's bucket) and resolve the corpus, before any engine starts."""
     validate(settings)
     t, d, s3 = settings.train, settings.data, S3Options.of(settings.s3)
-    vectors = settings.model.init_embeddings
+    vectors = getattr(settings.model, "init_embeddings", None)
     if vectors and not Path(vectors).is_file():
         raise InputError(f"model.init_embeddings={vectors}: no such file; give a CSV or .npy file "
                          "of token vectors")
@@ -118,7 +149,7 @@ def check_inputs(settings: Settings) -> Corpus:
         check_resumable(t.resume, settings.model, f"train.resume={t.resume}", s3)
     if t.storage_path and storage.is_s3(t.storage_path):
         storage.check_bucket("train.storage_path", t.storage_path, s3)
-    if settings.tokenizer.path and not Path(settings.tokenizer.path).is_file():
+    if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
     corpus = resolve_corpus(d.path, markdown=d.markdown, s3=s3)

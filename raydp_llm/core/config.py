@@ -20,6 +20,8 @@ from omegaconf import MISSING
 from raydp_llm.core.model_config import (  # noqa: F401 - the model group, re-exported
     MODEL_CONFIGS,
     GPTConfig,
+    HFConfig,
+    LlamaConfig,
     LSTMConfig,
     ModelConfig,
     model_config,
@@ -390,7 +392,8 @@ class Settings:
                                                  "training windows")
     tokenizer: Any = setting(MISSING, f"{TokenizerKind.listed()}: how text becomes token ids")
     model: Any = setting(MISSING, "the language model: gpt | gpt_nano | gpt_mini | gpt2_small | "
-                                  "lstm")
+                                  "lstm | llama (transformers' Llama, from scratch) | hf (a "
+                                  "Hugging Face directory: model.path)")
     optim: OptimSettings = setting(OptimSettings(), "AdamW with linear warmup and cosine decay")
     train: TrainSettings = setting(TrainSettings(), "Ray Train: DDP workers, batches, steps, "
                                                     "evaluation, checkpoints")

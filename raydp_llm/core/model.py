@@ -27,9 +27,11 @@ class LanguageModel(nn.Module):
 
     kind: str
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, embeddings: bool = True):
         super().__init__()
         self.config = cfg
+        if not embeddings:  # a transformers model brings its own (core/pretrained.py)
+            return
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # token embeddings
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
@@ -288,13 +290,19 @@ class LSTMState:
 MODELS = {cls.kind: cls for cls in (GPT, LSTMLM)}
 
 
-def build_model(cfg: ModelConfig) -> LanguageModel:
-    """The model ``cfg`` describes (``vocab_size`` set), its token embeddings from
-    ``cfg.init_embeddings`` when given (``read_embeddings``; ids the file lacks keep their random
+def build_model(cfg: ModelConfig, s3=None) -> LanguageModel:
+    """The model ``cfg`` describes (``vocab_size`` set; a transformers family from
+    core/pretrained.py, ``s3`` (S3Options) reaching an s3:// ``model.path``), its token embeddings
+    from ``cfg.init_embeddings`` when given (``read_embeddings``; ids the file lacks keep their random
     init) and frozen with ``cfg.freeze_embeddings`` (no gradient for wte, nor for the head when
     tied)."""
-    model = MODELS[cfg.kind](cfg)
-    if cfg.init_embeddings is not None:
+    if cfg.kind in MODELS:
+        model = MODELS[cfg.kind](cfg)
+    else:
+        from raydp_llm.core.pretrained import build_pretrained  # transformers: only for them
+
+        model = build_pretrained(cfg, s3)
+    if getattr(cfg, "init_embeddings", None) is not None:
         if not Path(cfg.init_embeddings).is_file():
             raise _embeddings_error(
                 cfg.init_embeddings, "no such file", "give a CSV or .npy file of token vectors"
@@ -302,7 +310,7 @@ def build_model(cfg: ModelConfig) -> LanguageModel:
         ids, vectors = read_embeddings(cfg.init_embeddings, cfg.vocab_size, cfg.n_embd)
         with torch.no_grad():
             model.wte.weight[ids] = vectors.to(model.wte.weight)
-    if cfg.freeze_embeddings:
+    if getattr(cfg, "freeze_embeddings", False):
         model.wte.weight.requires_grad_(False)
     return model
 

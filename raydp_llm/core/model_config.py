@@ -1,6 +1,8 @@
-"""The model group's schema (conf/model/): ``GPTConfig`` and ``LSTMConfig``, the fields a model
-directory's ``config.json`` holds. Apart from the rest of the configuration (core/config.py) so that
-the model file needs only torch: ``benchmarks/gpu.py`` runs it on a bare GPU machine."""
+"""The model group's schema (conf/model/): this project's ``GPTConfig`` and ``LSTMConfig`` (the
+fields their model directory's ``config.json`` holds), ``LlamaConfig`` (transformers' Llama built
+from scratch) and ``HFConfig`` (any decoder transformers loads from a directory). Apart from the
+rest of the configuration (core/config.py) so that the model file needs only torch:
+``benchmarks/gpu.py`` runs it on a bare GPU machine."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.schema import Choice, at_least, setting, within
+from raydp_llm.core.schema import Choice, above, at_least, optional, setting, within
 
 
 class PosEmbedding(Choice):
@@ -24,19 +26,29 @@ class Activation(Choice):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """What every model has: the model group (conf/model/) and a model directory's ``config.json``
-    both hold it; ``GPTConfig`` and ``LSTMConfig`` add their own fields."""
+    """What every model has: a family, a vocabulary and a training window."""
 
-    kind: str = setting("gpt", "model family: gpt | lstm (pick a preset, e.g. model=lstm, rather "
-                               "than overriding this)")
+    kind: str = setting("gpt", "model family: gpt | lstm | llama | hf (pick a preset, e.g. "
+                               "model=lstm, rather than overriding this)")
     vocab_size: Optional[int] = setting(None, "ids the model predicts; null = the tokenizer's "
                                               "(set after the ETL)")
-    n_layer: int = setting(4, "layers: transformer blocks (gpt) or stacked LSTM layers (lstm)",
-                           check=at_least(1))
-    n_embd: int = setting(128, "embedding width (lstm: also the hidden state size)",
-                          check=at_least(1))
     block_size: int = setting(64, "context length, tokens (training windows are block_size + 1 "
                                   "tokens)", check=at_least(1))
+
+    def architecture(self) -> dict[str, Any]:
+        """The fields that make the network, as a model directory's ``config.json`` keeps them."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("kind", "init_embeddings", "freeze_embeddings", "init_from", "path")}
+
+
+@dataclass(frozen=True)
+class NetConfig(ModelConfig):
+    """A network built from these settings, with fresh weights (gpt, lstm, llama)."""
+
+    n_layer: int = setting(4, "layers: transformer blocks (gpt, llama) or stacked LSTM layers "
+                              "(lstm)", check=at_least(1))
+    n_embd: int = setting(128, "embedding width (lstm: also the hidden state size)",
+                          check=at_least(1))
     dropout: float = setting(0.0, "dropout probability, in [0, 1)", check=within(0, 1))
     tie_weights: bool = setting(True, "the output head shares the token embedding table")
     init_embeddings: Optional[str] = setting(None, "token vectors to start from: CSV (id,v1..vn; "
@@ -44,14 +56,9 @@ class ModelConfig:
     freeze_embeddings: bool = setting(False, "keep the token embeddings fixed (with tie_weights "
                                              "the head too)")
 
-    def architecture(self) -> dict[str, Any]:
-        """The fields that make the network, as a model directory's ``config.json`` keeps them."""
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("kind", "init_embeddings", "freeze_embeddings", "init_from")}
-
 
 @dataclass(frozen=True)
-class GPTConfig(ModelConfig):
+class GPTConfig(NetConfig):
     n_head: int = setting(4, "attention heads per block; must divide n_embd", check=at_least(1))
     bias: bool = setting(False, "bias terms in Linear and LayerNorm layers")
     pos_embedding: str = setting(PosEmbedding.learned, PosEmbedding.listed())
@@ -73,13 +80,55 @@ class GPTConfig(ModelConfig):
 
 
 @dataclass(frozen=True)
-class LSTMConfig(ModelConfig):
+class LSTMConfig(NetConfig):
     kind: str = "lstm"
     n_layer: int = 2
     n_embd: int = 256
 
 
-MODEL_CONFIGS = {"gpt": GPTConfig, "lstm": LSTMConfig}
+@dataclass(frozen=True)
+class LlamaConfig(NetConfig):
+    """transformers' ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU, grouped-query attention) built
+    from these settings, trained from scratch with the ETL's tokenizer."""
+
+    kind: str = "llama"
+    n_head: int = setting(4, "query heads per block; must divide n_embd", check=at_least(1))
+    n_kv_head: Optional[int] = setting(None, "key/value heads (grouped-query attention), dividing "
+                                             "n_head; null = n_head", check=optional(at_least(1)))
+    intermediate_size: Optional[int] = setting(None, "the SwiGLU MLP's width; null = 8/3 × n_embd "
+                                                     "rounded up to a multiple of 8 (Llama's "
+                                                     "rule)", check=optional(at_least(1)))
+    rope_theta: float = setting(10000.0, "RoPE base: higher for longer contexts (Llama 3: "
+                                         "500000)", check=above(0))
+    rms_norm_eps: float = setting(1e-5, "RMSNorm epsilon", check=above(0))
+
+    def __post_init__(self) -> None:
+        kv = self.n_kv_head or self.n_head
+        if self.n_embd % self.n_head or self.n_head % kv:
+            raise InputError(f"model.n_embd={self.n_embd}, model.n_head={self.n_head}, "
+                             f"model.n_kv_head={self.n_kv_head}: n_head must divide n_embd and "
+                             "n_kv_head must divide n_head; pick divisors")
+
+    @property
+    def mlp_width(self) -> int:
+        return self.intermediate_size or -(-8 * self.n_embd // 3 // 8) * 8
+
+
+@dataclass(frozen=True)
+class HFConfig(ModelConfig):
+    """A decoder that transformers' ``AutoModelForCausalLM`` loads from a Hugging Face directory
+    (Llama, Qwen2, Mistral, GPT-2, ...), trained on with its own tokenizer."""
+
+    kind: str = "hf"
+    path: Optional[str] = setting(None, "the model: a local directory or s3:// prefix holding "
+                                        "config.json, safetensors weights and the tokenizer files "
+                                        "(save_pretrained's output) (required)")
+    block_size: Optional[int] = setting(None, "the training window, tokens; null = "
+                                              "min(max_position_embeddings, 1024)",
+                                        check=optional(at_least(1)))
+
+
+MODEL_CONFIGS = {"gpt": GPTConfig, "lstm": LSTMConfig, "llama": LlamaConfig, "hf": HFConfig}
 
 
 def model_config(kind: str, values: dict[str, Any]) -> ModelConfig:

@@ -15,6 +15,8 @@ from raydp_llm.core.config import (
     CharTokenizerSettings,
     EvaluateSettings,
     GPTConfig,
+    HFConfig,
+    LlamaConfig,
     LSTMConfig,
     Settings,
 )
@@ -31,6 +33,8 @@ SCHEMAS = {  # ConfigStore (group, name) → schema; conf/ files name them in th
     (None, "base_evaluate"): EvaluateSettings,
     ("model", "base_gpt"): GPTConfig,
     ("model", "base_lstm"): LSTMConfig,
+    ("model", "base_llama"): LlamaConfig,
+    ("model", "base_hf"): HFConfig,
     ("tokenizer", "base_char"): CharTokenizerSettings,
     ("tokenizer", "base_bpe"): BPETokenizerSettings,
 }

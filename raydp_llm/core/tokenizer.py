@@ -2,7 +2,8 @@
 
 ``char``: one id per distinct character (vocabulary built by Spark), plus the end-of-document id.
 ``bpe``: a byte-level BPE from Hugging Face ``tokenizers``, stored in that library's own JSON
-format. ``ids``: pre-tokenized input (whitespace-separated integer ids, as Spark+DL4J
+format. ``hf``: a model's own tokenizer, as transformers' AutoTokenizer builds it (its files
+saved as they are). ``ids``: pre-tokenized input (whitespace-separated integer ids, as Spark+DL4J
 ``tokenids.txt``); no end-of-document token is added. ``char`` and ``bpe`` render the
 end-of-document token as a blank line.
 """
@@ -18,6 +19,8 @@ from typing import Iterable
 import numpy as np
 
 TOKENIZER_FILE = "tokenizer.json"
+# a Hugging Face directory's files that are not its tokenizer's: left out of its hash and copies
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 EOD = "<|endoftext|>"
 EOD_TEXT = "\n\n"  # how an end-of-document token reads in generated text
 
@@ -57,6 +60,10 @@ class Tokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return self.encode_batch([text])[0]
+
+    def separator(self) -> list[int]:
+        """The ids put between two documents: the end-of-document token, if any."""
+        return [] if self.eod_id is None else [self.eod_id]
 
     @property
     def token_dtype(self) -> np.dtype:
@@ -158,6 +165,73 @@ class IdsTokenizer(Tokenizer):
         return json.dumps({"kind": self.kind, "vocab_size": self.vocab_size})
 
 
+class PretrainedTokenizer(Tokenizer):
+    """A model's own tokenizer, as transformers' ``AutoTokenizer`` builds it from a Hugging Face
+    directory (``pretrained_tokenizer``): its ``tokenizers`` backend encodes (the executors need
+    nothing else), its files are what ``save`` writes. Between documents: EOS, then BOS when the
+    tokenizer adds one to each text (Llama, Mistral)."""
+
+    kind = "hf"
+
+    def __init__(self, backend: str, bos_id: int | None, eos_id: int | None, add_bos: bool,
+                 files: dict[str, str]):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.backend, self.tok = backend, HFTokenizer.from_str(backend)
+        self.bos_id, self.eod_id, self.add_bos, self.files = bos_id, eos_id, add_bos, files
+        self.vocab_size = max(self.tok.get_vocab(with_added_tokens=True).values()) + 1
+
+    def separator(self) -> list[int]:
+        eos = [] if self.eod_id is None else [self.eod_id]
+        return eos + ([self.bos_id] if self.add_bos and self.bos_id is not None else [])
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        dtype = self.token_dtype
+        return [np.asarray(e.ids, dtype=dtype)
+                for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "backend": self.backend, "bos_id": self.bos_id,
+                           "eos_id": self.eod_id, "add_bos": self.add_bos, "files": self.files})
+
+    def save(self, directory: Path) -> Path:
+        for name, text in self.files.items():
+            (Path(directory) / name).write_text(text)
+        return Path(directory) / TOKENIZER_FILE
+
+
+def pretrained_tokenizer(directory: str | Path) -> PretrainedTokenizer:
+    """The tokenizer of a Hugging Face directory exactly as ``AutoTokenizer`` builds it: its class
+    (chosen by model_type) may rebuild tokenizer.json from the vocabulary and merges, so its backend
+    and its own saved files are what the executors use and the model directory keeps."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    try:
+        auto = AutoTokenizer.from_pretrained(str(directory))
+    except Exception as err:  # transformers raises many kinds for a directory it cannot read
+        raise ValueError(f"{directory}: transformers' AutoTokenizer cannot load its tokenizer "
+                         f"({str(err).splitlines()[0][:160]}); save it beside the model with "
+                         "tokenizer.save_pretrained") from None
+    if not getattr(auto, "is_fast", False):
+        raise ValueError(f"{directory}: the tokenizer has no tokenizer.json (a slow, "
+                         "sentencepiece-only tokenizer); convert it to a fast one and "
+                         "save_pretrained it")
+    with_specials = auto("a")["input_ids"]
+    plain = auto("a", add_special_tokens=False)["input_ids"]
+    bos = auto.bos_token_id
+    add_bos = bos is not None and with_specials[:1] == [bos] and plain[:1] != [bos]
+    with tempfile.TemporaryDirectory() as tmp:
+        auto.save_pretrained(tmp)
+        files = {p.name: p.read_text() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+    return PretrainedTokenizer(auto.backend_tokenizer.to_str(), bos, auto.eos_token_id, add_bos,
+                               files)
+
+
 def train_bpe(batches: Iterable[list[str]], vocab_size: int) -> BPETokenizer:
     """A byte-level BPE (GPT-2 style) with ``vocab_size`` ids, the first being the end-of-document
     token."""
@@ -180,6 +254,9 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         return CharTokenizer(spec["chars"])
     if spec.get("kind") == IdsTokenizer.kind:
         return IdsTokenizer(spec["vocab_size"])
+    if spec.get("kind") == PretrainedTokenizer.kind:
+        return PretrainedTokenizer(spec["backend"], spec["bos_id"], spec["eos_id"],
+                                   spec["add_bos"], spec["files"])
     if "model" in spec:  # Hugging Face tokenizers format
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -189,8 +266,11 @@ def tokenizer_from_json(text: str) -> Tokenizer:
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
-    """From a ``tokenizer.json`` file or a directory holding one."""
+    """From a ``tokenizer.json`` file, or a directory holding one: a Hugging Face directory's
+    (with ``tokenizer_config.json``) as AutoTokenizer builds it."""
     path = Path(path)
+    if path.is_dir() and (path / "tokenizer_config.json").is_file():
+        return pretrained_tokenizer(path)
     if path.is_dir():
         path = path / TOKENIZER_FILE
     return tokenizer_from_json(path.read_text())

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from raydp_llm.core import integrity
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import first_line
-from raydp_llm.core.tokenizer import Tokenizer, load_tokenizer
+from raydp_llm.core.tokenizer import WEIGHT_SUFFIXES, Tokenizer, load_tokenizer
 from raydp_llm.data import stream
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.etl import EtlOutput, Manifest, check_chunk_count, sorted_chunks
@@ -87,7 +87,7 @@ def _file_hash(path: Path) -> str:
     """SHA-256 of a file, or of a directory's files in name order (a Parquet dataset)."""
     digest = hashlib.sha256()
     for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
-        if f.is_file():
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):  # a model=hf tokenizer's dir
             digest.update(f.read_bytes())
     return digest.hexdigest()
 

@@ -15,6 +15,7 @@ import json
 import shutil
 import tempfile
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,8 +26,15 @@ from raydp_llm.core import integrity, storage
 from raydp_llm.core.config import ModelConfig, model_config
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.model import LanguageModel, build_model
+from raydp_llm.core.model_config import HFConfig
+from raydp_llm.core.pretrained import HFModel, is_hf_dir, load_hf_dir, save_hf_dir
 from raydp_llm.core.storage import S3Options
-from raydp_llm.core.tokenizer import TOKENIZER_FILE, Tokenizer, tokenizer_from_json
+from raydp_llm.core.tokenizer import (
+    TOKENIZER_FILE,
+    Tokenizer,
+    load_tokenizer,
+    tokenizer_from_json,
+)
 from raydp_llm.training.runs import STATE_JSON
 from raydp_llm.training.state import TrainState
 
@@ -45,8 +53,12 @@ def save_model_dir(
     directory: Path, model: LanguageModel, tokenizer: Tokenizer, seal: bool = True
 ) -> Path:
     """Weights (a tied lm_head is wte: stored once), ``{"model": kind, **config}`` and the
-    tokenizer; with ``seal``, then ``complete.json``."""
+    tokenizer; with ``seal``, then ``complete.json``. A transformers model (llama, hf) as a Hugging
+    Face directory (``pretrained.save_hf_dir``)."""
     directory = Path(directory)
+    if isinstance(model, HFModel):
+        save_hf_dir(directory, model, tokenizer)
+        return integrity.seal(directory) if seal else directory
     directory.mkdir(parents=True, exist_ok=True)
     tied = model.config.tie_weights
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
@@ -69,6 +81,9 @@ def _load_weights(directory: Path, model: LanguageModel, device: str, shown_as: 
         raise ModelDirError(f"{shown_as}: {WEIGHTS_FILE} is damaged "
                             f"({first_line(err, 120)}); give a model/ directory or "
                             "checkpoint that a run finished writing") from None
+    if isinstance(model, HFModel):
+        model.load_weights(state, shown_as)
+        return
     if model.config.tie_weights and "wte.weight" in state:
         state["lm_head.weight"] = state["wte.weight"]
     try:
@@ -103,7 +118,8 @@ def read_model_config(directory: str | Path, s3: S3Options = S3Options()) -> Mod
 def load_model_dir(directory: str | Path, device: str = "cpu",
                    s3: S3Options = S3Options()) -> tuple[LanguageModel, Tokenizer]:
     """The model (in eval mode) and tokenizer of a model directory, local or on S3 (fetched to a
-    temporary directory); safetensors and JSON only, nothing unpickled."""
+    temporary directory); safetensors and JSON only, nothing unpickled. A Hugging Face directory
+    (``config.json`` with a ``model_type``, trained here or elsewhere) loads with transformers."""
     if storage.is_s3(str(directory)):
         with tempfile.TemporaryDirectory() as local:
             storage.fetch(str(directory), local, s3)
@@ -112,6 +128,9 @@ def load_model_dir(directory: str | Path, device: str = "cpu",
 
 
 def _load_local(directory: Path, device: str, shown_as: str) -> tuple[LanguageModel, Tokenizer]:
+    if is_hf_dir(directory):
+        _check_sealed(directory, shown_as)
+        return load_hf_dir(directory, device)
     if not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{shown_as}: no {WEIGHTS_FILE}; give the model/ directory of a "
                                 "finished run")
@@ -126,11 +145,9 @@ def build_from_dir(
     """The model (fresh weights) and tokenizer a model directory or checkpoint describes, after
     checking that it is complete (``complete.json``, where it has one) and that its config and
     tokenizer fit together."""
-    sealed = storage.exists(storage.join(str(directory), integrity.MARKER), s3)
-    damage = integrity.problem(directory, s3) if sealed else None
-    if damage:
-        raise ModelDirError(f"{shown_as}: damaged, {damage}; give a model/ directory or checkpoint "
-                            "that a run finished writing")
+    _check_sealed(directory, shown_as, s3)
+    if is_hf_dir(directory, s3):
+        return _hf_shape(directory, shown_as, s3)
     try:
         model = build_model(read_model_config(directory, s3))
     except (ValueError, KeyError, TypeError) as err:  # a JSON error, no "model" key, unknown fields
@@ -151,6 +168,29 @@ def build_from_dir(
                             f"{CONFIG_FILE} says vocab_size={model.config.vocab_size}; give the "
                             "tokenizer of the run that trained it")
     return model, tokenizer
+
+
+def _check_sealed(directory: str | Path, shown_as: str, s3: S3Options = S3Options()) -> None:
+    """A directory with ``complete.json`` must match it (one without is not checked)."""
+    sealed = storage.exists(storage.join(str(directory), integrity.MARKER), s3)
+    damage = integrity.problem(directory, s3) if sealed else None
+    if damage:
+        raise ModelDirError(f"{shown_as}: damaged, {damage}; give a model/ directory or checkpoint "
+                            "that a run finished writing")
+
+
+def _hf_shape(directory: str | Path, shown_as: str, s3: S3Options):
+    """A Hugging Face checkpoint's model, as its config describes it (weights on the meta device:
+    only its shape is compared), and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as local:
+        for name in (CONFIG_FILE, TOKENIZER_FILE, "tokenizer_config.json"):
+            storage.copy(storage.join(str(directory), name), Path(local) / name, s3)
+        tokenizer = load_tokenizer(Path(local))
+        with torch.device("meta"):
+            net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(local))
+    return HFModel(net, HFConfig(path=shown_as)), tokenizer
 
 
 def save_train_checkpoint(
@@ -187,9 +227,11 @@ def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
+    not_model = (STATE_JSON, STATE_TENSORS, integrity.MARKER)
     try:
-        for name in MODEL_FILES:
-            shutil.copy2(Path(checkpoint_dir) / name, tmp / name)
+        for path in sorted(Path(checkpoint_dir).iterdir()):
+            if path.is_file() and path.name not in not_model:
+                shutil.copy2(path, tmp / path.name)
         integrity.seal(tmp)
         tmp.rename(directory)
     except BaseException:
@@ -219,6 +261,9 @@ def check_resumable(
         )  # complete, and its config and tokenizer fit together
     except OSError as err:
         raise storage.unreachable(shown_as.split("=")[0], location, err) from None
+    if isinstance(saved, HFModel):
+        _check_same_shape(saved, model, shown_as, s3)
+        return
     wanted = {k: v for k, v in model.architecture().items() if k != "vocab_size"}
     differ = [k for k, v in wanted.items() if getattr(saved.config, k, v) != v]
     if differ:
@@ -226,3 +271,27 @@ def check_resumable(
         asked = ", ".join(f"model.{k}={wanted[k]}" for k in differ)
         raise InputError(f"{shown_as}: the checkpoint's model has {have}, the config asks for "
                          f"{asked}; resume with the checkpoint's model settings")
+
+
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "intermediate_size", "n_embd", "n_layer", "n_head")
+
+
+def _check_same_shape(saved: HFModel, model: ModelConfig, shown_as: str, s3: S3Options) -> None:
+    """A transformers checkpoint resumes a run whose model has its shape: model=hf's directory's
+    config, or the Llama that model=llama's settings build."""
+    from raydp_llm.core.pretrained import new_llama
+
+    if isinstance(model, HFConfig):
+        config = storage.read_json(storage.join(model.path, CONFIG_FILE), s3)
+    else:
+        with torch.device("meta"):
+            config = new_llama(replace(model, vocab_size=saved.config.vocab_size or 1)).config
+        config = config.to_dict()
+    have = saved.net.config.to_dict()
+    differ = [k for k in SHAPE_KEYS if k in config and have.get(k) != config[k]]
+    if differ:
+        raise InputError(f"{shown_as}: the checkpoint's model has "
+                         f"{', '.join(f'{k}={have.get(k)}' for k in differ)}, the run's "
+                         f"{', '.join(f'{k}={config[k]}' for k in differ)}; resume with the "
+                         "checkpoint's model settings")

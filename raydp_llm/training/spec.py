@@ -69,8 +69,9 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,
         raise InputError(f"train.batch_size={train.batch_size}: the corpus has only "
                          f"{manifest['windows_train']} training windows, fewer than one batch; "
                          "lower train.batch_size or use a larger corpus")
-    model = replace(settings.model, vocab_size=tokenizer.vocab_size)
-    if model.init_embeddings:
+    # model=hf keeps its embedding's rows (cli/inputs.py checked the tokenizer's ids fit them)
+    model = replace(settings.model, vocab_size=settings.model.vocab_size or tokenizer.vocab_size)
+    if getattr(model, "init_embeddings", None):
         read_embeddings(model.init_embeddings, model.vocab_size, model.n_embd)
     max_steps = train.epochs * per_epoch if train.epochs else train.max_steps
     spec = TrainSpec(model=model, optim=settings.optim, train=train, seed=settings.seed,

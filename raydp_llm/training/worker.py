@@ -204,7 +204,7 @@ class Worker:
         torch.manual_seed(spec.seed)
         self.data = WorkerData(spec, data, placement.rank, placement.world_size)
         self.autocast = autocast_for(spec.train.precision, self.device)
-        self.model = build_model(spec.model)
+        self.model = build_model(spec.model, spec.s3)
         if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (core/hf.py)
             hf.load_gpt2_weights(self.model, hf.read_gpt2_tensors(spec.model.init_from),
                                  spec.model.init_from)

@@ -23,6 +23,7 @@ from raydp_llm.engines.spark import detached
 
 PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
 PARAGRAPH_LINES = 1000  # lines encoded as one text at most
+WHOLE_DOCUMENT_LINES = 1 << 20  # a model's tokenizer: a document's lines encoded as one text
 
 PIECE_SCHEMA = pa.schema(
     [
@@ -73,9 +74,12 @@ class Encoder:
 
     def __call__(self, batches):
         self.tok = tokenizer_from_json(self.tokenizer_json)  # once per task, in the executor
-        self.eod = np.array(
-            [self.tok.eod_id] if self.tok.eod_id is not None else [], dtype=self.dtype
-        )
+        # a model's tokenizer encodes whole documents, as AutoTokenizer would be called on them:
+        # some (SentencePiece-style, Llama 2, Mistral) mark the start of a text, so a document cut
+        # into paragraphs would encode otherwise
+        self.whole = self.tok.kind == "hf"
+        self.paragraph_lines = WHOLE_DOCUMENT_LINES if self.whole else PARAGRAPH_LINES
+        self.eod = np.array(self.tok.separator(), dtype=self.dtype)
         self.key = None
         for batch in batches:
             texts = decode_column(batch.column("raw"))[0].to_pylist()
@@ -112,10 +116,10 @@ class Encoder:
             if not blank:
                 self._end_document()
                 self.items.append((text, doc))
-        elif not blank:
+        elif not blank or (self.whole and self.document_split == "file"):
             self.paragraph.append(text)
             self.paragraph_doc = doc
-            if len(self.paragraph) == PARAGRAPH_LINES:
+            if len(self.paragraph) == self.paragraph_lines:
                 self._end_paragraph()
         else:
             self._end_paragraph()

@@ -1,0 +1,264 @@
+"""Decoder families from transformers (Llama, Qwen2, Mistral, GPT-2: whatever
+``AutoModelForCausalLM`` builds), behind this project's model interface: ``HFModel``.
+
+``model=llama`` builds transformers' Llama from the Hydra settings (``LlamaConfig``), with fresh
+weights; ``model=hf`` loads a Hugging Face directory (``HFConfig``: local, or s3:// copied once
+per node). Either run's ``model/`` is a Hugging Face directory (``save_hf_dir``): safetensors,
+config, generation config and tokenizer files, which ``from_pretrained`` loads as it is, and
+``load_hf_dir`` too. transformers is imported in the functions: the own GPT needs none of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from raydp_llm.core import storage
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.model import LanguageModel
+from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig
+from raydp_llm.core.storage import S3Options
+from raydp_llm.core.tokenizer import WEIGHT_SUFFIXES, Tokenizer
+
+CONFIG_FILE = "config.json"
+MAX_DEFAULT_BLOCK = 1024  # model=hf's block_size when none is given: min(positions, this)
+MODEL_CACHE = Path(os.environ.get("RAYDP_LLM_MODEL_CACHE",
+                                  Path.home() / ".cache" / "raydp_llm" / "models"))
+READY = ".complete"  # marks a finished node-local copy of an s3:// model
+
+
+class HFModel(LanguageModel):
+    """A transformers ``PreTrainedModel`` (``net``) as this project's model: ``forward(idx,
+    targets)`` gives logits (B, T, V) and the mean cross-entropy, generation carries transformers'
+    KV cache, ``wte`` is the input embedding table."""
+
+    def __init__(self, net, cfg: ModelConfig):
+        super().__init__(cfg, embeddings=False)
+        self.net = net
+        self.kind = cfg.kind
+
+    @property
+    def wte(self) -> torch.nn.Embedding:
+        return self.net.get_input_embeddings()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        logits = self.net(input_ids=idx, use_cache=False).logits  # (B, T, V)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1))
+
+    def next_logits(self, idx: torch.Tensor, state: CacheState | None = None):
+        """transformers' cache while the window still starts at token 0; once it slides, the
+        window is recomputed (positions count from its start), as for the GPT."""
+        T, block = idx.size(1), self.config.block_size
+        if state is None or state.tokens != T - 1 or T > block:
+            out = self.net(input_ids=idx[:, -block:], use_cache=True)
+        else:
+            out = self.net(input_ids=idx[:, -1:], past_key_values=state.cache, use_cache=True)
+        return out.logits[:, -1, :], CacheState(out.past_key_values, T)
+
+    def flops_per_token(self) -> float:
+        """6N + 12·L·H·Q·T (PaLM's estimate, as for the GPT)."""
+        c = self.net.config
+        width = getattr(c, "hidden_size", None) or c.n_embd
+        layers = getattr(c, "num_hidden_layers", None) or c.n_layer
+        return super().flops_per_token() + 12 * layers * width * self.config.block_size
+
+    def load_weights(self, tensors: dict[str, torch.Tensor], shown_as: str) -> None:
+        """``tensors`` (a save_pretrained weights file's) into the network; a tied head may be
+        absent. One line for anything else missing or shaped otherwise."""
+        try:
+            missing, unexpected = self.net.load_state_dict(tensors, strict=False)
+        except RuntimeError as err:
+            raise InputError(f"{shown_as}: the weights do not fit the model's config.json "
+                             f"({str(err).splitlines()[1].strip()[:160]}); give the weights "
+                             "and config of one model together") from None
+        tied = {"lm_head.weight"} if self.net.config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            what = sorted(set(missing) - tied) or sorted(unexpected)
+            raise InputError(f"{shown_as}: the weights do not fit the model's config.json "
+                             f"(e.g. {what[0]}); give the weights and config of one model "
+                             "together")
+        self.net.tie_weights()
+
+
+@dataclass
+class CacheState:
+    """What generation carries between tokens: transformers' cache after ``tokens`` tokens."""
+
+    cache: object
+    tokens: int
+
+
+# ---- building ------------------------------------------------------------------------------------
+
+def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None) -> HFModel:
+    """``model=llama`` with fresh weights, or ``model=hf``'s directory loaded."""
+    if isinstance(cfg, LlamaConfig):
+        return HFModel(new_llama(cfg), cfg)
+    return HFModel(load_net(local_copy(cfg.path, s3 or S3Options())), cfg)
+
+
+def new_llama(cfg: LlamaConfig):
+    """transformers' LlamaForCausalLM of ``cfg``'s shape (its positions = the block size)."""
+    from transformers import AutoModelForCausalLM
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    config = HFLlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_width,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_kv_head or cfg.n_head, max_position_embeddings=cfg.block_size,
+        rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_weights, attention_dropout=cfg.dropout, use_cache=False,
+    )
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                            dtype=torch.float32)
+
+
+def load_net(directory: Path):
+    """A Hugging Face directory's model in float32. transformers builds it on the meta device and
+    reads the safetensors into it: one copy of the weights in RAM, not a random init and then the
+    file."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load in every worker's log
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                attn_implementation="sdpa")
+
+
+def local_copy(path: str, s3: S3Options = S3Options()) -> Path:
+    """``path`` itself when local; an s3:// model copied once per node into ``MODEL_CACHE`` (the
+    first worker copies, the others wait on the lock and find it there)."""
+    if not storage.is_s3(path):
+        return Path(path)
+    target = MODEL_CACHE / hashlib.sha256(path.encode()).hexdigest()[:20]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{target}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / READY).exists():
+            storage.fetch(path, target, s3)
+            (target / READY).write_text(path)
+    return target
+
+
+def tokenizer_dir(path: str, s3: S3Options = S3Options()) -> Path:
+    """A local directory with a model's config and tokenizer files: ``path`` itself, or those
+    small files of an s3:// model (not its weights) copied for the driver."""
+    if not storage.is_s3(path):
+        return Path(path)
+    target = MODEL_CACHE / f"{hashlib.sha256(path.encode()).hexdigest()[:20]}-tokenizer"
+    target.mkdir(parents=True, exist_ok=True)
+    for info in storage.list_objects(path, s3):
+        if not info.base_name.endswith(WEIGHT_SUFFIXES):
+            storage.copy(storage.join(path, info.base_name), target / info.base_name, s3)
+    return target
+
+
+# ---- checks at the door --------------------------------------------------------------------------
+
+def read_hf_config(path: str, key: str, s3: S3Options = S3Options()) -> dict:
+    """The ``config.json`` of a decoder's directory (local or s3://), refused in one line when the
+    directory is missing, lacks the config or weights, or holds no decoder-only model."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    fix = "give a directory that save_pretrained wrote (config.json, *.safetensors, tokenizer)"
+    try:
+        if not storage.exists(storage.join(path, CONFIG_FILE), s3):
+            raise InputError(f"{key}={path}: no {CONFIG_FILE} there; {fix}")
+        config = storage.read_json(storage.join(path, CONFIG_FILE), s3)
+        names = [f.base_name for f in storage.list_objects(path, s3)] if storage.is_s3(path) \
+            else os.listdir(path)
+    except OSError as err:
+        raise storage.unreachable(key, path, err) from None
+    except ValueError as err:
+        raise InputError(f"{key}={path}: {CONFIG_FILE} is not JSON ({err}); {fix}") from None
+    if not any(n.endswith(".safetensors") for n in names):
+        raise InputError(f"{key}={path}: no *.safetensors weights there (pickled .bin files are "
+                         f"not read); {fix}")
+    kind = config.get("model_type")
+    seq2seq = config.get("is_encoder_decoder", False)
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES \
+            or seq2seq:
+        role = "an encoder-decoder (seq2seq)" if seq2seq else "not a decoder-only"
+        raise InputError(f"{key}={path}: model_type {kind!r} is {role} model; this service "
+                         "trains decoder-only language models (Llama, Qwen2, Mistral, GPT-2, ...)")
+    return config
+
+
+def positions(config: dict) -> int | None:
+    """The longest sequence a model's config allows (GPT-2 names it n_positions)."""
+    return config.get("max_position_embeddings") or config.get("n_positions")
+
+
+def resolved(cfg: HFConfig, config: dict, tokenizer: Tokenizer) -> HFConfig:
+    """``cfg`` with the block size (checked against the model's positions) and the vocabulary
+    (the embedding's rows, which the tokenizer's ids must not pass)."""
+    most = positions(config)
+    block = cfg.block_size or min(most or MAX_DEFAULT_BLOCK, MAX_DEFAULT_BLOCK)
+    if most is not None and block > most:
+        raise InputError(f"model.block_size={block} is above the model's max_position_embeddings="
+                         f"{most} ({cfg.path}); give model.block_size={most} or less")
+    rows = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if rows is not None and tokenizer.vocab_size > rows:
+        raise InputError(f"{cfg.path}: the tokenizer has ids up to {tokenizer.vocab_size - 1} but "
+                         f"the model only {rows} token embeddings; give the tokenizer the model "
+                         "was trained with (or resize its embeddings before)")
+    return replace(cfg, block_size=block, vocab_size=rows)
+
+
+# ---- Hugging Face directories --------------------------------------------------------------------
+
+def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer) -> Path:
+    """``model`` as save_pretrained writes it (safetensors, config.json, generation_config.json)
+    and ``tokenizer``'s Hugging Face files: its own for a model's tokenizer, a fast tokenizer
+    with the same ids for this project's char and BPE tokenizers."""
+    from raydp_llm.core.hf import TOKENIZER_CONFIG_FILE, hf_tokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    eos = tokenizer.eod_id
+    if eos is not None and model.net.generation_config.eos_token_id is None:
+        model.net.generation_config.eos_token_id = eos
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model.net.save_pretrained(directory, safe_serialization=True)
+    files = getattr(tokenizer, "files", None)
+    if files is None:  # this project's tokenizer, as PreTrainedTokenizerFast files
+        text, config = hf_tokenizer(tokenizer, model.config.block_size)
+        files = {"tokenizer.json": text, TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2)}
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return directory
+
+
+def is_hf_dir(directory: str | Path, s3: S3Options = S3Options()) -> bool:
+    """A Hugging Face directory (``config.json`` names a ``model_type``), not this project's."""
+    with contextlib.suppress(OSError, ValueError):
+        return "model_type" in storage.read_json(storage.join(str(directory), CONFIG_FILE), s3)
+    return False
+
+
+def load_hf_dir(directory: Path, device: str = "cpu") -> tuple[HFModel, Tokenizer]:
+    """A Hugging Face directory's model (eval mode, block size min(positions, 1024)) and its
+    tokenizer as transformers' AutoTokenizer builds it."""
+    from raydp_llm.core.tokenizer import pretrained_tokenizer
+
+    shown = str(directory)
+    config = read_hf_config(shown, "model_dir")
+    tokenizer = pretrained_tokenizer(directory)
+    cfg = resolved(HFConfig(path=shown), config, tokenizer)
+    model = HFModel(load_net(Path(directory)), cfg)
+    return model.to(device).eval(), tokenizer
