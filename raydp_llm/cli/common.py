@@ -1,5 +1,6 @@
-"""How entry points end on bad input (one line: what, where, what to do; exit 1) and on Ctrl-C (exit
-130); in a sweep, how a failed job ends without ending the sweep."""
+"""How entry points end on bad input (one line: what, where, what to do; exit 2), on a failed run
+(one line; exit 1) and on Ctrl-C (exit 130); in a sweep, how a failed job ends without ending the
+sweep."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import traceback
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from raydp_llm.core.errors import OneLineError, first_line
+from raydp_llm.core.errors import InputError, OneLineError, first_line
 
 log = logging.getLogger("raydp_llm")
 
 
 def cli_errors(main):
-    """Wrap an entry point: a ``OneLineError`` becomes one logged line and exit status 1; any other
+    """Wrap an entry point: a ``OneLineError`` becomes one logged line and exit status 2 for bad
+    input (``InputError``), 1 for a failed run (``RunFailure``); any other
     error one line (its type and first line) pointing at the log file, which gets the traceback, and
     exit status 1; Ctrl-C exits with 130.
 
@@ -48,7 +50,7 @@ def cli_errors(main):
                     first,
                     f" (full log: {log_file})" if log_file else "",
                 )
-            sys.exit(1)
+            sys.exit(2 if isinstance(err, InputError) else 1)  # bad input: 2, as a usage error
         except KeyboardInterrupt:
             log.error("interrupted: Spark and Ray are stopped")
             sys.exit(130)

@@ -293,9 +293,9 @@ MODELS = {cls.kind: cls for cls in (GPT, LSTMLM)}
 def build_model(cfg: ModelConfig, s3=None) -> LanguageModel:
     """The model ``cfg`` describes (``vocab_size`` set; a transformers family from
     core/pretrained.py, ``s3`` (S3Options) reaching an s3:// ``model.path``), its token embeddings
-    from ``cfg.init_embeddings`` when given (``read_embeddings``; ids the file lacks keep their random
-    init) and frozen with ``cfg.freeze_embeddings`` (no gradient for wte, nor for the head when
-    tied)."""
+    from ``cfg.init_embeddings`` when given (``read_embeddings``; ids the file lacks keep their
+    random init) and frozen with ``cfg.freeze_embeddings`` (no gradient for wte, nor for the head
+    when tied)."""
     if cfg.kind in MODELS:
         model = MODELS[cfg.kind](cfg)
     else:

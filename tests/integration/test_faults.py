@@ -327,7 +327,7 @@ def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
         text=True,
         timeout=120,
     )
-    assert p.returncode == 1
+    assert p.returncode == 2  # bad input
     assert [line for line in (p.stdout + p.stderr).splitlines() if line.strip()] == [
         f"error: {used}: another run wrote there already (run 20261122-101010-abcdef (pid 1 on "
         "h)); leave hydra.run.dir at its default (a new directory per run) or name a new "

@@ -165,7 +165,7 @@ def _assert_refused_before_spark_starts(job: list, plain: list, runs: str, tmp_p
                for command, _ in refusals]
     for proc, (_, message) in zip(started, refusals):
         output = proc.communicate(timeout=120)[0]
-        assert proc.returncode == 1 and message in output, output[-2000:]
+        assert proc.returncode == 2 and message in output, output[-2000:]  # bad input
 
 
 def _assert_both_nodes_ran_an_executor_and_a_worker(two_nodes: TwoNodes, run_dir: Path) -> None:

@@ -166,7 +166,7 @@ def cli(tmp_path_factory) -> dict:
 
 def assert_one_line_error_before_any_engine(cli: dict, module: str, args, message: str) -> None:
     out = cli["outputs"][(module, tuple(args))]
-    assert out.returncode == 1
+    assert out.returncode == 2  # bad input
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], lines
     assert not cli["ray_started"], "a Ray session was started for bad input"
@@ -235,16 +235,18 @@ def test_an_unexpected_error_is_one_line_pointing_at_the_log_file(tmp_path, capl
     )
 
 
-@pytest.mark.parametrize("error", [InputError("data.path=x: no such file"),
-                                   RunFailure("training diverged at step 3 (loss nan)")])
-def test_a_one_line_error_is_one_line_and_exit_1(error, caplog):
+@pytest.mark.parametrize("error,status", [
+    (InputError("data.path=x: no such file"), 2),
+    (RunFailure("training diverged at step 3 (loss nan)"), 1),
+])
+def test_a_one_line_error_is_one_line_and_exit_2_or_1(error, status, caplog):
     @cli_errors
     def main():
         raise error
 
     with pytest.raises(SystemExit) as exit_:
         main()
-    assert exit_.value.code == 1
+    assert exit_.value.code == status  # bad input 2, a failed run 1
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
         f"error: {error}"
     ]

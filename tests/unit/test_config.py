@@ -21,7 +21,9 @@ GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
+# model=hf needs model.path: tests/unit/test_pretrained.py composes it with a checkpoint
+@pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options
+                                          if (g, o) != ("model", "hf")])
 def test_every_group_option_composes_and_checks(group, option):
     cfg = make_config(f"{group}={option}")
     assert check_inputs(cfg).files
@@ -86,8 +88,8 @@ def test_cfg_job_and_help_print_each_setting_with_its_meaning():
     help_text = cli("--help")
     assert "  n_head: 4  # attention heads per block; must divide n_embd\n" in help_text
     assert (
-        "model: base_gpt, base_lstm, gpt, gpt2_small, gpt_mini, gpt_nano, lstm  # the language "
-        "model"
+        "model: base_gpt, base_hf, base_llama, base_lstm, gpt, gpt2_small, gpt_mini, gpt_nano, hf, "
+        "llama, lstm  # the language model"
         in help_text
     )
     assert "python -m raydp_llm.train -m +experiment=smoke" in help_text  # the examples

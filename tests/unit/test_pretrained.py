@@ -1,0 +1,229 @@
+"""transformers' families behind the model interface, no engines: tiny Llama (tied and untied,
+GQA), Qwen2 (qkv bias, ids above 65,535), Mistral and GPT-2 checkpoints built here. Each loads
+with its own tokenizer as AutoTokenizer builds it, generates greedily as transformers does, is
+fine-tuned by the plain-torch loop, exported as a Hugging Face directory and reloaded with the same
+logits; model=llama from scratch too. Bad model directories are one line."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hf_models
+from conftest import ROOT, chunked, make_config
+from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.model_config import HFConfig, LlamaConfig
+from raydp_llm.core.pretrained import read_hf_config, resolved
+from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer, pretrained_tokenizer
+from raydp_llm.data import windows
+from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
+from raydp_llm.training.loop import TrainLoop
+from raydp_llm.training.spec import TrainSpec
+from raydp_llm.training.state import TrainState
+from raydp_llm.training.worker import Placement, Worker
+from test_loop import Reports
+
+CPU = Placement(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+BIG = 66_000  # the Qwen2 checkpoint's ids all lie above 65,535
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def text(shakespeare) -> str:
+    return shakespeare.read_text()[:120_000]
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory, text) -> dict[str, Path]:
+    """One tiny checkpoint per family; the Qwen2 one with a vocabulary past 65,535."""
+    root = tmp_path_factory.mktemp("families")
+    texts = [text[i:i + 2000] for i in range(0, 100_000, 2000)]
+    return {f: hf_models.build(f, root / f, texts, offset=BIG if f == "qwen2" else 0)
+            for f in hf_models.FAMILIES}
+
+
+@pytest.mark.parametrize("family", hf_models.FAMILIES)
+def test_the_tokenizer_is_autotokenizers_and_generation_is_transformers(families, family, text):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = families[family]
+    model, tokenizer = load_model_dir(directory)
+    auto = AutoTokenizer.from_pretrained(directory)
+    sample = text[100_000:104_000]
+    assert tokenizer.encode(sample).tolist() == auto(sample, add_special_tokens=False).input_ids
+    assert tokenizer.separator() == [auto.eos_token_id]  # none of them adds a BOS to each text
+    reference = AutoModelForCausalLM.from_pretrained(directory).eval()
+    x = torch.as_tensor(tokenizer.encode(sample[:300]).astype(np.int64)[None, :40])
+    assert torch.allclose(model(x)[0], reference(input_ids=x).logits, atol=1e-5)
+    ours = model.generate(x, 24, temperature=0)
+    theirs = reference.generate(x, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    assert torch.equal(ours, theirs)
+
+
+def test_ids_above_65535_are_stored_as_uint32(families, text):
+    tokenizer = pretrained_tokenizer(families["qwen2"])
+    ids = tokenizer.encode(text[:5000])
+    assert tokenizer.token_dtype == np.uint32 and ids.dtype == np.uint32
+    assert ids.min() >= BIG and tokenizer.vocab_size > 1 << 16
+    assert load_tokenizer(families["qwen2"]).encode(text[:5000]).tolist() == ids.tolist()
+
+
+def spec_for(cfg, tokenizer, data, max_steps: int = 4) -> TrainSpec:
+    from raydp_llm.core.config import OptimSettings, TrainSettings
+
+    sampling = {"train": Sampling(BLOCK, BLOCK), "val": Sampling(BLOCK, BLOCK)}
+    return TrainSpec(
+        model=cfg, optim=OptimSettings(lr=3e-3, min_lr=3e-4, warmup_steps=1),
+        train=TrainSettings(batch_size=4, max_steps=max_steps, eval_interval=2, eval_batches=2,
+                            checkpoint_interval=4, cpus_per_worker=1),
+        seed=3, tokenizer_json=tokenizer.to_json(), token_dtype=tokenizer.token_dtype.name,
+        chars_per_token=2.0, sampling=sampling,
+        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"][1]), 4),
+        max_steps=max_steps, fingerprint="f" * 20)
+
+
+def stream_data(tokenizer, text: str) -> dict:
+    stream = tokenizer.encode(text)
+    n = len(stream)
+    segments_of = functools.partial(windows.segments, n=n, split="tail", val_fraction=0.25,
+                                    seed=0, segment_tokens=8192)
+    index, sources = chunked(stream, [n // 2, n - n // 2], segments_of, 256, 64)
+    return {name: (sources[name], index[name]) for name in index}
+
+
+def fine_tune(cfg, tokenizer, text: str, out: Path) -> tuple[Worker, Path]:
+    """A few optimizer steps of the plain-torch loop; the final checkpoint exported as model/."""
+    data = stream_data(tokenizer, text)
+    worker = Worker(spec_for(cfg, tokenizer, data), data, CPU)
+    reports = Reports(out)
+    assert TrainLoop(worker, TrainState(), reports).run()
+    return worker, export_model_dir(reports.checkpoints[4], out / "model")
+
+
+@pytest.mark.parametrize("family", hf_models.FAMILIES)
+def test_a_fine_tuned_checkpoint_exports_and_reloads_with_the_same_logits(families, family, text,
+                                                                         tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = pretrained_tokenizer(families[family])
+    cfg = resolved(HFConfig(path=str(families[family]), block_size=BLOCK),
+                   read_hf_config(str(families[family]), "model.path"), tokenizer)
+    worker, model_dir = fine_tune(cfg, tokenizer, text[:6000], tmp_path)
+    start = AutoModelForCausalLM.from_pretrained(families[family])
+    reloaded = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    x = torch.as_tensor(tokenizer.encode(text[7000:7400]).astype(np.int64)[None, :BLOCK])
+    worker.model.eval()
+    trained_logits = worker.model(x)[0]
+    assert torch.allclose(trained_logits, reloaded(input_ids=x).logits, atol=1e-5)
+    assert not torch.allclose(trained_logits, start(input_ids=x).logits, atol=1e-3)  # it trained
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json", "complete.json"} <= {p.name for p in model_dir.iterdir()}
+    assert pretrained_tokenizer(model_dir).to_json() == tokenizer.to_json()
+
+
+def test_llama_from_scratch_is_a_hugging_face_directory_with_the_etls_ids(text, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = CharTokenizer(text[:6000])
+    cfg = LlamaConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=1, n_head=4,
+                      n_kv_head=2, n_embd=32)
+    _, model_dir = fine_tune(cfg, tokenizer, text[:6000], tmp_path)
+    auto = AutoTokenizer.from_pretrained(model_dir)
+    assert auto(text[:500], add_special_tokens=False).input_ids == tokenizer.encode(
+        text[:500]).tolist()
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["model_type"], config["num_key_value_heads"], config["max_position_embeddings"]
+            ) == ("llama", 2, BLOCK)
+    model, reloaded = load_model_dir(model_dir)
+    assert reloaded.encode(text[:500]).tolist() == tokenizer.encode(text[:500]).tolist()
+    assert model.config.block_size == BLOCK
+
+
+def test_generate_and_export_on_a_directory_trained_elsewhere(families):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = families["mistral"]
+    p = subprocess.run([sys.executable, "-m", "raydp_llm.generate", f"model_dir={directory}",
+                        "prompt=ROMEO:", "temperature=0", "max_new_tokens=12"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    auto = AutoTokenizer.from_pretrained(directory)
+    x = torch.tensor([auto("ROMEO:", add_special_tokens=False).input_ids])
+    out = AutoModelForCausalLM.from_pretrained(directory).generate(
+        x, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    assert p.stdout.rstrip("\n") == auto.decode(out[0])
+
+
+# ---- bad input: one line, before any engine --------------------------------------------------
+
+
+def hf_settings(path, *more: str):
+    return make_config("model=hf", f"model.path={path}", *more)
+
+
+def test_model_hf_takes_its_block_size_and_vocabulary_from_the_directory(families):
+    settings = hf_settings(families["gpt2"])
+    assert (settings.model.block_size, settings.model.vocab_size) == (128, 401)
+    assert Path(settings.tokenizer.path) == families["gpt2"]
+    assert check_inputs(settings).files
+    assert hf_settings(families["llama"], "model.block_size=32").model.block_size == 32
+
+
+def test_model_hf_refuses_what_it_cannot_train(families, tmp_path):
+    with pytest.raises(InputError, match=r"^model.path is missing: model=hf trains"):
+        make_config("model=hf")
+    with pytest.raises(InputError, match=r"no config.json there; give a directory that "
+                                         r"save_pretrained wrote"):
+        hf_settings(tmp_path)
+    no_weights = tmp_path / "no_weights"
+    shutil.copytree(families["llama"], no_weights,
+                    ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(InputError, match=r"no \*.safetensors weights there"):
+        hf_settings(no_weights)
+    with pytest.raises(InputError, match=r"model.block_size=256 is above the model's "
+                                         r"max_position_embeddings=128"):
+        hf_settings(families["llama"], "model.block_size=256")
+    with pytest.raises(InputError, match=r"model=hf brings its tokenizer"):
+        hf_settings(families["llama"], "tokenizer.path=/x/tokenizer.json")
+
+
+@pytest.mark.parametrize("model_type,what", [("bert", "not a decoder-only"),
+                                             ("t5", "not a decoder-only"),
+                                             ("bart", "not a decoder-only")])
+def test_encoder_and_seq2seq_models_are_refused(families, tmp_path, model_type, what):
+    other = tmp_path / model_type
+    shutil.copytree(families["llama"], other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"model_type": model_type}))
+    with pytest.raises(InputError, match=f"model_type '{model_type}' is (an encoder-decoder|"
+                                         f"{what})"):
+        hf_settings(other)
+
+
+def test_a_tokenizer_past_the_embedding_is_refused(families, tmp_path):
+    small = tmp_path / "small"
+    shutil.copytree(families["llama"], small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps(config | {"vocab_size": 100}))
+    with pytest.raises(InputError, match=r"the tokenizer has ids up to 402 but the model only 100 "
+                                         r"token embeddings"):
+        hf_settings(small)
+
+
+def test_the_command_line_says_one_line_and_exits_2(families, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "raydp_llm.train", "model=hf",
+                        f"model.path={families['llama']}", "model.block_size=4096"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2
+    said = [line for line in (p.stdout + p.stderr).splitlines() if line.strip()]
+    assert len(said) == 1 and "max_position_embeddings=128" in said[0], said
