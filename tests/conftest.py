@@ -168,6 +168,33 @@ def corpus_dir(tmp_path_factory, shakespeare) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def hf_files(tmp_path_factory, shakespeare) -> Path:
+    """Three files of a play each (blank lines and all), each ending with a newline: the corpus the
+    transformers families' tests encode and train on."""
+    text = shakespeare.read_text()
+    d = tmp_path_factory.mktemp("hf_corpus")
+    for i, (a, b) in enumerate([(0, 30_000), (30_000, 31_000), (60_000, 90_000)]):
+        (d / f"part{i}.txt").write_text(text[a:b].rstrip("\n") + "\n")
+    return d
+
+
+HF_BIG_IDS = 66_000  # the Qwen2 checkpoint's ids all lie above 65,535
+
+
+@pytest.fixture(scope="session")
+def hf_families(tmp_path_factory, shakespeare) -> dict[str, Path]:
+    """A tiny checkpoint of each tested family (tests/hf_models.py), the Qwen2 one with ids past
+    65,535."""
+    import hf_models
+
+    text = shakespeare.read_text()
+    texts = [text[i:i + 2000] for i in range(0, 100_000, 2000)]
+    root = tmp_path_factory.mktemp("families")
+    return {f: hf_models.build(f, root / f, texts, offset=HF_BIG_IDS if f == "qwen2" else 0)
+            for f in hf_models.FAMILIES}
+
+
 def write_lines(path: Path, lines: list[str]) -> None:
     """Lines to a file, compressed as its suffix says (.gz, .bz2, .zst: pyarrow's codecs)."""
     import pyarrow as pa

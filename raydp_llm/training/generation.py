@@ -3,6 +3,7 @@ next tokens."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -11,8 +12,11 @@ from raydp_llm.core.tokenizer import Tokenizer
 
 
 def _prompt_ids(model: LanguageModel, tokenizer: Tokenizer, prompt: str) -> torch.Tensor:
-    """``prompt`` as token ids (1, T) on the model's device."""
+    """``prompt`` as token ids (1, T) on the model's device; a prompt of no tokens (a newline, to
+    some tokenizers) starts a new document: the ids between documents."""
     ids = tokenizer.encode(prompt)
+    if len(ids) == 0:
+        ids = np.asarray(tokenizer.separator(), dtype=np.int64)
     if len(ids) == 0:
         raise ValueError("the prompt is empty; give at least one token of text")
     return torch.as_tensor(ids.astype("int64"), device=model.wte.weight.device)[None, :]

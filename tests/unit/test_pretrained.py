@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hf_models
-from conftest import ROOT, chunked, make_config
+from conftest import HF_BIG_IDS, ROOT, chunked, make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model_config import HFConfig, LlamaConfig
@@ -34,7 +34,6 @@ from raydp_llm.training.worker import Placement, Worker
 from test_loop import Reports
 
 CPU = Placement(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-BIG = 66_000  # the Qwen2 checkpoint's ids all lie above 65,535
 BLOCK = 16
 
 
@@ -44,12 +43,8 @@ def text(shakespeare) -> str:
 
 
 @pytest.fixture(scope="module")
-def families(tmp_path_factory, text) -> dict[str, Path]:
-    """One tiny checkpoint per family; the Qwen2 one with a vocabulary past 65,535."""
-    root = tmp_path_factory.mktemp("families")
-    texts = [text[i:i + 2000] for i in range(0, 100_000, 2000)]
-    return {f: hf_models.build(f, root / f, texts, offset=BIG if f == "qwen2" else 0)
-            for f in hf_models.FAMILIES}
+def families(hf_families) -> dict[str, Path]:
+    return hf_families
 
 
 @pytest.mark.parametrize("family", hf_models.FAMILIES)
@@ -74,7 +69,7 @@ def test_ids_above_65535_are_stored_as_uint32(families, text):
     tokenizer = pretrained_tokenizer(families["qwen2"])
     ids = tokenizer.encode(text[:5000])
     assert tokenizer.token_dtype == np.uint32 and ids.dtype == np.uint32
-    assert ids.min() >= BIG and tokenizer.vocab_size > 1 << 16
+    assert ids.min() >= HF_BIG_IDS and tokenizer.vocab_size > 1 << 16
     assert load_tokenizer(families["qwen2"]).encode(text[:5000]).tolist() == ids.tolist()
 
 

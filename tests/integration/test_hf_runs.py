@@ -1,0 +1,83 @@
+"""Runs of transformers' families on the real engines: a model=hf run fine-tunes a tiny Llama with
+2 DDP workers, its model/ loads with from_pretrained, the run resumes exactly, and evaluate scores
+a directory trained elsewhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_evaluate import stream_of
+
+from conftest import CACHE_DIR, NO_CHECK, make_config
+from raydp_llm.cli.evaluate import run as evaluate
+from raydp_llm.cli.train import run as train
+from raydp_llm.training.metrics import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
+
+RUN = ["model=hf", "model.block_size=32", "train.batch_size=8", "train.max_steps=8",
+       "train.eval_interval=4", "train.checkpoint_interval=4", "train.eval_batches=null",
+       "sample.max_new_tokens=20", f"data.cache_dir={CACHE_DIR}", NO_CHECK]
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(ray_cluster, hf_files, hf_families, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("hf_run")
+    overrides = [*RUN, f"model.path={hf_families['llama']}", f"data.path={hf_files}"]
+    summary = train(make_config(*overrides), out / "run")
+    return {"out": out, "summary": summary, "overrides": overrides}
+
+
+def test_a_fine_tuned_model_is_a_hugging_face_directory(fine_tuned, hf_families):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = fine_tuned["out"] / "run"
+    rows = read_metrics(run_dir / "metrics.csv")
+    assert [r["step"] for r in rows] == [4, 8] and rows[-1]["val_loss"] < rows[0]["val_loss"]
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+    start = AutoModelForCausalLM.from_pretrained(hf_families["llama"])
+    x = torch.tensor([tokenizer("ROMEO: what light", add_special_tokens=False).input_ids])
+    assert not torch.allclose(model(input_ids=x).logits, start(input_ids=x).logits, atol=1e-3)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(hf_families["llama"]).get_vocab()
+    assert (run_dir / "samples.txt").read_text().strip()
+
+
+def test_an_hf_run_resumes_exactly(fine_tuned, tmp_path):
+    first = fine_tuned["out"] / "run"
+    (checkpoint,) = [p.parent for p in first.glob("ray_results/*/checkpoint_*/train_state.json")
+                     if json.loads(p.read_text())["step"] == 4]
+    summary = train(make_config(*fine_tuned["overrides"], f"train.resume={checkpoint}"),
+                    tmp_path / "resumed")
+    assert summary["resumed_from"]
+    (resumed,) = read_metrics(tmp_path / "resumed" / "metrics.csv")
+    whole = read_metrics(first / "metrics.csv")[-1]
+    assert resumed["step"] == 8
+    assert resumed["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-4)
+    assert resumed["train_loss"] == pytest.approx(whole["train_loss"], rel=1e-4)
+
+
+def test_evaluate_scores_a_directory_trained_elsewhere(ray_cluster, hf_files, hf_families,
+                                                       tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    directory = hf_families["mistral"]
+    cfg = make_config(f"model_dir={directory}", f"data.path={hf_files}", "eval_batch_size=16",
+                      config_name="evaluate")
+    result = evaluate(cfg, tmp_path)
+    m, block = result["etl"], 128  # min(max_position_embeddings, 1024)
+    ids = stream_of(Path(result["dataset"]), m["token_dtype"])
+    boundary, n = m["tokens_train"], m["tokens"]
+    windows = np.stack([ids[s:s + block + 1] for lo, hi in ((0, boundary), (boundary, n))
+                        for s in range(lo, hi - block, block)])  # a stride of one block
+    assert result["windows"] == len(windows) and m["block_size"] == block
+    w = torch.from_numpy(windows.astype(np.int64))
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        logits = model(input_ids=w[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
+    assert result["loss"] == pytest.approx(loss.item(), rel=1e-5)
