@@ -145,6 +145,7 @@ def local_copy(path: str, s3: S3Options = S3Options()) -> Path:
     with open(f"{target}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / READY).exists():
+            target.mkdir(exist_ok=True)
             storage.fetch(path, target, s3)
             (target / READY).write_text(path)
     return target
@@ -175,8 +176,12 @@ def read_hf_config(path: str, key: str, s3: S3Options = S3Options()) -> dict:
 
     fix = "give a directory that save_pretrained wrote (config.json, *.safetensors, tokenizer)"
     try:
-        if not storage.exists(storage.join(path, CONFIG_FILE), s3):
-            raise InputError(f"{key}={path}: no {CONFIG_FILE} there; {fix}")
+        found = storage.exists(storage.join(path, CONFIG_FILE), s3)
+    except OSError as err:
+        raise storage.unreachable(key, path, err) from None
+    if not found:
+        raise InputError(f"{key}={path}: no {CONFIG_FILE} there; {fix}")
+    try:
         config = storage.read_json(storage.join(path, CONFIG_FILE), s3)
         names = [f.base_name for f in storage.list_objects(path, s3)] if storage.is_s3(path) \
             else os.listdir(path)

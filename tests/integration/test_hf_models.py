@@ -4,12 +4,15 @@ The runs of these models: test_hf_runs.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import hf_models
-from conftest import HF_BIG_IDS, make_config
+from conftest import BUCKET, HF_BIG_IDS, make_config
 from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.core.errors import InputError
 from raydp_llm.data.etl import EtlPlan, run_etl
 from raydp_llm.data.prepare import etl_tokenizer
 
@@ -33,3 +36,24 @@ def test_the_executors_ids_are_autotokenizers(spark, hf_files, hf_families, fami
     assert stream.tolist() == expected
     assert dtype == (np.uint32 if family == "qwen2" else np.uint16)
     assert (stream.min() >= HF_BIG_IDS) == (family == "qwen2")
+
+
+def test_a_model_on_s3_loads_once_per_node_and_a_missing_one_is_one_line(s3, hf_families,
+                                                                          tmp_path, monkeypatch):
+    from raydp_llm.core import pretrained, storage
+    from raydp_llm.core.model import build_model
+
+    monkeypatch.setattr(pretrained, "MODEL_CACHE", tmp_path / "models")
+    uri = f"s3://{BUCKET}/models/llama"
+    storage.publish(hf_families["llama"], uri, s3)
+    settings = make_config("model=hf", f"model.path={uri}", f"s3.endpoint_url={s3.endpoint_url}")
+    assert settings.model.block_size == 128  # its config and tokenizer read by the driver
+    assert not any(p.suffix == ".safetensors" for p in Path(settings.tokenizer.path).iterdir())
+    model = build_model(settings.model, s3)
+    local = model.net.name_or_path
+    assert Path(local).parent == tmp_path / "models" and (Path(local) / ".complete").is_file()
+    assert pretrained.local_copy(uri, s3) == Path(local)  # the second worker finds the copy
+    with pytest.raises(InputError, match=rf"^model.path=s3://{BUCKET}/models/none: no config.json "
+                                         r"there; give a directory that save_pretrained wrote"):
+        make_config("model=hf", f"model.path=s3://{BUCKET}/models/none",
+                    f"s3.endpoint_url={s3.endpoint_url}")
