@@ -136,7 +136,7 @@ def refuse_used_run_dir(argv: list[str] | None = None) -> None:
                 check_unused(Path(value))
             except InputError as err:
                 print(f"error: {err}", file=sys.stderr)
-                sys.exit(1)
+                sys.exit(2)  # bad input, as cli/common.cli_errors ends it
 
 
 class RecordKeeper:
