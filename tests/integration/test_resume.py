@@ -89,9 +89,9 @@ def _assert_which_checkpoint_a_run_resumes(cfg, data, overrides: list, runs, fou
     )
     assert check_inputs(make_config(*overrides, f"train.resume={found}")).files
     # A checkpoint of another model shape is refused before any engine starts.
-    with pytest.raises(InputError, match=r"the checkpoint's model has n_layer=2, block_size=32, "
-                                         r"the config asks for model.n_layer=3, "
-                                         r"model.block_size=64; resume with the checkpoint's"):
+    with pytest.raises(InputError, match=r"the checkpoint's model has block_size=32, n_layer=2, "
+                                         r"the config asks for model.block_size=64, "
+                                         r"model.n_layer=3; resume with the checkpoint's"):
         check_inputs(
             make_config(
                 *overrides, f"train.resume={found}", "model.block_size=64", "model.n_layer=3"
