@@ -114,6 +114,7 @@ def measure(kind: str, directory: Path) -> None:
     print(json.dumps(result), flush=True)
     sys.stdin.readline()  # every worker of the case has read its weights
     print(json.dumps({**result, **proc_memory()}), flush=True)
+    sys.stdin.read()  # alive until every worker of the case has measured
 
 
 def run_case(kind: str, directory: Path, workers: int) -> list[dict]:
