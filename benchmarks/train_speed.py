@@ -3,8 +3,8 @@ machine.
 
     python benchmarks/train_speed.py [--steps 1000] [--repeats 3] [--corpus
     ../shared/data/tinyshakespeare.txt]
-                                     [--kinds bare,trainer-1,trainer-2] [--set
-                                     cluster.dashboard=false ...]
+                                     [--kinds bare,trainer-1,trainer-2] [--models gpt llama]
+                                     [--set cluster.dashboard=false ...]
 
 The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd
 128, dropout 0).
@@ -19,6 +19,10 @@ process; the three are taken in turn ``--repeats`` times, so that a slow spell o
 hits all of them, and the table shows the median of each (and its ratio to the bare loop's median)
 with the spread. ``--set`` passes Hydra overrides to the trainer runs (e.g. the dashboard off),
 ``--kinds`` picks the measurements.
+``--models gpt llama`` takes each trainer measurement for the own GPT (``+experiment=
+shakespeare_char``) and for transformers' Llama at the same parameter count (``+experiment=
+shakespeare_llama``: 0.80M against 0.80M) in turn, and prints llama ÷ gpt (the medians' ratio and
+each round's); the bare loop is the GPT's. The runs share one ETL cache (the first is a miss).
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bare_loop import BATCH, MODEL, train_bare  # noqa: E402
 
+EXPERIMENTS = {"gpt": "shakespeare_char", "llama": "shakespeare_llama"}
 
-def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: list[str]) -> dict:
+
+def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: list[str],
+                    model: str = "gpt", cache: Path | None = None) -> dict:
     from hydra import compose, initialize_config_dir
 
     from raydp_llm.cli.inputs import typed_settings
@@ -52,9 +59,9 @@ def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: li
         cfg = compose(
             config_name="config",
             overrides=[
-                "+experiment=shakespeare_char",
+                f"+experiment={EXPERIMENTS[model]}",
                 f"data.path={corpus}",
-                f"data.cache_dir={out / 'cache'}",
+                f"data.cache_dir={cache or out / 'cache'}",
                 f"train.num_workers={workers}",
                 f"train.cpus_per_worker={cpus}",
                 f"train.max_steps={steps}",
@@ -74,17 +81,20 @@ def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: li
     }
 
 
-def run_one(kind: str, corpus: Path, steps: int, extra: list[str]) -> dict:
+def run_one(kind: str, corpus: Path, steps: int, extra: list[str], model: str = "gpt",
+            cache: Path | None = None) -> dict:
+    shared = ["--cache", str(cache)] if cache else []
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run([sys.executable, __file__, "--measure", kind, "--corpus", str(corpus),
-                               "--steps", str(steps), "--out", tmp, *[f"--set={o}" for o in extra]],
+                               "--steps", str(steps), "--out", tmp, "--model", model, *shared,
+                               *[f"--set={o}" for o in extra]],
                               capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         raise RuntimeError(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -95,37 +105,65 @@ def main() -> None:
     )
     parser.add_argument("--kinds", default="bare,trainer-1,trainer-2", help="the measurements, "
                                                                             "comma-separated")
+    parser.add_argument("--models", nargs="+", default=["gpt"], choices=list(EXPERIMENTS),
+                        help="the trainer measurements' models (the bare loop is the GPT)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the trainer runs, e.g. --set "
                              "cluster.dashboard=false")
     parser.add_argument(
         "--measure", choices=["bare", "trainer-1", "trainer-2"], help=argparse.SUPPRESS
     )
+    parser.add_argument("--model", default="gpt", choices=list(EXPERIMENTS),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def print_ratios(runs: dict[tuple[str, str], list[float]]) -> None:
+    """llama ÷ gpt per trainer measurement: the medians' ratio and each round's."""
+    print("\n| pipeline | llama ÷ gpt (medians) | per round |\n|---|---:|---|")
+    for (model, kind), llama in runs.items():
+        gpt = runs.get(("gpt", kind))
+        if model != "llama" or gpt is None:
+            continue
+        rounds = ", ".join(f"{a / b:.2f}" for a, b in zip(llama, gpt))
+        print(f"| {kind} | {statistics.median(llama) / statistics.median(gpt):.2f} | {rounds} |")
+
+
+def main() -> None:
+    args = parse_args()
     if args.measure:
         result = (
             train_bare(args.corpus, args.steps, evaluate=False)
             if args.measure == "bare"
-            else measure_trainer(args.corpus, args.steps, int(args.measure[-1]), args.out, args.set)
+            else measure_trainer(args.corpus, args.steps, int(args.measure[-1]), args.out,
+                                 args.set, args.model, args.cache)
         )
         print(json.dumps(result))
         return
 
-    runs = {kind: [] for kind in args.kinds.split(",")}
-    for repeat in range(args.repeats):
-        for kind, results in runs.items():
-            results.append(run_one(kind, args.corpus, args.steps, args.set)["tokens_per_s"])
-            print(f"  round {repeat + 1}: {kind:9} {results[-1]:,.0f} "
-                  "tokens/s", file=sys.stderr, flush=True)
-    bare = statistics.median(runs["bare"]) if "bare" in runs else None
+    kinds = args.kinds.split(",")
+    runs = {("gpt", "bare"): []} if "bare" in kinds else {}
+    runs.update({(m, k): [] for k in kinds if k != "bare" for m in args.models})
+    with tempfile.TemporaryDirectory() as cache:
+        for repeat in range(args.repeats):
+            for (model, kind), results in runs.items():
+                r = run_one(kind, args.corpus, args.steps, args.set, model, Path(cache))
+                results.append(r["tokens_per_s"])
+                print(f"  round {repeat + 1}: {kind:9} {model:5} {results[-1]:,.0f} "
+                      "tokens/s", file=sys.stderr, flush=True)
+    bare = statistics.median(runs[("gpt", "bare")]) if ("gpt", "bare") in runs else None
     print(f"\n{os.cpu_count()} cores, {args.steps} steps of batch {BATCH} × block "
           f"{MODEL.block_size}, median of {args.repeats}\n")
-    print("| pipeline | tokens/s (median) | vs bare | runs |\n|---|---:|---:|---|")
-    for kind, results in runs.items():
+    print("| pipeline | model | tokens/s (median) | vs bare | runs |\n|---|---|---:|---:|---|")
+    for (model, kind), results in runs.items():
         median = statistics.median(results)
         ratio = f"{median / bare:.2f}×" if bare else "-"
-        print(f"| {kind} | {median:,.0f} | {ratio} | {', '.join(f'{r:,.0f}' for r in results)} |")
+        print(f"| {kind} | {model} | {median:,.0f} | {ratio} | "
+              f"{', '.join(f'{r:,.0f}' for r in results)} |")
+    if "llama" in args.models and "gpt" in args.models:
+        print_ratios(runs)
 
 
 if __name__ == "__main__":
