@@ -23,7 +23,12 @@ from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model_config import HFConfig, LlamaConfig
 from raydp_llm.core.pretrained import read_hf_config, resolved
-from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer, pretrained_tokenizer
+from raydp_llm.core.tokenizer import (
+    CharTokenizer,
+    load_tokenizer,
+    pretrained_tokenizer,
+    train_bpe,
+)
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, steps_per_epoch
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
@@ -126,10 +131,14 @@ def test_a_fine_tuned_checkpoint_exports_and_reloads_with_the_same_logits(famili
     assert pretrained_tokenizer(model_dir).to_json() == tokenizer.to_json()
 
 
-def test_llama_from_scratch_is_a_hugging_face_directory_with_the_etls_ids(text, tmp_path):
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_llama_from_scratch_is_a_hugging_face_directory_with_the_etls_ids(text, tmp_path, kind):
     from transformers import AutoTokenizer
 
-    tokenizer = CharTokenizer(text[:6000])
+    if kind == "char":
+        tokenizer = CharTokenizer(text[:6000])
+    else:
+        tokenizer = train_bpe([text[i:i + 1000] for i in range(0, 50_000, 1000)], 300)
     cfg = LlamaConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=1, n_head=4,
                       n_kv_head=2, n_embd=32)
     _, model_dir = fine_tune(cfg, tokenizer, text[:6000], tmp_path)
