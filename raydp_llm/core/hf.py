@@ -22,11 +22,17 @@ from safetensors.torch import load_file, save_file
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import GPT, LanguageModel, SinusoidalPositions
 from raydp_llm.core.model_config import GPTConfig
-from raydp_llm.core.tokenizer import EOD, TOKENIZER_FILE, BPETokenizer, CharTokenizer, Tokenizer
+from raydp_llm.core.tokenizer import (  # noqa: F401 - TOKENIZER_CONFIG_FILE: the format's names
+    EOD,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    BPETokenizer,
+    CharTokenizer,
+    Tokenizer,
+)
 
 WEIGHTS_FILE = "model.safetensors"  # transformers' names, which the model directory shares
 CONFIG_FILE = "config.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, and GPT-2's
 # GPT-2's activation names → this GPT's model.activation, and back
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}

@@ -23,12 +23,12 @@ from torch.nn import functional as F
 
 from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.hf import CONFIG_FILE, TOKENIZER_CONFIG_FILE, hf_tokenizer
 from raydp_llm.core.model import LanguageModel
 from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig
 from raydp_llm.core.storage import S3Options
-from raydp_llm.core.tokenizer import WEIGHT_SUFFIXES, Tokenizer
+from raydp_llm.core.tokenizer import TOKENIZER_FILE, WEIGHT_SUFFIXES, Tokenizer
 
-CONFIG_FILE = "config.json"
 MAX_DEFAULT_BLOCK = 1024  # model=hf's block_size when none is given: min(positions, this)
 MODEL_CACHE = Path(os.environ.get("RAYDP_LLM_MODEL_CACHE",
                                   Path.home() / ".cache" / "raydp_llm" / "models"))
@@ -140,7 +140,7 @@ def local_copy(path: str, s3: S3Options = S3Options()) -> Path:
     first worker copies, the others wait on the lock and find it there)."""
     if not storage.is_s3(path):
         return Path(path)
-    target = MODEL_CACHE / hashlib.sha256(path.encode()).hexdigest()[:20]
+    target = _cached(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{target}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -151,12 +151,17 @@ def local_copy(path: str, s3: S3Options = S3Options()) -> Path:
     return target
 
 
+def _cached(uri: str, suffix: str = "") -> Path:
+    """Where this node keeps its copy of the s3:// model ``uri`` (or of part of it)."""
+    return MODEL_CACHE / f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}{suffix}"
+
+
 def tokenizer_dir(path: str, s3: S3Options = S3Options()) -> Path:
     """A local directory with a model's config and tokenizer files: ``path`` itself, or those
     small files of an s3:// model (not its weights) copied for the driver."""
     if not storage.is_s3(path):
         return Path(path)
-    target = MODEL_CACHE / f"{hashlib.sha256(path.encode()).hexdigest()[:20]}-tokenizer"
+    target = _cached(path, "-tokenizer")
     target.mkdir(parents=True, exist_ok=True)
     for info in storage.list_objects(path, s3):
         if not info.base_name.endswith(WEIGHT_SUFFIXES):
@@ -229,8 +234,6 @@ def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer) -> Path:
     """``model`` as save_pretrained writes it (safetensors, config.json, generation_config.json)
     and ``tokenizer``'s Hugging Face files: its own for a model's tokenizer, a fast tokenizer
     with the same ids for this project's char and BPE tokenizers."""
-    from raydp_llm.core.hf import TOKENIZER_CONFIG_FILE, hf_tokenizer
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     eos = tokenizer.eod_id
@@ -243,7 +246,7 @@ def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer) -> Path:
     files = getattr(tokenizer, "files", None)
     if files is None:  # this project's tokenizer, as PreTrainedTokenizerFast files
         text, config = hf_tokenizer(tokenizer, model.config.block_size)
-        files = {"tokenizer.json": text, TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2)}
+        files = {TOKENIZER_FILE: text, TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2)}
     for name, text in files.items():
         (directory / name).write_text(text)
     return directory

@@ -19,6 +19,7 @@ from typing import Iterable
 import numpy as np
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # beside it in a Hugging Face directory
 # a Hugging Face directory's files that are not its tokenizer's: left out of its hash and copies
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 EOD = "<|endoftext|>"
@@ -57,6 +58,11 @@ class Tokenizer:
 
     def to_json(self) -> str:
         raise NotImplementedError
+
+    # the ETL encodes a whole document as one text (not paragraph by paragraph): a model's
+    # tokenizer must see the texts AutoTokenizer would (SentencePiece-style ones, Llama 2, Mistral,
+    # mark the start of a text, so a document cut into paragraphs would encode otherwise)
+    whole_documents: bool = False
 
     def encode(self, text: str) -> np.ndarray:
         return self.encode_batch([text])[0]
@@ -124,11 +130,7 @@ class BPETokenizer(Tokenizer):
         self.vocab_size = tokenizer.get_vocab_size()
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        dtype = self.token_dtype
-        return [
-            np.asarray(e.ids, dtype=dtype)
-            for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)
-        ]
+        return _fast_ids(self.tok, texts, self.token_dtype)
 
     def decode(self, ids) -> str:
         return self.tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False).replace(
@@ -172,6 +174,7 @@ class PretrainedTokenizer(Tokenizer):
     tokenizer adds one to each text (Llama, Mistral)."""
 
     kind = "hf"
+    whole_documents = True
 
     def __init__(self, backend: str, bos_id: int | None, eos_id: int | None, add_bos: bool,
                  files: dict[str, str]):
@@ -182,13 +185,11 @@ class PretrainedTokenizer(Tokenizer):
         self.vocab_size = max(self.tok.get_vocab(with_added_tokens=True).values()) + 1
 
     def separator(self) -> list[int]:
-        eos = [] if self.eod_id is None else [self.eod_id]
-        return eos + ([self.bos_id] if self.add_bos and self.bos_id is not None else [])
+        bos = [self.bos_id] if self.add_bos and self.bos_id is not None else []
+        return super().separator() + bos  # EOS, then BOS
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        dtype = self.token_dtype
-        return [np.asarray(e.ids, dtype=dtype)
-                for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+        return _fast_ids(self.tok, texts, self.token_dtype)
 
     def decode(self, ids) -> str:
         return self.tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
@@ -201,6 +202,12 @@ class PretrainedTokenizer(Tokenizer):
         for name, text in self.files.items():
             (Path(directory) / name).write_text(text)
         return Path(directory) / TOKENIZER_FILE
+
+
+def _fast_ids(tok, texts: list[str], dtype: np.dtype) -> list[np.ndarray]:
+    """Each text's ids from a ``tokenizers.Tokenizer``, no special tokens added."""
+    return [np.asarray(e.ids, dtype=dtype)
+            for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
 
 
 def pretrained_tokenizer(directory: str | Path) -> PretrainedTokenizer:
@@ -269,7 +276,7 @@ def load_tokenizer(path: Path) -> Tokenizer:
     """From a ``tokenizer.json`` file, or a directory holding one: a Hugging Face directory's
     (with ``tokenizer_config.json``) as AutoTokenizer builds it."""
     path = Path(path)
-    if path.is_dir() and (path / "tokenizer_config.json").is_file():
+    if path.is_dir() and (path / TOKENIZER_CONFIG_FILE).is_file():
         return pretrained_tokenizer(path)
     if path.is_dir():
         path = path / TOKENIZER_FILE

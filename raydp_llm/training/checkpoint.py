@@ -30,6 +30,7 @@ from raydp_llm.core.model_config import HFConfig
 from raydp_llm.core.pretrained import HFModel, is_hf_dir, load_hf_dir, save_hf_dir
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import (
+    TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     Tokenizer,
     load_tokenizer,
@@ -185,7 +186,7 @@ def _hf_shape(directory: str | Path, shown_as: str, s3: S3Options):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as local:
-        for name in (CONFIG_FILE, TOKENIZER_FILE, "tokenizer_config.json"):
+        for name in (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE):
             storage.copy(storage.join(str(directory), name), Path(local) / name, s3)
         tokenizer = load_tokenizer(Path(local))
         with torch.device("meta"):

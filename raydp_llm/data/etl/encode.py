@@ -23,7 +23,7 @@ from raydp_llm.engines.spark import detached
 
 PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
 PARAGRAPH_LINES = 1000  # lines encoded as one text at most
-WHOLE_DOCUMENT_LINES = 1 << 20  # a model's tokenizer: a document's lines encoded as one text
+WHOLE_DOCUMENT_LINES = 1 << 20  # Tokenizer.whole_documents: a document's lines as one text
 
 PIECE_SCHEMA = pa.schema(
     [
@@ -74,10 +74,7 @@ class Encoder:
 
     def __call__(self, batches):
         self.tok = tokenizer_from_json(self.tokenizer_json)  # once per task, in the executor
-        # a model's tokenizer encodes whole documents, as AutoTokenizer would be called on them:
-        # some (SentencePiece-style, Llama 2, Mistral) mark the start of a text, so a document cut
-        # into paragraphs would encode otherwise
-        self.whole = self.tok.kind == "hf"
+        self.whole = self.tok.whole_documents  # a model's tokenizer: as AutoTokenizer sees them
         self.paragraph_lines = WHOLE_DOCUMENT_LINES if self.whole else PARAGRAPH_LINES
         self.eod = np.array(self.tok.separator(), dtype=self.dtype)
         self.key = None
