@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raydp_llm.cli.session import JobSession, job_session
-from raydp_llm.core import storage
+from raydp_llm.core import lora, storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
+from raydp_llm.core.tokenizer import tokenizer_from_json
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, samplings, write_json
-from raydp_llm.training import runs, tracking
+from raydp_llm.training import runs, sharded, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
 from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases
 from raydp_llm.training.generation import sample_text
@@ -121,7 +122,7 @@ def train(settings: Settings, corpus, job: Job, session: JobSession) -> Trained:
             )
             keeper.finish("diverged" if outcome.diverged else "finished")
         if outcome.diverged is None:
-            storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model"), spec.s3)
+            storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model", spec), spec.s3)
     destination = storage.join(run_storage, job.run_name) if settings.train.storage_path else None
     return Trained(data, outcome, session.timings, destination)
 
@@ -137,11 +138,15 @@ def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
     return {k: v if v is None else round(v, 2) for k, v in phases.items()}
 
 
-def _export(checkpoint, directory: Path) -> None:
+def _export(checkpoint, directory: Path, spec: TrainSpec) -> None:
     """The model of Ray Train's final ``checkpoint`` (local, or downloaded from S3) into
-    ``directory``."""
+    ``directory``: its model files, or its shards gathered into a full model."""
     with checkpoint.as_directory() as d:
-        export_model_dir(Path(d), directory)
+        if sharded.is_sharded(Path(d)):
+            sharded.export(Path(d), directory, spec.model, tokenizer_from_json(spec.tokenizer_json),
+                           spec.s3)
+        else:
+            export_model_dir(Path(d), directory)
 
 
 # After training: its artifacts, published, and the closing report.
@@ -199,7 +204,19 @@ def write_sample(settings: Settings, out_dir: Path) -> Sample:
                        sample.temperature, sample.top_k, settings.seed)
     (out_dir / "samples.txt").write_text(text + "\n")
     return Sample(text, {"num_params": model.num_params(),
+                         "trainable_params": trainable_params(model, settings.model,
+                                                              out_dir / "model"),
                          "flops_per_token": model.flops_per_token()})
+
+
+def trainable_params(model, cfg, model_dir: Path) -> int:
+    """The parameters the run trained: a LoRA run's adapter (``model/adapter``), else the model's
+    but frozen embeddings."""
+    adapter = lora.adapter_params(model_dir)
+    if adapter is not None:
+        return adapter
+    return model.num_params() - (model.wte.weight.numel()
+                                 if getattr(cfg, "freeze_embeddings", False) else 0)
 
 
 def publish(settings: Settings, out_dir: Path, trained: Trained) -> None:

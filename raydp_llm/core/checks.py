@@ -38,6 +38,7 @@ def validate(settings: Settings) -> None:
         raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at "
                          "min_lr ≤ lr")
     _check_batch(t)
+    _check_blocks(settings)
     _check_score_filter(settings.data.filters)
     if settings.model.block_size > settings.data.halo_tokens:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
@@ -54,6 +55,19 @@ def validate(settings: Settings) -> None:
         if need > cpus:
             raise InputError(f"the embedded Ray has {cpus:g} CPUs (cluster.num_cpus) but the job "
                              f"needs {need:g}: {formula}; lower them")
+
+
+def _check_blocks(settings: Settings) -> None:
+    """Sharding and activation checkpointing work block by block: the LSTM has none."""
+    t = settings.train
+    wants = [f"train.{k}={v}".lower() for k, v in (("strategy", t.strategy),
+                                                   ("activation_checkpointing",
+                                                    t.activation_checkpointing))
+             if v not in ("ddp", False)]
+    if settings.model.kind == "lstm" and wants:
+        raise InputError(f"{wants[0]} works on a transformer's blocks and model=lstm has none; "
+                         "use train.strategy=ddp and train.activation_checkpointing=false, or a "
+                         "transformer (model=gpt, model=llama, model=hf)")
 
 
 def _check_score_filter(f: FilterSettings) -> None:

@@ -86,9 +86,16 @@ class TokenizerKind(Choice):
 
 
 class Precision(Choice):
-    auto = "auto", "bf16 autocast on GPU, fp32 on CPU"
+    auto = "auto", "bf16 on GPU, fp32 on CPU"
     fp32 = "fp32"
-    bf16 = "bf16"
+    bf16 = "bf16", ("ddp: autocast on GPU; fsdp: bf16 parameters and compute, fp32 gradient "
+                    "reductions, on any device")
+
+
+class Strategy(Choice):
+    ddp = "ddp", "every worker holds the whole model (DistributedDataParallel)"
+    fsdp = "fsdp", ("parameters, gradients and optimizer state sharded over the workers (FSDP2, "
+                    "per block); sharded checkpoints")
 
 
 class PlacementStrategy(Choice):
@@ -290,7 +297,11 @@ class TrainSettings:
                                                 "(<storage_path>/<run>/): a directory or "
                                                 "s3://bucket/prefix; null = ray_results/ in the "
                                                 "run directory")
+    strategy: str = setting(Strategy.ddp, Strategy.listed(), check=one_of(Strategy))
     precision: str = setting(Precision.auto, Precision.listed(), check=one_of(Precision))
+    activation_checkpointing: bool = setting(False, "recompute each block's activations in the "
+                                                    "backward pass instead of keeping them: less "
+                                                    "memory, about a third more compute")
     compile: bool = setting(False, "torch.compile the model (worth it on GPUs)")
     peak_flops: Optional[float] = setting(None, "one worker's peak FLOP/s for MFU (e.g. 989e12 "
                                                 "for an H100's bf16); null = no MFU",

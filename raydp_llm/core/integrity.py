@@ -34,6 +34,12 @@ def seal(directory: Path, hashes: bool = True) -> Path:
     """Write ``directory/complete.json``: every file below ``directory`` with its size, and its
     SHA-256 when ``hashes`` (checkpoints and models: a few files; ETL cache entries list sizes only,
     their Parquet footers are checked on read)."""
+    return write_marker(directory, listing(directory, hashes))
+
+
+def listing(directory: Path, hashes: bool = True) -> dict[str, dict]:
+    """Every file below ``directory`` (relative path → its size, and SHA-256 with ``hashes``): what
+    ``complete.json`` lists. A sharded checkpoint's marker lists every worker's files."""
     directory = Path(directory)
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MARKER):
@@ -42,8 +48,12 @@ def seal(directory: Path, hashes: bool = True) -> Path:
             with path.open("rb") as f:
                 entry["sha256"] = sha256_of(f)
         files[path.relative_to(directory).as_posix()] = entry
-    marker = directory / MARKER
-    marker.write_text(json.dumps({"files": files}, indent=1))
+    return files
+
+
+def write_marker(directory: Path, files: dict[str, dict]) -> Path:
+    marker = Path(directory) / MARKER
+    marker.write_text(json.dumps({"files": dict(sorted(files.items()))}, indent=1))
     return marker
 
 

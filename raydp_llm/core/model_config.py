@@ -38,7 +38,8 @@ class ModelConfig:
     def architecture(self) -> dict[str, Any]:
         """The fields that make the network, as a model directory's ``config.json`` keeps them."""
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("kind", "init_embeddings", "freeze_embeddings", "init_from", "path")}
+                if k not in ("kind", "init_embeddings", "freeze_embeddings", "init_from", "path",
+                             "lora")}
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,20 @@ class LlamaConfig(NetConfig):
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """LoRA (peft): low-rank adapters beside the chosen projections; only they are trained,
+    optimised and checkpointed. The run's model/ holds the merged model and model/adapter/ the
+    adapter."""
+
+    r: int = setting(0, "the adapters' rank; 0 = no LoRA, train every weight", check=at_least(0))
+    alpha: float = setting(16.0, "scale: the update is alpha / r × B·A", check=above(0))
+    dropout: float = setting(0.0, "dropout on the adapters' input, in [0, 1)", check=within(0, 1))
+    targets: Optional[list[str]] = setting(None, "names of the Linear layers to adapt (e.g. "
+                                                 "[q_proj, v_proj]); null = every projection of "
+                                                 "the attention and the MLP (not the head)")
+
+
+@dataclass(frozen=True)
 class HFConfig(ModelConfig):
     """A decoder that transformers' ``AutoModelForCausalLM`` loads from a Hugging Face directory
     (Llama, Qwen2, Mistral, GPT-2, ...), trained on with its own tokenizer."""
@@ -126,6 +141,8 @@ class HFConfig(ModelConfig):
     block_size: Optional[int] = setting(None, "the training window, tokens; null = "
                                               "min(max_position_embeddings, 1024)",
                                         check=optional(at_least(1)))
+    lora: LoraSettings = setting(LoraSettings(), "LoRA adapters instead of full fine-tuning "
+                                                 "(model.lora.r > 0)")
 
 
 MODEL_CONFIGS = {"gpt": GPTConfig, "lstm": LSTMConfig, "llama": LlamaConfig, "hf": HFConfig}

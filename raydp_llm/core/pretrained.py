@@ -101,10 +101,16 @@ class CacheState:
 # ---- building ------------------------------------------------------------------------------------
 
 def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None) -> HFModel:
-    """``model=llama`` with fresh weights, or ``model=hf``'s directory loaded."""
+    """``model=llama`` with fresh weights, or ``model=hf``'s directory loaded (with LoRA
+    adapters when ``model.lora.r`` > 0)."""
     if isinstance(cfg, LlamaConfig):
         return HFModel(new_llama(cfg), cfg)
-    return HFModel(load_net(local_copy(cfg.path, s3 or S3Options())), cfg)
+    net = load_net(local_copy(cfg.path, s3 or S3Options()))
+    if cfg.lora.r:
+        from raydp_llm.core.lora import add_adapters  # peft: only for LoRA
+
+        net = add_adapters(net, cfg.lora)
+    return HFModel(net, cfg)
 
 
 def new_llama(cfg: LlamaConfig):
@@ -230,10 +236,12 @@ def resolved(cfg: HFConfig, config: dict, tokenizer: Tokenizer) -> HFConfig:
 
 # ---- Hugging Face directories --------------------------------------------------------------------
 
-def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer) -> Path:
-    """``model`` as save_pretrained writes it (safetensors, config.json, generation_config.json)
-    and ``tokenizer``'s Hugging Face files: its own for a model's tokenizer, a fast tokenizer
-    with the same ids for this project's char and BPE tokenizers."""
+def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer,
+                weights: bool = True) -> Path:
+    """``model`` as save_pretrained writes it (safetensors, config.json, generation_config.json;
+    without ``weights`` the configs only: a sharded checkpoint's) and ``tokenizer``'s Hugging Face
+    files: its own for a model's tokenizer, a fast tokenizer with the same ids for this project's
+    char and BPE tokenizers."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     eos = tokenizer.eod_id
@@ -242,7 +250,11 @@ def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer) -> Path:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model.net.save_pretrained(directory, safe_serialization=True)
+    if weights:
+        model.net.save_pretrained(directory, safe_serialization=True)
+    else:
+        model.net.config.save_pretrained(directory)
+        model.net.generation_config.save_pretrained(directory)
     files = getattr(tokenizer, "files", None)
     if files is None:  # this project's tokenizer, as PreTrainedTokenizerFast files
         text, config = hf_tokenizer(tokenizer, model.config.block_size)

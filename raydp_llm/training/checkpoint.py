@@ -50,21 +50,21 @@ class ModelDirError(InputError):
     together."""
 
 
-def save_model_dir(
-    directory: Path, model: LanguageModel, tokenizer: Tokenizer, seal: bool = True
-) -> Path:
-    """Weights (a tied lm_head is wte: stored once), ``{"model": kind, **config}`` and the
-    tokenizer; with ``seal``, then ``complete.json``. A transformers model (llama, hf) as a Hugging
-    Face directory (``pretrained.save_hf_dir``)."""
+def save_model_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer,
+                   seal: bool = True, weights: bool = True) -> Path:
+    """Weights (a tied lm_head is wte: stored once; none without ``weights``: a sharded
+    checkpoint's are in its shards), ``{"model": kind, **config}`` and the tokenizer; with
+    ``seal``, then ``complete.json``. A transformers model (llama, hf) as a Hugging Face directory
+    (``pretrained.save_hf_dir``)."""
     directory = Path(directory)
     if isinstance(model, HFModel):
-        save_hf_dir(directory, model, tokenizer)
+        save_hf_dir(directory, model, tokenizer, weights)
         return integrity.seal(directory) if seal else directory
     directory.mkdir(parents=True, exist_ok=True)
-    tied = model.config.tie_weights
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-             if not (tied and k == "lm_head.weight")}
-    save_file(state, directory / WEIGHTS_FILE)
+    if weights:
+        tied = model.config.tie_weights
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+                   if not (tied and k == "lm_head.weight")}, directory / WEIGHTS_FILE)
     (directory / CONFIG_FILE).write_text(
         json.dumps({"model": model.kind, **model.config.architecture()}, indent=2)
     )
@@ -241,14 +241,14 @@ def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:
     return directory
 
 
-def check_resumable(
-    location: str, model: ModelConfig, shown_as: str, s3: S3Options = S3Options()
-) -> None:
+def check_resumable(location: str, model: ModelConfig, shown_as: str,
+                    s3: S3Options = S3Options(), sharded: bool = False) -> None:
     """``location`` (local or s3://) must be a complete training checkpoint (``integrity``) whose
-    config and tokenizer fit together and whose model has the shape ``model`` asks for (block size,
-    layers, widths): its weights would not load into another. One line, named ``shown_as``, when
-    not."""
+    config and tokenizer fit together, whose model has the shape ``model`` asks for (block size,
+    layers, widths): its weights would not load into another, and which is ``sharded`` as the
+    run's are (training/sharded.py). One line, named ``shown_as``, when not."""
     try:
+        _check_layout(location, shown_as, s3, sharded)
         if not storage.exists(storage.join(location, STATE_JSON), s3):
             raise InputError(f"{shown_as}: not a training checkpoint (no {STATE_JSON}); give a "
                              "checkpoint_* directory of an earlier run (under its ray_results/ or "
@@ -272,6 +272,18 @@ def check_resumable(
         asked = ", ".join(f"model.{k}={wanted[k]}" for k in differ)
         raise InputError(f"{shown_as}: the checkpoint's model has {have}, the config asks for "
                          f"{asked}; resume with the checkpoint's model settings")
+
+
+SHARDS = "shards"  # a sharded checkpoint's DCP directory (training/sharded.py)
+
+
+def _check_layout(location: str, shown_as: str, s3: S3Options, sharded: bool) -> None:
+    has_shards = storage.exists(storage.join(location, SHARDS, ".metadata"), s3)
+    if has_shards != sharded:
+        written, asked = ("sharded", "full") if has_shards else ("full", "sharded")
+        raise InputError(f"{shown_as}: a {written} checkpoint, but this run writes {asked} ones "
+                         "(train.strategy=fsdp and LoRA shard them); resume with the "
+                         "train.strategy and model.lora of the run that wrote it")
 
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",

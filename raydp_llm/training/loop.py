@@ -9,7 +9,8 @@ step and the epoch, so a resumed run, with the same or another number of workers
 
 Every ``eval_interval`` steps all ranks report metrics (``ray.train.report`` is a barrier); every
 ``checkpoint_interval`` steps and at the end rank 0 attaches a training checkpoint (see
-checkpoint.py).
+checkpoint.py), or, when checkpoints are sharded (fsdp, LoRA), every rank attaches its part
+(sharded.py) and Ray Train uploads them into one directory.
 
 Faults: Ray Train restarts a worker group that lost a worker (``max_failures``), from the last
 checkpoint. A non-finite gradient norm, loss or weight ends the run at once: every rank sees it at
@@ -34,12 +35,14 @@ from ray.train import Checkpoint
 from raydp_llm.core.storage import resolve
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.training.optim import lr_at
+from raydp_llm.training.parallel import grad_stats, non_finite_weights
 from raydp_llm.training.progress import LivePosts
 from raydp_llm.training.state import TrainState
-from raydp_llm.training.worker import Interval, Placement, Worker, grad_stats, non_finite_weights
+from raydp_llm.training.worker import Interval, Placement, Worker
 
 # Where the loop's reports go: report(metrics) on every rank, report(metrics, checkpoint directory)
-# on rank 0 when a checkpoint is due. Ray Train's in a run (``ray_report``), a list in a test.
+# on the ranks that write checkpoints when one is due. Ray Train's in a run (``ray_report``), a
+# list in a test.
 Report = Callable[..., None]
 
 
@@ -107,10 +110,10 @@ class TrainLoop:
         step, spec = metrics["step"], self.spec
         interval = spec.train.checkpoint_interval
         keep = step == spec.max_steps or bool(interval and step % interval == 0)
-        if not keep or self.worker.placement.rank != 0:
+        if not keep or not self.worker.writes_checkpoints:
             self.report(metrics)
             return True
-        with tempfile.TemporaryDirectory() as tmp:  # rank 0 attaches the checkpoint
+        with tempfile.TemporaryDirectory() as tmp:  # rank 0 (every rank: sharded) attaches it
             self.worker.save_checkpoint(Path(tmp), self.state)
             self.report(metrics, Path(tmp))
         return True

@@ -24,6 +24,7 @@ NOT_IN_FINGERPRINT = (
     "cpus_per_worker",
     "use_gpu",
     "compile",
+    "activation_checkpointing",
     "peak_flops",
     "eval_interval",
     "eval_batches",
@@ -55,6 +56,12 @@ class TrainSpec:
     def micro_batch(self, world: int) -> int:
         """Windows per forward pass on each of ``world`` workers."""
         return self.train.batch_size // (world * self.train.grad_accum)
+
+
+def sharded_checkpoints(train: TrainSettings, model: ModelConfig) -> bool:
+    """Whether every worker writes its part of each checkpoint (training/sharded.py): with FSDP,
+    and with LoRA (the adapters alone)."""
+    return train.strategy == "fsdp" or bool(getattr(getattr(model, "lora", None), "r", 0))
 
 
 def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,

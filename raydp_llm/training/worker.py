@@ -28,10 +28,11 @@ from raydp_llm.core.timing import Stopwatch
 from raydp_llm.core.tokenizer import tokenizer_from_json
 from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
+from raydp_llm.training import parallel, sharded
 from raydp_llm.training.checkpoint import load_train_checkpoint, save_train_checkpoint
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.optim import make_optimizer
-from raydp_llm.training.spec import TrainSpec
+from raydp_llm.training.spec import TrainSpec, sharded_checkpoints
 from raydp_llm.training.state import TrainState
 
 
@@ -76,13 +77,20 @@ class WorkerData:
     def val_batches(self):
         """This worker's contiguous share of the first ``eval_batches × batch_size / grad_accum``
         validation windows (all when None: the same windows with any number of workers)."""
+        positions, micro = self._val_positions()
+        for lo in range(0, len(positions), micro):
+            yield self.readers["val"].windows(self.val_order, positions[lo:lo + micro])
+
+    def val_batch_count(self) -> int:
+        positions, micro = self._val_positions()
+        return -(-len(positions) // micro)
+
+    def _val_positions(self) -> tuple[np.ndarray, int]:
         spec = self.spec
         micro = spec.micro_batch(self.world)
         limit = None if spec.train.eval_batches is None else spec.train.eval_batches * micro * \
             self.world
-        positions = ordered_positions(self.val_order.total, limit, self.rank, self.world)
-        for lo in range(0, len(positions), micro):
-            yield self.readers["val"].windows(self.val_order, positions[lo:lo + micro])
+        return ordered_positions(self.val_order.total, limit, self.rank, self.world), micro
 
 
 def all_reduce_sum(*values: float) -> list[float]:
@@ -118,6 +126,11 @@ def validation_pass(model: torch.nn.Module, data: WorkerData, collate: WindowBat
         x, y = collate(windows)
         loss, h = _loss_and_hits(model, x, y, autocast)
         loss_sum, hits, count = loss_sum + loss.item() * y.numel(), hits + h, count + y.numel()
+    if parallel.is_sharded(model):  # each forward gathers parameters: as many on every worker
+        mine = data.val_batch_count()
+        idle = torch.zeros((1, model.config.block_size), dtype=torch.long, device=collate.device)
+        for _ in range(int(all_reduce_max(mine)[0]) - mine):
+            model(idle)  # not counted
     model.train()
     return [loss_sum, hits, count]
 
@@ -149,20 +162,6 @@ class Interval:
         return self.steps * tokens_per_step / self.clock.seconds()
 
 
-def grad_stats(model: torch.nn.Module) -> dict:
-    """Mean, min, max and variance of the gradients' magnitudes (the DL4J projects' gradient
-    statistics)."""
-    g = torch.cat(
-        [p.grad.detach().abs().flatten().float() for p in model.parameters() if p.grad is not None]
-    )
-    return {
-        "grad_abs_mean": g.mean().item(),
-        "grad_abs_min": g.min().item(),
-        "grad_abs_max": g.max().item(),
-        "grad_abs_var": g.var().item(),
-    }
-
-
 def system_stats(process: psutil.Process, device: torch.device) -> dict:
     """This worker's memory and CPU load, the node's, and GPU memory when on a GPU."""
     mem = psutil.virtual_memory()
@@ -178,24 +177,21 @@ def system_stats(process: psutil.Process, device: torch.device) -> dict:
     }
 
 
-def non_finite_weights(model: torch.nn.Module) -> int:
-    """How many parameter tensors hold a NaN or an infinity (the same on every rank: DDP keeps them
-    equal)."""
-    return sum(1 for p in model.parameters() if not torch.isfinite(p).all())
-
-
-def autocast_for(precision: str, device: torch.device) -> Callable:
-    """bf16 autocast on a GPU (``train.precision`` bf16, or auto); fp32 otherwise."""
+def autocast_for(precision: str, device: torch.device, strategy: str) -> Callable:
+    """bf16 autocast on a GPU (``train.precision`` bf16, or auto) with DDP; fp32 otherwise (FSDP
+    casts the parameters themselves: ``parallel.shard``)."""
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    if bf16 and device.type == "cuda":
+    if bf16 and device.type == "cuda" and strategy == "ddp":
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext
 
 
 class Worker:
-    """One DDP worker's model, optimizer and data, and the optimizer step (nanoGPT's inner loop).
-    ``prepare`` puts the model on the device and wraps it for DDP (``ray.train.torch.
-    prepare_model`` in a run); without it the model is only moved to the device."""
+    """One worker's model, optimizer and data, and the optimizer step (nanoGPT's inner loop).
+    With ``train.strategy=ddp``, ``prepare`` puts the model on the device and wraps it for DDP
+    (``ray.train.torch.prepare_model`` in a run; without it the model is only moved to the device);
+    with fsdp the model is sharded over the workers (``parallel.shard``: torch.distributed must be
+    initialized)."""
 
     def __init__(self, spec: TrainSpec, data: dict, placement: Placement,
                  prepare: Callable[[torch.nn.Module], torch.nn.Module] | None = None):
@@ -203,13 +199,21 @@ class Worker:
         torch.set_num_threads(spec.train.cpus_per_worker)
         torch.manual_seed(spec.seed)
         self.data = WorkerData(spec, data, placement.rank, placement.world_size)
-        self.autocast = autocast_for(spec.train.precision, self.device)
+        train = spec.train
+        self.autocast = autocast_for(train.precision, self.device, train.strategy)
         self.model = build_model(spec.model, spec.s3)
         if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (core/hf.py)
             hf.load_gpt2_weights(self.model, hf.read_gpt2_tensors(spec.model.init_from),
                                  spec.model.init_from)
-        prepare = prepare or (lambda model: model.to(self.device))
-        self.ddp_model = prepare(self.model)  # on the device; DDP when world > 1
+        if train.activation_checkpointing:
+            parallel.checkpoint_activations(self.model)
+        if train.strategy == "fsdp":  # sharded in place: ddp_model is model
+            self.ddp_model = parallel.shard(self.model, self.device, train.precision)
+        else:
+            prepare = prepare or (lambda model: model.to(self.device))
+            self.ddp_model = prepare(self.model)  # on the device; DDP when world > 1
+        # every worker writes its shard (fsdp), or the adapters alone (LoRA): sharded.py
+        self.sharded_checkpoints = sharded_checkpoints(train, spec.model)
         self.optimizer = make_optimizer(self.model, spec)
         self.forward = torch.compile(self.ddp_model) if spec.train.compile else self.ddp_model
         self.collate = WindowBatch(self.device)
@@ -217,35 +221,45 @@ class Worker:
         self.process = psutil.Process()
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
 
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this worker writes (a part of) each checkpoint: rank 0, or every worker."""
+        return self.sharded_checkpoints or self.placement.rank == 0
+
     def load_checkpoint(self, directory: Path) -> TrainState:
         """Weights, optimizer and RNG from a training checkpoint; the state it was taken at."""
+        if sharded.is_sharded(directory):
+            return sharded.load(directory, self.model, self.optimizer)
         return load_train_checkpoint(directory, self.model, self.optimizer)
 
     def save_checkpoint(self, directory: Path, state: TrainState) -> None:
-        """A training checkpoint at ``state``, stamped with the run's fingerprint, ``max_steps``
-        and number of workers."""
+        """A training checkpoint at ``state`` (this worker's part of it when sharded), stamped with
+        the run's fingerprint, ``max_steps`` and number of workers."""
         spec = self.spec
         stamped = replace(state, fingerprint=spec.fingerprint, max_steps=spec.max_steps,
                           world=self.placement.world_size)
-        save_train_checkpoint(directory, self.model, tokenizer_from_json(spec.tokenizer_json),
-                              self.optimizer, stamped)
+        save = sharded.save if self.sharded_checkpoints else save_train_checkpoint
+        save(directory, self.model, tokenizer_from_json(spec.tokenizer_json), self.optimizer,
+             stamped)
 
     def train_step(self, group: list[np.ndarray], lr: float) -> StepResult:
-        """Forward and backward over this worker's ``grad_accum`` micro-batches (DDP all-reduces the
-        gradients on the last), clip, and step the optimizer unless the gradient norm is not
-        finite."""
+        """Forward and backward over this worker's ``grad_accum`` micro-batches (the gradients are
+        all-reduced, or reduce-scattered, after the last only), clip, and step the optimizer unless
+        the gradient norm is not finite."""
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         loss_sum, hits = 0.0, 0
         for i, windows in enumerate(group):
             x, y = self.collate(windows)
-            sync = i == len(group) - 1 or not hasattr(self.ddp_model, "no_sync")
-            with contextlib.nullcontext() if sync else self.ddp_model.no_sync():
+            last = i == len(group) - 1
+            with contextlib.nullcontext() if last else parallel.gradients_accumulated(
+                    self.ddp_model):
                 loss, h = _loss_and_hits(self.forward, x, y, self.autocast)
                 (loss / self.spec.train.grad_accum).backward()
             loss_sum, hits = loss_sum + loss.item(), hits + h
         max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        grad_norm = parallel.as_float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         return StepResult(loss_sum / len(group), hits, y.numel() * len(group), grad_norm)

@@ -1,6 +1,8 @@
 """Runs of transformers' families on the real engines: a model=hf run fine-tunes a tiny Llama with
 2 DDP workers, its model/ loads with from_pretrained, the run resumes exactly, and evaluate scores
-a directory trained elsewhere."""
+a directory trained elsewhere. LoRA on 2 FSDP workers: Ray Train gathers both workers' shards into
+one sealed checkpoint, which a 1-worker run continues; model/ is the merged model beside its
+adapter."""
 
 from __future__ import annotations
 
@@ -81,3 +83,46 @@ def test_evaluate_scores_a_directory_trained_elsewhere(ray_cluster, hf_files, hf
         logits = model(input_ids=w[:, :-1]).logits
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
     assert result["loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def lora_on_fsdp(ray_cluster, hf_files, hf_families, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("lora_fsdp")
+    overrides = [*RUN, f"model.path={hf_families['llama']}", f"data.path={hf_files}",
+                 "train.strategy=fsdp", "model.lora.r=4", "model.lora.alpha=32"]
+    summary = train(make_config(*overrides), out / "run")
+    return {"out": out, "summary": summary, "overrides": overrides}
+
+
+def test_lora_on_fsdp_workers_exports_the_merged_model_and_its_adapter(lora_on_fsdp, hf_families):
+    from transformers import AutoModelForCausalLM
+
+    run_dir, summary = lora_on_fsdp["out"] / "run", lora_on_fsdp["summary"]
+    rows = read_metrics(run_dir / "metrics.csv")
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"]
+    assert 0 < summary["trainable_params"] < summary["num_params"] / 5
+    merged = AutoModelForCausalLM.from_pretrained(run_dir / "model")  # no peft needed
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    adapter = json.loads((run_dir / "model" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and adapter["lora_alpha"] == 32
+    start = AutoModelForCausalLM.from_pretrained(hf_families["llama"])
+    x = torch.arange(16)[None]
+    assert not torch.allclose(merged(input_ids=x).logits, start(input_ids=x).logits, atol=1e-4)
+
+
+def test_a_sharded_checkpoint_of_two_workers_continues_on_one(lora_on_fsdp, tmp_path):
+    """Ray Train put both workers' shards in one checkpoint, sealed by rank 0's complete.json; a
+    1-worker run resumes it and ends where the 2-worker run did."""
+    first = lora_on_fsdp["out"] / "run"
+    (checkpoint,) = [p.parent for p in first.glob("ray_results/*/checkpoint_*/train_state.json")
+                     if json.loads(p.read_text())["step"] == 4]
+    listed = json.loads((checkpoint / "complete.json").read_text())["files"]
+    assert {"shards/__0_0.distcp", "shards/__1_0.distcp", "shards/.metadata"} <= listed.keys()
+    summary = train(make_config(*lora_on_fsdp["overrides"], f"train.resume={checkpoint}",
+                                "train.num_workers=1"), tmp_path / "resumed")
+    assert summary["resumed_from"]
+    (resumed,) = read_metrics(tmp_path / "resumed" / "metrics.csv")
+    whole = read_metrics(first / "metrics.csv")[-1]
+    assert resumed["step"] == 8 and resumed["workers"] == 1
+    assert abs(resumed["val_loss"] - whole["val_loss"]) < 2e-3
+    assert abs(resumed["train_loss"] - whole["train_loss"]) < 2e-3

@@ -1,0 +1,136 @@
+"""Sharded training checkpoints (``train.strategy=fsdp``, and every LoRA run), written with
+``torch.distributed.checkpoint`` (DCP): every worker writes its own shard of the weights and AdamW
+state into ``shards/`` (``__<rank>_0.distcp``; rank 0 also the ``.metadata`` that maps them), and
+Ray Train uploads each worker's directory into the same ``checkpoint_*``. Rank 0 adds what a full
+checkpoint has but its weights: ``config.json`` and the tokenizer, ``train_state.json``, the RNG;
+then ``complete.json``, which lists every worker's files (gathered), so a checkpoint that lost one
+shard is damaged, skipped by ``resume=auto`` and refused by name.
+
+Loading reshards: each worker asks DCP for its own shard of every tensor, whatever the number of
+workers that wrote them, so a run continues on another number of workers. A LoRA run's shards hold
+the adapters alone (the frozen base is the model the run starts from). ``export`` gathers the
+final checkpoint into a full model directory, in one process (the driver): a Hugging Face directory
+for a transformers family, with the adapter in ``adapter/`` and merged into the weights for LoRA.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from raydp_llm.core import integrity
+from raydp_llm.core.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
+from raydp_llm.core.model import LanguageModel, build_model
+from raydp_llm.core.model_config import ModelConfig
+from raydp_llm.core.pretrained import HFModel
+from raydp_llm.core.storage import S3Options
+from raydp_llm.core.tokenizer import Tokenizer
+from raydp_llm.training.checkpoint import SHARDS, STATE_TENSORS, ModelDirError, save_model_dir
+from raydp_llm.training.runs import STATE_JSON
+from raydp_llm.training.state import TrainState
+
+
+def is_sharded(directory: Path) -> bool:
+    return (Path(directory) / SHARDS).is_dir()
+
+
+def _lora(model: LanguageModel) -> bool:
+    return isinstance(model, HFModel) and has_adapters(model.net)
+
+
+def _options(model: LanguageModel) -> StateDictOptions:
+    """LoRA: the frozen base is left out of the state (strict off: it is not loaded either)."""
+    return StateDictOptions(ignore_frozen_params=_lora(model), strict=not _lora(model))
+
+
+def _trained(model: LanguageModel, state: dict) -> dict:
+    """``state`` without the frozen tensors in a LoRA run: ``ignore_frozen_params`` keeps a tied
+    head (another name for the frozen embedding, vocabulary × width)."""
+    if not _lora(model):
+        return state
+    names = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    return {k: v for k, v in state.items() if k in names}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def save(directory: Path, model: LanguageModel, tokenizer: Tokenizer, optimizer,
+         state: TrainState) -> Path:
+    """This worker's part of a sharded checkpoint at ``state`` into ``directory`` (every worker
+    calls it at once: DCP plans the save together)."""
+    directory = Path(directory)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(model))
+    dcp.save({"model": _trained(model, model_state), "optim": optim_state},
+             checkpoint_id=directory / SHARDS, no_dist=not dist.is_initialized())
+    if _rank() == 0:
+        save_model_dir(directory, model, tokenizer, seal=False, weights=False)
+        (directory / STATE_JSON).write_text(json.dumps(state.to_json(), indent=2))
+        torch.save({"torch_rng": torch.get_rng_state()}, directory / STATE_TENSORS)
+    files = integrity.listing(directory)
+    if dist.is_initialized():
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, files)
+        files = {name: entry for part in every for name, entry in part.items()}
+    if _rank() == 0:
+        integrity.write_marker(directory, files)
+    return directory
+
+
+def load(directory: Path, model: LanguageModel, optimizer) -> TrainState:
+    """This worker's shards of a complete sharded checkpoint into ``model`` and ``optimizer``
+    (resharded for this number of workers), and the RNG; returns its state."""
+    directory = Path(directory)
+    damage = integrity.problem(directory)
+    if damage:
+        raise ModelDirError(f"checkpoint {directory}: damaged, {damage}")
+    options = _options(model)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    both = {"model": _trained(model, model_state), "optim": optim_state}
+    dcp.load(both, checkpoint_id=directory / SHARDS, no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=both["model"],
+                   optim_state_dict=both["optim"], options=options)
+    torch.set_rng_state(torch.load(directory / STATE_TENSORS, weights_only=True)["torch_rng"])
+    return TrainState.from_json(json.loads((directory / STATE_JSON).read_text()))
+
+
+def export(checkpoint_dir: Path, directory: Path, cfg: ModelConfig, tokenizer: Tokenizer,
+           s3: S3Options = S3Options()) -> Path:
+    """The full model of a sharded checkpoint into a new, sealed ``directory`` (whole or absent):
+    the model built as the run built it (``cfg``), its trained tensors read from the shards, in
+    this one process. Holds the whole model once (4 bytes a parameter), plus, for LoRA, the
+    merge."""
+    damage = integrity.problem(checkpoint_dir)
+    if damage:
+        raise ModelDirError(f"checkpoint {checkpoint_dir}: damaged, {damage}")
+    model = build_model(cfg, s3)
+    options = _options(model)
+    trained = {"model": _trained(model, get_model_state_dict(model, options=options))}
+    dcp.load(trained, checkpoint_id=Path(checkpoint_dir) / SHARDS, no_dist=True)
+    set_model_state_dict(model, trained["model"], options=options)
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        if isinstance(model, HFModel) and has_adapters(model.net):
+            save_adapter(model.net, tmp / ADAPTER_DIR)
+            model.net = merged(model.net)
+        save_model_dir(tmp, model, tokenizer)
+        tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory

@@ -1,0 +1,233 @@
+"""FSDP2 over gloo, in plain torch processes (no Ray): the workers' gradients, loss curves and
+sharded checkpoints against one process's. Each ``spawned`` call starts ``world`` CPU processes joined in a
+gloo process group that run the project's own ``Worker`` and ``TrainLoop`` on the tiny corpus of
+test_loop.py, with a small Llama."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from raydp_llm.core import integrity
+from raydp_llm.core.config import LlamaConfig
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
+from raydp_llm.training import sharded
+from raydp_llm.training.checkpoint import SHARDS
+from raydp_llm.training.loop import TrainLoop
+from raydp_llm.training.state import TrainState
+from raydp_llm.training.worker import Placement, Worker
+from test_loop import BLOCK, VOCAB
+from test_loop import data as data  # noqa: F401 - the fixture
+from test_loop import spec as loop_spec
+
+STEPS = 40
+TOLERANCE = 2e-3  # the issue's: curves of equal runs on other layouts agree within it
+
+
+def spec(data, **train):
+    """A 2-layer Llama (GQA) on test_loop's corpus: 40 steps, an evaluation every 10 and a
+    checkpoint at 20 and 40."""
+    base = loop_spec(data, max_steps=STEPS)
+    model = LlamaConfig(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, n_kv_head=2,
+                        n_embd=16, intermediate_size=32)
+    settings = replace(base.train, eval_interval=10, checkpoint_interval=20, grad_accum=1,
+                       **train)
+    chars = CharTokenizer("abcdefghijklmnop")  # 16 ids: a Hugging Face tokenizer can be written
+    return replace(base, model=model, train=settings, tokenizer_json=chars.to_json())
+
+
+def placement(rank: int, world: int) -> Placement:
+    return Placement(rank, world, rank, torch.device("cpu"))
+
+
+def _process(rank: int, world: int, port: int, job, out: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = job(rank, world)
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawned(world: int, job, tmp_path: Path):
+    """``job(rank, world)`` in ``world`` gloo processes; rank 0's result."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / f"result-{port}.pt"
+    mp.spawn(_process, args=(world, port, job, out), nprocs=world)
+    return torch.load(out, weights_only=False)
+
+
+class Checkpoints:
+    """The loop's reports; each rank's checkpoint directory merged into ``keep/step_N``, as Ray
+    Train uploads every worker's into one."""
+
+    def __init__(self, keep: Path):
+        self.rows, self.keep = [], keep
+
+    def __call__(self, metrics: dict, checkpoint: Path | None = None) -> None:
+        self.rows.append(metrics)
+        if checkpoint is not None:
+            shutil.copytree(checkpoint, self.keep / f"step_{metrics['step']}", dirs_exist_ok=True)
+
+
+def curve(rows: list[dict]) -> list[tuple]:
+    return [(r["step"], r["train_loss"], r["val_loss"]) for r in rows]
+
+
+def run(spec, data, rank, world, keep: Path, resume: Path | None = None) -> list[tuple]:
+    """The loop from step 0, or from ``resume``; its curve."""
+    worker = Worker(spec, data, placement(rank, world))
+    state = worker.load_checkpoint(resume) if resume else TrainState()
+    reports = Checkpoints(keep)
+    TrainLoop(worker, state, reports).run()
+    return curve(reports.rows)
+
+
+def full_grads(worker: Worker) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient, gathered from the shards."""
+    out = {}
+    for name, p in worker.model.named_parameters():
+        g = p.grad
+        out[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone()
+    return out
+
+
+def one_step_grads(spec, data, rank, world) -> dict[str, torch.Tensor]:
+    worker = Worker(spec, data, placement(rank, world))
+    worker.train_step(next(worker.data.steps(epoch=0, first_step=0)), lr=1e-3)
+    return full_grads(worker)
+
+
+def assert_close(a: dict, b: dict, tol: float) -> None:
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= tol, worst
+
+
+def _two_workers(rank, world, spec_of, data, keep1: Path, keep2: Path) -> dict:
+    """On 2 workers: the first step's gradients (plain, with grad_accum 2, with activation
+    checkpointing), a bf16 step's loss, the whole fsdp run, and the run resumed from the 1-worker
+    run's step-20 checkpoint."""
+    fsdp = spec_of(strategy="fsdp")
+    return {
+        "grads": one_step_grads(fsdp, data, rank, world),
+        "grads_accum": one_step_grads(replace(fsdp, train=replace(fsdp.train, grad_accum=2)),
+                                      data, rank, world),
+        "grads_ac": one_step_grads(spec_of(strategy="fsdp", activation_checkpointing=True),
+                                   data, rank, world),
+        "bf16_loss": Worker(spec_of(strategy="fsdp", precision="bf16"), data,
+                            placement(rank, world)).train_step(
+            next(Worker(fsdp, data, placement(rank, world)).data.steps(0, 0)), 1e-3).loss,
+        "curve": run(fsdp, data, rank, world, keep2),
+        "resumed_from_1": run(fsdp, data, rank, world, keep2 / "from1", keep1 / "step_20"),
+    }
+
+
+@pytest.fixture(scope="module")
+def layouts(data, tmp_path_factory):
+    """The runs every test below compares: ddp × 1 in this process, fsdp × 1 and × 2 in gloo
+    process groups, each continued from the other's step-20 checkpoint."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    spec_of = functools.partial(spec, data)
+    keep1, keep2 = tmp / "one", tmp / "two"
+    one = spawned(1, functools.partial(_one_worker_full, spec_of=spec_of, data=data, keep=keep1),
+                  tmp)
+    two = spawned(2, functools.partial(_two_workers, spec_of=spec_of, data=data, keep1=keep1,
+                                       keep2=keep2), tmp)
+    one["resumed_from_2"] = spawned(1, functools.partial(_resumed, spec_of=spec_of, data=data,
+                                                         keep=keep1 / "from2",
+                                                         resume=keep2 / "step_20"), tmp)
+    ddp = spec_of()
+    return {"one": one, "two": two, "keep1": keep1, "keep2": keep2,
+            "ddp_grads": one_step_grads(ddp, data, 0, 1),
+            "ddp_curve": run(ddp, data, 0, 1, tmp / "ddp")}
+
+
+def _one_worker_full(rank, world, spec_of, data, keep: Path) -> dict:
+    return {"curve": run(spec_of(strategy="fsdp"), data, rank, world, keep)}
+
+
+def _resumed(rank, world, spec_of, data, keep: Path, resume: Path) -> list[tuple]:
+    return run(spec_of(strategy="fsdp"), data, rank, world, keep, resume)
+
+
+def test_two_fsdp_workers_have_the_gradients_of_one_process(layouts):
+    """The same global batch: FSDP's reduce-scattered gradients, gathered, equal one process's
+    within 1e-6; so do they with the batch in two accumulated micro-batches (reduce-scattered
+    once) and with activation checkpointing."""
+    two = layouts["two"]
+    assert_close(two["grads"], layouts["ddp_grads"], 1e-6)
+    assert_close(two["grads_accum"], layouts["ddp_grads"], 1e-6)
+    assert_close(two["grads_ac"], layouts["ddp_grads"], 1e-6)
+    assert any(g.abs().max() > 1e-4 for g in two["grads"].values())  # not all zero
+
+
+def test_the_fsdp_curve_on_two_workers_is_the_ddp_curve_on_one(layouts):
+    two, ddp = layouts["two"]["curve"], layouts["ddp_curve"]
+    assert [r[0] for r in two] == [10, 20, 30, 40]
+    for a, b in zip(two, ddp, strict=True):
+        assert abs(a[1] - b[1]) <= TOLERANCE and abs(a[2] - b[2]) <= TOLERANCE, (a, b)
+    assert two[-1][2] < two[0][2]  # it learns
+
+
+def test_a_sharded_checkpoint_continues_on_another_number_of_workers(layouts):
+    """2 → 1 and 1 → 2 workers: the continued curve is the uninterrupted one's from step 30."""
+    one, two = layouts["one"], layouts["two"]
+    for resumed, whole in ((one["resumed_from_2"], two["curve"]),
+                           (two["resumed_from_1"], one["curve"])):
+        assert [r[0] for r in resumed] == [30, 40]
+        for a, b in zip(resumed, whole[2:], strict=True):
+            assert abs(a[1] - b[1]) <= TOLERANCE and abs(a[2] - b[2]) <= TOLERANCE, (a, b)
+
+
+def test_bf16_parameters_train_close_to_fp32(layouts):
+    two = layouts["two"]
+    assert abs(two["bf16_loss"] - two["curve"][0][1]) < 0.5 and two["bf16_loss"] > 0
+
+
+def test_the_sharded_checkpoint_holds_every_workers_shard_and_is_sealed(layouts, tmp_path):
+    """complete.json lists both workers' shards; a truncated shard is named and refused."""
+    ckpt = layouts["keep2"] / "step_20"
+    listed = integrity.listing(ckpt)
+    assert {f"{SHARDS}/__0_0.distcp", f"{SHARDS}/__1_0.distcp", f"{SHARDS}/.metadata",
+            "config.json", "train_state.json"} <= listed.keys()
+    assert "model.safetensors" not in listed  # the weights are in the shards
+    assert integrity.problem(ckpt) is None
+    damaged = tmp_path / "damaged"
+    shutil.copytree(ckpt, damaged)
+    shard = damaged / SHARDS / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(InputError, match=r"damaged, shards/__1_0.distcp has \d+ bytes"):
+        sharded.load(damaged, None, None)
+
+
+def test_export_gathers_the_sharded_model_into_a_hugging_face_directory(layouts, data, tmp_path):
+    """The last checkpoint of the 2-worker run, gathered in one process: a Hugging Face directory
+    whose logits are the model's; the same as the 1-worker run's within the curves' tolerance."""
+    from transformers import AutoModelForCausalLM
+
+    s = spec(data, strategy="fsdp")
+    out = sharded.export(layouts["keep2"] / "step_40", tmp_path / "model", s.model,
+                         tokenizer_from_json(s.tokenizer_json))
+    assert integrity.problem(out) is None
+    net = AutoModelForCausalLM.from_pretrained(out)
+    other = sharded.export(layouts["keep1"] / "step_40", tmp_path / "model1", s.model,
+                           tokenizer_from_json(s.tokenizer_json))
+    net1 = AutoModelForCausalLM.from_pretrained(other)
+    x = torch.arange(BLOCK).remainder(VOCAB)[None]
+    assert (net(x).logits - net1(x).logits).abs().max() < 1e-3
+    assert net.lm_head.weight.shape == (VOCAB, 16)
