@@ -1,7 +1,7 @@
 """FSDP2 over gloo, in plain torch processes (no Ray): the workers' gradients, loss curves and
-sharded checkpoints against one process's. Each ``spawned`` call starts ``world`` CPU processes joined in a
-gloo process group that run the project's own ``Worker`` and ``TrainLoop`` on the tiny corpus of
-test_loop.py, with a small Llama."""
+sharded checkpoints against one process's. Each ``spawned`` call starts ``world`` CPU processes
+joined in a gloo process group that run the project's own ``Worker`` and ``TrainLoop`` on the tiny
+corpus of test_loop.py, with a small Llama."""
 
 from __future__ import annotations
 
