@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory import Sampler  # noqa: E402 - the benchmarks' own helper, beside this file
+from process_memory import Sampler  # noqa: E402 - the benchmarks' own helper, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 FILTERS = ["data.filters.min_words=50", "data.filters.max_words=100000",
