@@ -11,6 +11,7 @@ shards its model here, as Ray's own FSDP2 example does.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import math
 
@@ -50,8 +51,9 @@ def bf16_params(precision: str, device: torch.device) -> bool:
 def shard(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
     """``model`` sharded in place over all workers: ``fully_shard`` on each block, then on the
     root (the embeddings, the final norm and the head). With bf16, parameters are gathered and
-    computed in bf16 and gradients reduced in fp32; the shards and AdamW stay fp32."""
-    model.to(device)
+    computed in bf16 and gradients reduced in fp32; the shards and AdamW stay fp32. The model may
+    be on the CPU: each block's shard moves to ``device`` as it is sharded, never the whole
+    model."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy()
     if bf16_params(precision, device):
@@ -60,12 +62,22 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     if device.type == "cpu":
+        _return_freed_blocks()
         # gloo's AVG reduction has summed instead of averaging (pytorch issue 162338): reduce
         # with SUM, FSDP dividing by the world size itself
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def _return_freed_blocks() -> None:
+    """On CPU: a freed all-gathered block goes back to the system. glibc raises its mmap
+    threshold to the size of a freed mapping, after which blocks are carved from its heap and stay
+    resident when freed: FSDP's memory would grow to DDP's. A fixed threshold (M_MMAP_THRESHOLD)
+    keeps every large buffer its own mapping."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD = -3
 
 
 @contextlib.contextmanager
