@@ -60,6 +60,11 @@ BAD_SETTINGS = [
         "train.resume=/no/checkpoint: not a training checkpoint (no train_state.json)",
     ),
     ("train.precision=fp8", "train.precision=fp8 is not allowed: use auto | fp32 | bf16"),
+    ("train.strategy=zero3", "train.strategy=zero3 is not allowed: use ddp | fsdp"),
+    (
+        "model=lstm train.strategy=fsdp",
+        "train.strategy=fsdp works on a transformer's blocks and model=lstm has none",
+    ),
     (
         "+experiment=shakespeare_char",
         "data.path is missing: the shakespeare_char configuration needs it; add data.path=...",

@@ -22,7 +22,7 @@ from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
 from raydp_llm.training import sharded
-from raydp_llm.training.checkpoint import SHARDS
+from raydp_llm.training.checkpoint import SHARDS, check_resumable
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Placement, Worker
@@ -231,3 +231,11 @@ def test_export_gathers_the_sharded_model_into_a_hugging_face_directory(layouts,
     x = torch.arange(BLOCK).remainder(VOCAB)[None]
     assert (net(x).logits - net1(x).logits).abs().max() < 1e-3
     assert net.lm_head.weight.shape == (VOCAB, 16)
+
+
+def test_a_sharded_checkpoint_resumes_only_a_sharded_run(layouts, data):
+    ckpt = str(layouts["keep2"] / "step_20")
+    model = spec(data).model
+    check_resumable(ckpt, model, f"train.resume={ckpt}", sharded=True)
+    with pytest.raises(InputError, match="a sharded checkpoint, but this run writes full ones"):
+        check_resumable(ckpt, model, f"train.resume={ckpt}", sharded=False)
