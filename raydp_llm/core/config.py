@@ -88,14 +88,12 @@ class TokenizerKind(Choice):
 class Precision(Choice):
     auto = "auto", "bf16 on GPU, fp32 on CPU"
     fp32 = "fp32"
-    bf16 = "bf16", ("ddp: autocast on GPU; fsdp: bf16 parameters and compute, fp32 gradient "
-                    "reductions, on any device")
+    bf16 = "bf16", "ddp: autocast on GPU; fsdp: bf16 compute, fp32 reductions, on any device"
 
 
 class Strategy(Choice):
     ddp = "ddp", "every worker holds the whole model (DistributedDataParallel)"
-    fsdp = "fsdp", ("parameters, gradients and optimizer state sharded over the workers (FSDP2, "
-                    "per block); sharded checkpoints")
+    fsdp = "fsdp", "parameters, gradients, AdamW state and checkpoints sharded over the workers"
 
 
 class PlacementStrategy(Choice):
@@ -299,9 +297,9 @@ class TrainSettings:
                                                 "run directory")
     strategy: str = setting(Strategy.ddp, Strategy.listed(), check=one_of(Strategy))
     precision: str = setting(Precision.auto, Precision.listed(), check=one_of(Precision))
-    activation_checkpointing: bool = setting(False, "recompute each block's activations in the "
-                                                    "backward pass instead of keeping them: less "
-                                                    "memory, about a third more compute")
+    activation_checkpointing: bool = setting(
+        False, "recompute each block's activations in the backward pass: less memory, ~1/3 more "
+               "compute")
     compile: bool = setting(False, "torch.compile the model (worth it on GPUs)")
     peak_flops: Optional[float] = setting(None, "one worker's peak FLOP/s for MFU (e.g. 989e12 "
                                                 "for an H100's bf16); null = no MFU",
