@@ -6,6 +6,7 @@ corpus of test_loop.py, with a small Llama."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import socket
@@ -21,8 +22,8 @@ from raydp_llm.core import integrity
 from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
-from raydp_llm.training import sharded
-from raydp_llm.training.checkpoint import SHARDS, check_resumable
+from raydp_llm.training import runs, sharded
+from raydp_llm.training.checkpoint import SHARDS, STATE_JSON, check_resumable
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Placement, Worker
@@ -239,3 +240,14 @@ def test_a_sharded_checkpoint_resumes_only_a_sharded_run(layouts, data):
     check_resumable(ckpt, model, f"train.resume={ckpt}", sharded=True)
     with pytest.raises(InputError, match="a sharded checkpoint, but this run writes full ones"):
         check_resumable(ckpt, model, f"train.resume={ckpt}", sharded=False)
+
+
+def test_resume_auto_skips_a_sharded_checkpoint_that_lost_a_shard(layouts, tmp_path):
+    """A worker's shard missing from the newest checkpoint: resume=auto takes the one before."""
+    run = tmp_path / "runs" / "r"
+    for step in (20, 40):
+        shutil.copytree(layouts["keep2"] / f"step_{step}", run / f"checkpoint_{step}")
+    (run / "checkpoint_40" / SHARDS / "__1_0.distcp").unlink()
+    state = json.loads((run / "checkpoint_20" / STATE_JSON).read_text())
+    found = runs.find_resumable(tmp_path / "runs", state["fingerprint"], max_steps=50)
+    assert found == str(run / "checkpoint_20")
