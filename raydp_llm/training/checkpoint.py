@@ -129,6 +129,10 @@ def load_model_dir(directory: str | Path, device: str = "cpu",
 
 
 def _load_local(directory: Path, device: str, shown_as: str) -> tuple[LanguageModel, Tokenizer]:
+    if (directory / SHARDS).is_dir():
+        raise ModelDirError(f"{shown_as}: a sharded training checkpoint (train.strategy=fsdp or "
+                            f"LoRA), its weights split in {SHARDS}/; give the run's model/ "
+                            "directory, which holds them whole")
     if is_hf_dir(directory):
         _check_sealed(directory, shown_as)
         return load_hf_dir(directory, device)

@@ -23,7 +23,7 @@ from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
 from raydp_llm.training import runs, sharded
-from raydp_llm.training.checkpoint import SHARDS, STATE_JSON, check_resumable
+from raydp_llm.training.checkpoint import SHARDS, STATE_JSON, check_resumable, load_model_dir
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Placement, Worker
@@ -257,3 +257,8 @@ def test_resume_auto_skips_a_sharded_checkpoint_that_lost_a_shard(layouts, tmp_p
     state = json.loads((run / "checkpoint_20" / STATE_JSON).read_text())
     found = runs.find_resumable(tmp_path / "runs", state["fingerprint"], max_steps=50)
     assert found == str(run / "checkpoint_20")
+
+
+def test_a_sharded_checkpoint_is_not_a_model_directory(layouts):
+    with pytest.raises(InputError, match="a sharded training checkpoint .* give the run's model/"):
+        load_model_dir(layouts["keep2"] / "step_40")
