@@ -339,6 +339,24 @@ def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
     assert len(checkpoints) == 2 and all(integrity.problem(c, s3) is None for c in checkpoints)
 
 
+def test_a_file_that_cannot_be_uploaded_fails_the_copy(s3, tmp_path):
+    """Every UploadPart of one file fails: ``storage.write_tree`` (the final copy, Ray Train's
+    checkpoint uploads) raises and writes no marker. pyarrow's ``copy_files`` returns as if the
+    copy had succeeded, without the file."""
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("a" * 1000)
+    (tree / "sub" / "b.txt").write_text("b" * 1000)
+    integrity.seal(tree)
+    with FlakyS3(s3.endpoint_url, broken="/b.txt", methods=("PUT",)) as flaky:
+        flaps = replace(s3, endpoint_url=flaky.endpoint, max_attempts=2)
+        with pytest.raises(OSError, match="b.txt"):
+            storage.publish(tree, f"s3://{BUCKET}/published", flaps)
+    assert flaky.failed >= 2  # the SDK tried again
+    assert storage.exists(f"s3://{BUCKET}/published/a.txt", s3)
+    assert not storage.exists(f"s3://{BUCKET}/published/complete.json", s3)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_an_s3_object_that_cannot_be_read_is_one_line(ray_cluster, s3, corpus_dir, tmp_path):
