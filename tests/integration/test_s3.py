@@ -306,10 +306,10 @@ def generate(*args: str) -> subprocess.CompletedProcess:
 def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
     ray_cluster, s3, corpus_dir, tmp_path
 ):
-    """Every 4th S3 request fails (503 SlowDown) during the ETL's reads, Ray Train's checkpoint
-    uploads and the final copy: each is retried and the run trains to its end. The final copy of
-    summary.json fails for good: one line names where the outputs are (complete) and how to copy
-    them."""
+    """Every 4th S3 request fails once (503 SlowDown) during the ETL's reads, Ray Train's checkpoint
+    uploads and the final copy: each is retried and the run trains to its end, its checkpoints
+    complete. The final copy of summary.json fails for good: one line names where the outputs are
+    (complete) and how to copy them."""
     storage.copy(corpus_dir, f"s3://{BUCKET}/flaky-corpus", s3)
     runs = f"s3://{BUCKET}/flaky-runs"
     with FlakyS3(s3.endpoint_url, every=4, broken="/summary.json") as flaky:
@@ -336,7 +336,8 @@ def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
     assert flaky.failed > 10  # transient faults were injected, and survived
     states = storage.find_files(summary["storage"], "train_state.json", s3)
     checkpoints = [uri.rsplit("/", 1)[0] for uri, _, _ in states]
-    assert len(checkpoints) == 2 and all(integrity.problem(c, s3) is None for c in checkpoints)
+    problems = {c: integrity.problem(c, s3) for c in checkpoints}  # None: complete
+    assert len(problems) == 2 and set(problems.values()) == {None}, problems
 
 
 def test_a_file_that_cannot_be_uploaded_fails_the_copy(s3, tmp_path):
