@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 from raydp_llm.core.errors import InputError, first_line
 
 T = TypeVar("T")
+COPY_CHUNK = 1 << 24  # bytes read and written at a time by write_tree
 S3_SCHEMES = (
     "s3",
     "s3a",
@@ -193,19 +194,30 @@ def copy(source: str | Path, destination: str | Path, s3: S3Options) -> None:
 
 def publish(directory: Path, destination: str, s3: S3Options) -> None:
     """Copy the local tree ``directory`` to ``destination`` (local or S3), each ``complete.json``
-    marker after the files beside it: S3 has no rename, so a reader that finds a marker finds every
-    file it lists (``integrity``)."""
-    dst_fs, dst = resolve(destination, s3)
+    marker after the files beside it (``write_tree``)."""
+    write_tree(directory, *resolve(destination, s3))
+
+
+def write_tree(directory: str | Path, fs: pafs.FileSystem, root: str) -> None:
+    """Copy the local tree ``directory`` to ``root`` on ``fs`` one file at a time, each
+    ``complete.json`` marker after the files beside it: S3 has no rename, so a reader that finds a
+    marker finds every file it lists (``integrity``). A file that cannot be written raises here.
+
+    Not ``pafs.copy_files``: it waits for its uploads' asynchronous closes but drops their errors
+    (pyarrow 25; since apache/arrow#44897), so a file whose last part or CompleteMultipartUpload
+    failed for good (S3's SlowDown, retried ``s3.max_attempts`` times) is missing while the copy
+    returns as if it had succeeded."""
+    directory = Path(directory)
     files = sorted(
-        (p for p in Path(directory).rglob("*") if p.is_file()),
-        key=lambda p: p.name == "complete.json",
+        (p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.name == "complete.json"
     )
-    local = pafs.LocalFileSystem()
     for path in files:
-        target = f"{dst}/{path.relative_to(directory).as_posix()}"
-        if not is_s3(destination):  # S3 has no directories
-            dst_fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
-        pafs.copy_files(str(path), target, source_filesystem=local, destination_filesystem=dst_fs)
+        target = f"{root}/{path.relative_to(directory).as_posix()}"
+        if fs.type_name != "s3":  # S3 has no directories
+            fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        with path.open("rb") as source, fs.open_output_stream(target) as out:
+            while chunk := source.read(COPY_CHUNK):
+                out.write(chunk)  # the stream's close (the upload's last requests) raises
 
 
 def fetch(source: str, directory: str | Path, s3: S3Options) -> None:

@@ -32,7 +32,7 @@ import ray.train
 import ray.train.torch
 from ray.train import Checkpoint
 
-from raydp_llm.core.storage import resolve
+from raydp_llm.core.storage import resolve, write_tree
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.parallel import grad_stats, non_finite_weights
@@ -156,11 +156,25 @@ def ray_placement() -> Placement:
 
 def ray_report(metrics: dict, checkpoint: Path | None = None) -> None:
     """``ray.train.report`` (a barrier: every rank calls it), with the checkpoint directory rank 0
-    attaches."""
+    attaches: uploaded to S3 by ``upload_checkpoint``."""
     if checkpoint is None:
         ray.train.report(metrics)
-    else:
-        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(checkpoint))
+        return
+    s3 = ray.train.get_context().get_storage().storage_filesystem.type_name == "s3"
+    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(checkpoint),
+                     checkpoint_upload_fn=upload_checkpoint if s3 else None)
+
+
+def upload_checkpoint(checkpoint: Checkpoint, name: str) -> Checkpoint:
+    """A checkpoint directory into the run's storage on S3 as Ray Train names it, through
+    ``storage.write_tree``: Ray Train's own upload (``pafs.copy_files``) can lose a file whose
+    upload failed and still register the checkpoint. Here the report fails instead (Ray Train
+    retries the upload, then restarts the workers from the last checkpoint), and ``complete.json``
+    goes last."""
+    storage = ray.train.get_context().get_storage()
+    path = storage.build_checkpoint_path_from_name(name)
+    write_tree(checkpoint.path, storage.storage_filesystem, path)
+    return Checkpoint(path, filesystem=storage.storage_filesystem)
 
 
 def restore(worker: Worker, resume_from: str | None) -> TrainState:

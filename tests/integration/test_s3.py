@@ -306,10 +306,10 @@ def generate(*args: str) -> subprocess.CompletedProcess:
 def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
     ray_cluster, s3, corpus_dir, tmp_path
 ):
-    """Every 4th S3 request fails (503 SlowDown) during the ETL's reads, Ray Train's checkpoint
-    uploads and the final copy: each is retried and the run trains to its end. The final copy of
-    summary.json fails for good: one line names where the outputs are (complete) and how to copy
-    them."""
+    """Every 4th S3 request fails once (503 SlowDown) during the ETL's reads, Ray Train's checkpoint
+    uploads and the final copy: each is retried and the run trains to its end, its checkpoints
+    complete. The final copy of summary.json fails for good: one line names where the outputs are
+    (complete) and how to copy them."""
     storage.copy(corpus_dir, f"s3://{BUCKET}/flaky-corpus", s3)
     runs = f"s3://{BUCKET}/flaky-runs"
     with FlakyS3(s3.endpoint_url, every=4, broken="/summary.json") as flaky:
@@ -336,7 +336,26 @@ def test_s3_that_flaps_is_retried_and_a_failed_final_copy_keeps_the_run(
     assert flaky.failed > 10  # transient faults were injected, and survived
     states = storage.find_files(summary["storage"], "train_state.json", s3)
     checkpoints = [uri.rsplit("/", 1)[0] for uri, _, _ in states]
-    assert len(checkpoints) == 2 and all(integrity.problem(c, s3) is None for c in checkpoints)
+    problems = {c: integrity.problem(c, s3) for c in checkpoints}  # None: complete
+    assert len(problems) == 2 and set(problems.values()) == {None}, problems
+
+
+def test_a_file_that_cannot_be_uploaded_fails_the_copy(s3, tmp_path):
+    """Every UploadPart of one file fails: ``storage.write_tree`` (the final copy, Ray Train's
+    checkpoint uploads) raises and writes no marker. pyarrow's ``copy_files`` returns as if the
+    copy had succeeded, without the file."""
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("a" * 1000)
+    (tree / "sub" / "b.txt").write_text("b" * 1000)
+    integrity.seal(tree)
+    with FlakyS3(s3.endpoint_url, broken="/b.txt", methods=("PUT",)) as flaky:
+        flaps = replace(s3, endpoint_url=flaky.endpoint, max_attempts=2)
+        with pytest.raises(OSError, match="b.txt"):
+            storage.publish(tree, f"s3://{BUCKET}/published", flaps)
+    assert flaky.failed >= 2  # the SDK tried again
+    assert storage.exists(f"s3://{BUCKET}/published/a.txt", s3)
+    assert not storage.exists(f"s3://{BUCKET}/published/complete.json", s3)
 
 
 @pytest.mark.integration
