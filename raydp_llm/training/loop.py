@@ -156,7 +156,7 @@ def ray_placement() -> Placement:
 
 def ray_report(metrics: dict, checkpoint: Path | None = None) -> None:
     """``ray.train.report`` (a barrier: every rank calls it), with the checkpoint directory rank 0
-    attaches: uploaded to S3 by ``upload_checkpoint``."""
+    (every rank, when sharded) attaches: uploaded to S3 by ``upload_checkpoint``."""
     if checkpoint is None:
         ray.train.report(metrics)
         return
