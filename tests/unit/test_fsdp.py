@@ -47,6 +47,12 @@ def spec(data, **train):
     return replace(base, model=model, train=settings, tokenizer_json=chars.to_json())
 
 
+def gpt_spec(data, **train):
+    """test_loop's one-block GPT (its own blocks, not transformers')."""
+    base = loop_spec(data, max_steps=STEPS)
+    return replace(base, train=replace(base.train, grad_accum=1, **train))
+
+
 def placement(rank: int, world: int) -> Placement:
     return Placement(rank, world, rank, torch.device("cpu"))
 
@@ -137,6 +143,8 @@ def _two_workers(rank, world, spec_of, data, keep1: Path, keep2: Path) -> dict:
                                    data, rank, world),
         "bf16_loss": first_loss(spec_of(strategy="fsdp", precision="bf16"), data, rank, world),
         "fp32_loss": first_loss(fsdp, data, rank, world),
+        "gpt_grads": one_step_grads(gpt_spec(data, strategy="fsdp", activation_checkpointing=True),
+                                    data, rank, world),
         "curve": run(fsdp, data, rank, world, keep2),
         "resumed_from_1": run(fsdp, data, rank, world, keep2 / "from1", keep1 / "step_20"),
     }
@@ -159,6 +167,7 @@ def layouts(data, tmp_path_factory):
     ddp = spec_of()
     return {"one": one, "two": two, "keep1": keep1, "keep2": keep2,
             "ddp_grads": one_step_grads(ddp, data, 0, 1),
+            "gpt_ddp_grads": one_step_grads(gpt_spec(data), data, 0, 1),
             "ddp_curve": run(ddp, data, 0, 1, tmp / "ddp")}
 
 
@@ -179,6 +188,8 @@ def test_two_fsdp_workers_have_the_gradients_of_one_process(layouts):
     assert_close(two["grads_accum"], layouts["ddp_grads"], 1e-6)
     assert_close(two["grads_ac"], layouts["ddp_grads"], 1e-6)
     assert any(g.abs().max() > 1e-4 for g in two["grads"].values())  # not all zero
+    # the own GPT's blocks too, sharded and checkpointed
+    assert_close(two["gpt_grads"], layouts["gpt_ddp_grads"], 1e-6)
 
 
 def test_the_fsdp_curve_on_two_workers_is_the_ddp_curve_on_one(layouts):
