@@ -17,6 +17,17 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from raydp_llm.core.data_config import (  # noqa: F401 - the data group, re-exported
+    DataFormat,
+    DataSettings,
+    Decontaminate,
+    Dedup,
+    DocumentSplit,
+    FilterSettings,
+    Shingle,
+    ValidationSplit,
+    WindowSampling,
+)
 from raydp_llm.core.model_config import (  # noqa: F401 - the model group, re-exported
     MODEL_CONFIGS,
     GPTConfig,
@@ -27,57 +38,17 @@ from raydp_llm.core.model_config import (  # noqa: F401 - the model group, re-ex
     model_config,
 )
 from raydp_llm.core.schema import (
+    COUNT,
+    OPTIONAL_COUNT,
+    POSITIVE,
     Check,
     Choice,
-    above,
     at_least,
     one_of,
     optional,
     setting,
     within,
 )
-
-
-class DocumentSplit(Choice):
-    file = "file"
-    blank_line = "blank_line"
-    line = "line"
-
-
-class WindowSampling(Choice):
-    stride = "stride", "every data.stride tokens"
-    random = "random", ("seeded random offsets, nanoGPT's sampling; as many per epoch as a stride "
-                        "of model.block_size gives")
-
-
-class ValidationSplit(Choice):
-    tail = "tail", "the last val_fraction of the token stream is validation, as in nanoGPT"
-    hash = "hash", "seeded chunks"
-
-
-class DataFormat(Choice):
-    text = "text"
-    ids = "ids", "lines of whitespace-separated integer token ids"
-    parquet = "parquet", "a text column"
-    jsonl = "jsonl", "JSON Lines: an object per line"
-
-
-class Dedup(Choice):
-    none = "none"
-    exact = "exact", "documents equal after normalizing: kept once"
-    near = "near", "MinHash LSH: one of each cluster of near duplicates"
-
-
-class Shingle(Choice):
-    word = "word"
-    char = "char"
-
-
-class Decontaminate(Choice):
-    report = "report", "count validation documents sharing an n-gram with training documents"
-    remove = "remove", "and drop those training documents"
-    off = "off", ("it costs about 5 s on a small corpus, 0.7-1.2x the rest of the ETL at 25-100 MB "
-                  "on 2 cores")
 
 
 class TokenizerKind(Choice):
@@ -107,121 +78,6 @@ class TrackingKind(Choice):
     mlflow = "mlflow"
 
 
-POSITIVE = above(0)
-COUNT = at_least(1)  # a count of at least one
-OPTIONAL_COUNT = optional(COUNT)
-FRACTION = Check(lambda v: 0 < v < 1, "a fraction strictly between 0 and 1")
-
-
-@dataclass(frozen=True)
-class FilterSettings:
-    """Quality filters on whole documents, each off while null; a document failing any is dropped
-    before deduplication. The Gopher rules (Rae et al. 2021, appendix A.1.1) with the thresholds
-    that paper used in each help; docs/data-curation.md has the origin of each."""
-
-    min_words: Optional[int] = setting(None, "drop documents of fewer words (Gopher: 50)",
-                                       check=optional(at_least(0)))
-    max_words: Optional[int] = setting(None, "drop documents of more words (Gopher: 100000)",
-                                       check=OPTIONAL_COUNT)
-    max_non_alpha_words: Optional[float] = setting(None, "drop documents whose share of words "
-                                                         "without a letter is above this "
-                                                         "(Gopher: 0.2)")
-    max_symbol_word_ratio: Optional[float] = setting(None, "drop documents with more '#' and "
-                                                           "ellipses per word (Gopher: 0.1)")
-    max_dup_lines: Optional[float] = setting(None, "drop documents whose share of lines that "
-                                                   "repeat an earlier line is above this "
-                                                   "(Gopher: 0.3)")
-    max_dup_line_chars: Optional[float] = setting(None, "the same, counted in characters "
-                                                        "(Gopher: 0.2)")
-    max_top_2gram_chars: Optional[float] = setting(None, "drop documents whose most frequent word "
-                                                         "2-gram covers more of the characters "
-                                                         "(Gopher: 0.2)")
-    max_dup_5gram_chars: Optional[float] = setting(None, "drop documents whose repeated word "
-                                                         "5-grams cover more of the characters "
-                                                         "(Gopher: 0.15)")
-    max_mean_line_length: Optional[float] = setting(None, "drop documents whose mean non-blank "
-                                                          "line is longer, in characters "
-                                                          "(minified code, data dumps; The "
-                                                          "Stack: 100)")
-    score_path: Optional[str] = setting(None, "a Parquet file of document scores (evaluate "
-                                              "per_document=true): with max_score or "
-                                              "max_score_quantile, drop the documents the model "
-                                              "found least plausible")
-    max_score: Optional[float] = setting(None, "drop scored documents whose mean loss is above "
-                                               "this")
-    max_score_quantile: Optional[float] = setting(
-        None, "drop scored documents above this quantile of the mean loss, in (0, 1]",
-        check=optional(Check(lambda v: 0 < v <= 1, "a quantile in (0, 1]")))
-
-
-@dataclass(frozen=True)
-class DataSettings:
-    path: Any = setting(None, "file, directory, glob or URI (s3:// or s3a:// object, prefix or "
-                              "glob; hdfs://), or a list of them; null = the built-in sample "
-                              "corpus")
-    markdown: bool = setting(False, "strip markdown markup from data.path files (the sample is "
-                                    "always stripped)")
-    max_files: Optional[int] = setting(None, "use only the first N files (sorted by path); null = "
-                                             "all", check=OPTIONAL_COUNT)
-    document_split: str = setting(DocumentSplit.file, f"where documents end: "
-                                  f"{DocumentSplit.listed()} (an end-of-document token joins them)",
-                                  check=one_of(DocumentSplit))
-    sampling: str = setting(WindowSampling.stride, "how training windows are cut from the token "
-                            f"stream: {WindowSampling.listed()}", check=one_of(WindowSampling))
-    stride: Optional[int] = setting(None, "tokens between training window starts; null = "
-                                          "model.block_size (no overlap); smaller = overlapping "
-                                          "windows (no new ETL: windows are cut when read)",
-                                    check=OPTIONAL_COUNT)
-    val_stride: Optional[int] = setting(None, "the same for validation windows; null = "
-                                              "model.block_size (every token scored once)",
-                                        check=OPTIONAL_COUNT)
-    chunk_tokens: int = setting(262144, "tokens per stored chunk of the stream: the unit a worker "
-                                        "reads", check=COUNT)
-    halo_tokens: int = setting(1024, "tokens stored after each chunk, so windows are cut from one "
-                                     "chunk: the largest model.block_size the ETL output serves",
-                               check=COUNT)
-    split: str = setting(ValidationSplit.tail, ValidationSplit.listed(),
-                         check=one_of(ValidationSplit))
-    val_fraction: float = setting(0.1, "fraction of tokens held out for validation, in (0, 1)",
-                                  check=FRACTION)
-    segment_tokens: int = setting(8192, "hash split: tokens per chunk assigned to train or "
-                                        "validation", check=COUNT)
-    skip_binary: bool = setting(False, "skip files with NUL bytes (with a warning) instead of "
-                                       "failing")
-    strict_utf8: bool = setting(False, "fail on invalid UTF-8 instead of replacing (and counting) "
-                                       "it")
-    cache: bool = setting(True, "reuse the ETL output of an earlier run with the same inputs and "
-                                "settings (skips Spark)")
-    cache_dir: str = setting("${oc.env:HOME}/.cache/raydp_llm/etl", "where ETL outputs are kept "
-                                                                    "(Parquet + tokenizer + "
-                                                                    "manifest)")
-    format: str = setting(DataFormat.text, f"{DataFormat.listed()}; text, ids and jsonl files may "
-                                           "be .gz, .bz2 or .zst", check=one_of(DataFormat))
-    text_column: str = setting("text", "parquet and jsonl: the column or field holding the text; "
-                                       "each row or line is a document")
-    strict_json: bool = setting(False, "jsonl: fail on the first bad line (not JSON, no "
-                                       "data.text_column, not a string), naming its file and line, "
-                                       "instead of skipping it (bad lines are counted in "
-                                       "manifest.json)")
-    vocab_size: Optional[int] = setting(None, "ids: the vocabulary size; null = the largest id + 1",
-                                        check=OPTIONAL_COUNT)
-    dedup: str = setting(Dedup.none, Dedup.listed(), check=one_of(Dedup))
-    dedup_threshold: float = setting(0.8, "near: the Jaccard similarity of shingle sets from "
-                                          "which two documents are duplicates, in (0, 1]",
-                                     check=Check(lambda v: 0 < v <= 1, "a similarity in (0, 1]"))
-    dedup_shingle: str = setting(Shingle.word, "near: shingles of words or characters: "
-                                 f"{Shingle.listed()}", check=one_of(Shingle))
-    dedup_ngram: int = setting(5, "near: words (or characters) per shingle", check=COUNT)
-    dedup_num_perm: int = setting(128, "near: MinHash functions per signature",
-                                  check=at_least(2))
-    dedup_lowercase: bool = setting(True, "exact: compare documents case-folded")
-    dedup_whitespace: bool = setting(True, "exact: compare documents with runs of white space as "
-                                           "one space, ends stripped")
-    filters: FilterSettings = setting(FilterSettings(), "quality filters, each off while null")
-    decontaminate: str = setting(Decontaminate.report, f"{Decontaminate.listed()}; text formats "
-                                 "only", check=one_of(Decontaminate))
-    decontaminate_ngram: int = setting(13, "words per n-gram of the contamination check (GPT-3: "
-                                           "13)", check=COUNT)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,12 @@ def one_of(choices: type[Choice]) -> Check:
     return Check(lambda v: v in values, " | ".join(values))
 
 
+POSITIVE = above(0)
+COUNT = at_least(1)  # a count of at least one
+OPTIONAL_COUNT = optional(COUNT)
+FRACTION = Check(lambda v: 0 < v < 1, "a fraction strictly between 0 and 1")
+
+
 def checks_of(schema: type) -> dict[str, Check]:
     """Field name → its check, for ``schema`` and the classes it extends: a subclass that only
     changes a default (``LSTMConfig.n_layer``) keeps its base class's check."""
