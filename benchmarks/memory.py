@@ -137,7 +137,8 @@ def run_case(args, case: str, out: Path) -> dict:
 
 def table(results: dict, base: str) -> str:
     lines = ["| case | params | trained | training peak RSS − imports, MiB | bytes/param | "
-             "on paper | × ddp memory | building peak − imports, MiB | tokens/s | × ddp speed |",
+             "on paper | × ddp memory | building peak − imports, MiB | tokens/s | "
+             "× ddp speed |",
              "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     ref = results[base]
     for case, r in results.items():

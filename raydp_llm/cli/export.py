@@ -6,12 +6,11 @@ with no custom code; no Ray or Spark. ``model_dir`` may be on S3. A model GPT-2 
 
 from __future__ import annotations
 
-import shutil
 import sys
-import uuid
 from pathlib import Path
 
 from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
+from raydp_llm.core import storage
 from raydp_llm.core.config import ExportSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.hf import NotExpressible, check_exportable, save_gpt2_dir
@@ -36,15 +35,8 @@ def export(settings: ExportSettings) -> tuple[Path, bool]:
     model, tokenizer = load_model_dir(settings.model_dir, s3=S3Options.of(settings.s3))
     check_exportable(model)  # before anything is written
     text = tokenizer if tokenizer.kind != "ids" else None
-    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
+    with storage.whole_or_absent(out) as tmp:  # an empty out, checked above, is replaced
         save_gpt2_dir(tmp, model, text)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out, text is not None
 
 

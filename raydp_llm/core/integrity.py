@@ -38,8 +38,9 @@ def seal(directory: Path, hashes: bool = True) -> Path:
 
 
 def listing(directory: Path, hashes: bool = True) -> dict[str, dict]:
-    """Every file below ``directory`` (relative path → its size, and SHA-256 with ``hashes``): what
-    ``complete.json`` lists. A sharded checkpoint's marker lists every worker's files."""
+    """Every file below ``directory`` (its relative path → its size, and SHA-256 with
+    ``hashes``): what ``complete.json`` lists. A sharded checkpoint's marker lists every
+    worker's files."""
     directory = Path(directory)
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MARKER):

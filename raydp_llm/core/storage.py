@@ -15,7 +15,9 @@ import fnmatch
 import functools
 import json
 import os
+import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -178,6 +180,23 @@ def write_text(uri: str | Path, text: str, s3: S3Options) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+@contextlib.contextmanager
+def whole_or_absent(directory: str | Path):
+    """A temporary directory beside ``directory`` for the block to write into: renamed to
+    ``directory`` (which may exist only empty) when the block ends, removed if it raises. A reader
+    never sees ``directory`` half written."""
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        yield tmp
+        if directory.exists():
+            directory.rmdir()  # an empty one only: anything in it stops the rename
+        tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def exists(uri: str | Path, s3: S3Options) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -211,13 +210,18 @@ def save_train_checkpoint(
     return Path(directory)
 
 
+def check_complete(directory: Path) -> None:
+    """A training checkpoint must match its ``complete.json``: ModelDirError naming the damage."""
+    damage = integrity.problem(directory)
+    if damage:
+        raise ModelDirError(f"checkpoint {directory}: damaged, {damage}")
+
+
 def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> TrainState:
     """Restore weights, optimizer and RNG from a complete training checkpoint into ``model`` and
     ``optimizer``; returns its state (``train_state.json``)."""
     directory = Path(directory)
-    damage = integrity.problem(directory)
-    if damage:
-        raise ModelDirError(f"checkpoint {directory}: damaged, {damage}")
+    check_complete(directory)
     _load_weights(directory, model, str(model.wte.weight.device), str(directory))
     tensors = torch.load(directory / STATE_TENSORS, weights_only=True)
     optimizer.load_state_dict(tensors["optimizer"])
@@ -227,22 +231,15 @@ def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> T
 
 def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:
     """Copy the model files (not the optimizer state) of a checkpoint into a new ``directory``,
-    sealed: written under a temporary name and renamed into place, so that ``directory`` is whole or
-    absent."""
-    directory = Path(directory)
-    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
+    sealed, whole or absent (``storage.whole_or_absent``)."""
     not_model = (STATE_JSON, STATE_TENSORS, integrity.MARKER)
-    try:
+    with storage.whole_or_absent(directory) as tmp:
+        tmp.mkdir(parents=True)
         for path in sorted(Path(checkpoint_dir).iterdir()):
             if path.is_file() and path.name not in not_model:
                 shutil.copy2(path, tmp / path.name)
         integrity.seal(tmp)
-        tmp.rename(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+    return Path(directory)
 
 
 def check_resumable(location: str, model: ModelConfig, shown_as: str,

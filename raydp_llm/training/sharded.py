@@ -16,8 +16,6 @@ for a transformers family, with the adapter in ``adapter/`` and merged into the 
 from __future__ import annotations
 
 import json
-import shutil
-import uuid
 from pathlib import Path
 
 import torch
@@ -36,9 +34,9 @@ from raydp_llm.core.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
 from raydp_llm.core.model import LanguageModel, build_model
 from raydp_llm.core.model_config import ModelConfig
 from raydp_llm.core.pretrained import HFModel
-from raydp_llm.core.storage import S3Options
+from raydp_llm.core.storage import S3Options, whole_or_absent
 from raydp_llm.core.tokenizer import Tokenizer
-from raydp_llm.training.checkpoint import SHARDS, STATE_TENSORS, ModelDirError, save_model_dir
+from raydp_llm.training.checkpoint import SHARDS, STATE_TENSORS, check_complete, save_model_dir
 from raydp_llm.training.runs import STATE_JSON
 from raydp_llm.training.state import TrainState
 
@@ -95,9 +93,7 @@ def load(directory: Path, model: LanguageModel, optimizer) -> TrainState:
     """This worker's shards of a complete sharded checkpoint into ``model`` and ``optimizer``
     (resharded for this number of workers), and the RNG; returns its state."""
     directory = Path(directory)
-    damage = integrity.problem(directory)
-    if damage:
-        raise ModelDirError(f"checkpoint {directory}: damaged, {damage}")
+    check_complete(directory)
     options = _options(model)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     both = {"model": _trained(model, model_state), "optim": optim_state}
@@ -114,23 +110,15 @@ def export(checkpoint_dir: Path, directory: Path, cfg: ModelConfig, tokenizer: T
     the model built as the run built it (``cfg``), its trained tensors read from the shards, in
     this one process. Holds the whole model once (4 bytes a parameter), plus, for LoRA, the
     merge."""
-    damage = integrity.problem(checkpoint_dir)
-    if damage:
-        raise ModelDirError(f"checkpoint {checkpoint_dir}: damaged, {damage}")
+    check_complete(checkpoint_dir)
     model = build_model(cfg, s3)
     options = _options(model)
     trained = {"model": _trained(model, get_model_state_dict(model, options=options))}
     dcp.load(trained, checkpoint_id=Path(checkpoint_dir) / SHARDS, no_dist=True)
     set_model_state_dict(model, trained["model"], options=options)
-    directory = Path(directory)
-    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        if isinstance(model, HFModel) and has_adapters(model.net):
+    with whole_or_absent(directory) as tmp:
+        if _lora(model):
             save_adapter(model.net, tmp / ADAPTER_DIR)
             model.net = merged(model.net)
         save_model_dir(tmp, model, tokenizer)
-        tmp.rename(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+    return Path(directory)
