@@ -60,14 +60,13 @@ def validate(settings: Settings) -> None:
 def _check_blocks(settings: Settings) -> None:
     """Sharding and activation checkpointing work block by block: the LSTM has none."""
     t = settings.train
-    wants = [f"train.{k}={v}".lower() for k, v in (("strategy", t.strategy),
-                                                   ("activation_checkpointing",
-                                                    t.activation_checkpointing))
-             if v not in ("ddp", False)]
-    if settings.model.kind == "lstm" and wants:
-        raise InputError(f"{wants[0]} works on a transformer's blocks and model=lstm has none; "
-                         "use train.strategy=ddp and train.activation_checkpointing=false, or a "
-                         "transformer (model=gpt, model=llama, model=hf)")
+    asked = {"train.strategy=fsdp": t.strategy == "fsdp",
+             "train.activation_checkpointing=true": t.activation_checkpointing}
+    for setting, on in asked.items():
+        if on and settings.model.kind == "lstm":
+            raise InputError(f"{setting} works on a transformer's blocks and model=lstm has none; "
+                             "use train.strategy=ddp and train.activation_checkpointing=false, or "
+                             "a transformer (model=gpt, model=llama, model=hf)")
 
 
 def _check_score_filter(f: FilterSettings) -> None:
