@@ -10,7 +10,7 @@ token ids made in the executors). A module per stage, in the pipeline's order:
 4. *tokenizer* (``tokenizer.py``): the character set (``char``) or a BPE trained on a sample Spark
    draws (``bpe``).
 5. *encode* (``encode.py``): ``mapInArrow`` batches through the tokenizer, a paragraph at a time;
-   documents are joined by the end-of-document token; each input split becomes pieces of about
+   documents are joined by the end-of-document token; each input split becomes pieces of at most
    ``PIECE_TOKENS`` ids. The contamination check (``data/contamination.py``) follows.
 6. *chunk* (``chunks.py``): each piece cuts its own chunks where it lies, and the driver knows the
    chunks' index by arithmetic (windows.py); windows are cut when read (stream.py).

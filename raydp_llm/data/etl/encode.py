@@ -1,6 +1,6 @@
 """The ETL's *encode* stage: ``mapInArrow`` batches through the tokenizer, a paragraph at a time,
 in the executors; documents are joined by the end-of-document token; each input split becomes
-pieces of about ``PIECE_TOKENS`` ids. The driver collects only each piece's length, documents and
+rows of at most ``PIECE_TOKENS`` ids. The driver collects only each piece's length, documents and
 head, and lays out the stream from them (``chunks.StreamLayout``)."""
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ class Encoder:
     non-empty line (and each Parquet row). Id files get no added token. Text is encoded a paragraph
     at a time (its lines joined, at most ``PARAGRAPH_LINES``), which BPE splits as it would the
     whole text; ``file`` keeps blank lines as newlines, ``line`` encodes each line alone without its
-    newline. An input split's piece closes past ``PIECE_TOKENS`` ids. Each piece lists where its
-    documents' tokens lie (the lines' ``doc`` keys; end-of-document tokens belong to none).
+    newline. An input split's piece closes past ``PIECE_TOKENS`` ids, in rows of at most that many
+    (a document may span rows). Each piece lists where its documents' tokens lie (the lines'
+    ``doc`` keys; end-of-document tokens belong to none).
     """
 
     def __init__(self, tokenizer: Tokenizer, document_split: str):
@@ -89,20 +90,20 @@ class Encoder:
             if self.key is None:  # an empty batch before any line
                 continue
             self._encode()
-            if sum(map(len, self.encoded)) >= PIECE_TOKENS:
-                yield self._piece()
-                self.part, self.docs = self.part + 1, 0
+            if self.length >= PIECE_TOKENS:
+                yield from self._pieces()
         yield from self._close()
 
     def _open(self, src: str, block: int) -> None:
         """An input split starts (a file starts when its first split does: a document starts)."""
-        self.key, self.part, self.docs, self.prev_blank = (src, block), 0, 0, True
+        self.key, self.part, self.prev_blank = (src, block), 0, True
         # the piece's texts to encode, each with its document key; (None, None) = an
         # end-of-document token
         self.items: list[tuple[str | None, int | None]] = []
         self.paragraph: list[str] = []
         self.encoded: list[np.ndarray] = []  # the piece's ids so far
         self.spans: list[list[int]] = []  # [doc, start, end] in the piece, in order
+        self.ends: list[int] = []  # where each end-of-document token lies in the piece
         self.length = 0  # tokens in self.encoded
         if block == 0 and self.document_split != "line":
             self._end_document()
@@ -128,7 +129,6 @@ class Encoder:
 
     def _end_document(self) -> None:
         self.items.append((None, None))
-        self.docs += 1
 
     def _end_paragraph(self) -> None:
         if self.paragraph:
@@ -139,6 +139,8 @@ class Encoder:
         ids = iter(self.tok.encode_batch([t for t, _ in self.items if t is not None]))
         for text, doc in self.items:
             encoded = self.eod if text is None else next(ids)
+            if text is None:
+                self.ends.append(self.length)
             self.encoded.append(encoded)
             if doc is not None and self.spans and self.spans[-1][0] == doc:
                 self.spans[-1][2] += len(encoded)
@@ -147,23 +149,40 @@ class Encoder:
             self.length += len(encoded)
         self.items.clear()
 
-    def _piece(self) -> pa.RecordBatch:
+    def _pieces(self):
+        """The piece so far, as rows of at most ``PIECE_TOKENS`` ids: one long line (a 50 MB
+        document without a newline) must not make one row the size of the split, which a 1 GB
+        executor heap cannot cache."""
         self._encode()
         ids = np.concatenate(self.encoded) if self.encoded else np.empty(0, self.dtype)
-        spans = np.array(self.spans, np.int64).reshape(-1, 3).T.tolist()
-        self.encoded, self.spans, self.length = [], [], 0
+        ends, spans = np.array(self.ends, np.int64), np.array(self.spans, np.int64).reshape(-1, 3)
+        cuts = list(range(0, len(ids), PIECE_TOKENS)) or [0]
+        for lo in cuts:
+            hi = lo + PIECE_TOKENS
+            last = lo == cuts[-1]
+            # what starts at the very end (an end-of-document token, an empty document) belongs
+            # to the last row; a document's span is in each row it overlaps
+            docs = int(((ends >= lo) & ((ends < hi) | last)).sum())
+            start, end = spans[:, 1], spans[:, 2]
+            here = spans[((start >= lo) & ((start < hi) | last)) | ((start < hi) & (end > lo))]
+            yield self._row(ids[lo:hi], docs, here[:, 0], np.clip(here[:, 1:] - lo, 0, hi - lo))
+            self.part += 1
+        self.encoded, self.spans, self.ends, self.length = [], [], [], 0
+
+    def _row(self, ids: np.ndarray, docs: int, doc: np.ndarray, where: np.ndarray):
+        """One piece: its ids, its documents' count, each document's [start, end) in it."""
         src, block = self.key
         return pa.RecordBatch.from_pydict(
             {
                 "src": [src],
                 "block": [block],
                 "part": [self.part],
-                "docs": [self.docs],
+                "docs": [docs],
                 "n": [len(ids)],
                 "tokens": [ids.tobytes()],
-                "doc": [spans[0]],
-                "doc_start": [spans[1]],
-                "doc_end": [spans[2]],
+                "doc": [doc.tolist()],
+                "doc_start": [where[:, 0].tolist()],
+                "doc_end": [where[:, 1].tolist()],
             },
             schema=PIECE_SCHEMA,
         )
@@ -172,7 +191,7 @@ class Encoder:
         """The last piece of the input split that ends, if one was open."""
         if self.key is not None:
             self._end_paragraph()
-            yield self._piece()
+            yield from self._pieces()
 
 
 def encode_lines(lines: DataFrame, tokenizer: Tokenizer, document_split: str) -> DataFrame:
