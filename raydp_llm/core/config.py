@@ -24,7 +24,9 @@ from raydp_llm.core.data_config import (  # noqa: F401 - the data group, re-expo
     Dedup,
     DocumentSplit,
     FilterSettings,
+    Overlong,
     Shingle,
+    TrainOn,
     ValidationSplit,
     WindowSampling,
 )
@@ -283,6 +285,9 @@ class GenerateSettings(SampleSettings):
     seed: int = setting(1337, "seeds the sampling: the same seed gives the same text")
     show_top: int = setting(0, "also print the N likeliest tokens right after the prompt, with "
                                "their probabilities")
+    chat: bool = setting(False, "the prompt is a user turn: rendered with the model's chat "
+                                "template and its generation prompt; the reply stops at the end "
+                                "of the turn")
     s3: S3Settings = setting(S3Settings(), "S3 access for an s3:// model_dir")
 
 

@@ -43,6 +43,21 @@ class DataFormat(Choice):
     ids = "ids", "lines of whitespace-separated integer token ids"
     parquet = "parquet", "a text column"
     jsonl = "jsonl", "JSON Lines: an object per line"
+    chat = "chat", ("conversations, a JSON Lines or Parquet row each (or data.query's rows), "
+                    "rendered with a chat template; docs/instruction-tuning.md")
+    sql = "sql", "the rows of data.query, a Spark SQL query: data.text_column is a document"
+
+
+class TrainOn(Choice):
+    assistant = "assistant", "every assistant turn"
+    all = "all", "every token of the conversation"
+    last = "last", "the last assistant turn only"
+
+
+class Overlong(Choice):
+    drop = "drop", "leave it out (counted)"
+    truncate = "truncate", "keep its first model.block_size + 1 tokens (counted)"
+    error = "error", "stop the ETL, naming it"
 
 
 class Dedup(Choice):
@@ -147,8 +162,27 @@ class DataSettings:
                                                                     "manifest)")
     format: str = setting(DataFormat.text, f"{DataFormat.listed()}; text, ids and jsonl files may "
                                            "be .gz, .bz2 or .zst", check=one_of(DataFormat))
-    text_column: str = setting("text", "parquet and jsonl: the column or field holding the text; "
-                                       "each row or line is a document")
+    text_column: str = setting("text", "parquet, jsonl and sql: the column or field holding the "
+                                       "text; each row or line is a document")
+    query: Optional[str] = setting(None, "sql and chat: a Spark SQL query whose rows are the "
+                                         "documents (or conversations), over the session's "
+                                         "catalog (Hive support on) or files (parquet.`path`); "
+                                         "data.path is then unused")
+    messages_column: str = setting("messages", "chat: the column or field holding a list of "
+                                               "{role, content} messages")
+    prompt_column: str = setting("prompt", "chat: without a messages column, a user turn from "
+                                           "this column ...")
+    response_column: str = setting("response", "... and an assistant turn from this one")
+    chat_template: Optional[str] = setting(None, "chat: a Jinja chat template file, or chatml "
+                                                 "(built in); null = the model's own (model.path: "
+                                                 "tokenizer_config.json or chat_template.jinja), "
+                                                 "else chatml")
+    train_on: str = setting(TrainOn.assistant, f"chat: the tokens the loss counts: "
+                            f"{TrainOn.listed()}", check=one_of(TrainOn))
+    packing: bool = setting(True, "chat: several conversations per window, each attending only "
+                                  "to itself (positions restart); false = one per window, padded")
+    overlong: str = setting(Overlong.drop, "chat: a conversation longer than model.block_size + "
+                            f"1 tokens: {Overlong.listed()}", check=one_of(Overlong))
     strict_json: bool = setting(False, "jsonl: fail on the first bad line (not JSON, no "
                                        "data.text_column, not a string), naming its file and line, "
                                        "instead of skipping it (bad lines are counted in "
