@@ -32,7 +32,7 @@ from raydp_llm.cli.session import job_session
 from raydp_llm.core import storage
 from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model import LanguageModel
+from raydp_llm.core.model import IGNORE, LanguageModel
 from raydp_llm.core.pretrained import is_hf_dir
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.storage import S3Options
@@ -96,14 +96,15 @@ def score(model: LanguageModel, batches: Iterable[np.ndarray], collate: WindowBa
     model.eval()
     totals = {"windows": 0, "tokens": 0, "nats": 0.0, "correct": 0}
     for windows in batches:
-        x, y = collate(windows)
-        logits, _ = model(x)
+        batch = collate(windows)
+        logits, _ = model(batch.inputs, positions=batch.positions)
+        y, counted = batch.targets, batch.counted  # chat data: the tokens data.train_on keeps
         totals["nats"] += F.cross_entropy(
-            logits.flatten(0, 1).float(), y.flatten(), reduction="sum"
+            logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE, reduction="sum"
         ).item()
-        totals["correct"] += int((logits.argmax(dim=-1) == y).sum())
+        totals["correct"] += int(((logits.argmax(dim=-1) == y) & counted).sum())
         totals["windows"] += len(y)
-        totals["tokens"] += y.numel()
+        totals["tokens"] += int(counted.sum())
     return totals
 
 
@@ -145,8 +146,8 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
                                   replace(cut[split], random=False), m["token_dtype"],
                                   settings.eval_batch_size)
         )
-        result = metrics(score(model, batches, WindowBatch(torch.device("cpu"))),
-                         m["chars_per_token"])
+        collate = WindowBatch(torch.device("cpu"), chat="chat" in m)
+        result = metrics(score(model, batches, collate), m["chars_per_token"])
     timings["total_s"] = total.seconds()
     evaluation = {
         "model_dir": settings.model_dir,

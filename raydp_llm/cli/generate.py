@@ -29,14 +29,10 @@ def main(argv: list[str]) -> int:
         return 2
     # torch: seconds to import, after the arguments are known good
     from raydp_llm.training.checkpoint import load_model_dir
-    from raydp_llm.training.generation import sample_text, top_next_tokens
 
     try:
         model, tokenizer = load_model_dir(s.model_dir, s3=S3Options.of(s.s3))
-        text = sample_text(
-            model, tokenizer, s.prompt, s.max_new_tokens, s.temperature, s.top_k, s.seed
-        )
-        top = top_next_tokens(model, tokenizer, s.prompt, s.show_top) if s.show_top > 0 else []
+        text, top = _generate(model, tokenizer, s)
     # a missing model (FileNotFoundError), S3 out of reach, a bad prompt
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -47,6 +43,27 @@ def main(argv: list[str]) -> int:
         for token, p in top:
             print(f"  {token!r}  {p:.4f}")
     return 0
+
+
+def _generate(model, tokenizer, s: GenerateSettings) -> tuple[str, list]:
+    """The text (a chat reply with ``chat``), and the likeliest tokens after the prompt."""
+    from raydp_llm.core import storage
+    from raydp_llm.core.chat_template import ChatFormat
+    from raydp_llm.training.generation import chat_reply, sample_text, top_next_tokens
+
+    if s.chat:
+        with storage.local_copy(s.model_dir, S3Options.of(s.s3)) as model_dir:
+            chat = ChatFormat.of_model(model_dir)
+        if chat is None:
+            raise ValueError(f"model_dir={s.model_dir}: no chat template (chat_template.jinja or "
+                             "tokenizer_config.json's chat_template); train it on chat data "
+                             "(data.format=chat) or drop chat=true")
+        text = chat_reply(model, tokenizer, chat, s, s.seed)
+    else:
+        text = sample_text(model, tokenizer, s.prompt, s.max_new_tokens, s.temperature, s.top_k,
+                           s.seed)
+    top = top_next_tokens(model, tokenizer, s.prompt, s.show_top) if s.show_top > 0 else []
+    return text, top
 
 
 def cli() -> None:

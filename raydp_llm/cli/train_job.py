@@ -13,7 +13,6 @@ from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
-from raydp_llm.core.tokenizer import tokenizer_from_json
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, samplings, write_json
 from raydp_llm.training import runs, sharded, tracking
@@ -143,7 +142,7 @@ def _export(checkpoint, directory: Path, spec: TrainSpec) -> None:
     ``directory``: its model files, or its shards gathered into a full model."""
     with checkpoint.as_directory() as d:
         if sharded.is_sharded(Path(d)):
-            sharded.export(Path(d), directory, spec.model, tokenizer_from_json(spec.tokenizer_json),
+            sharded.export(Path(d), directory, spec.model, spec.tokenizer(),
                            spec.s3)
         else:
             export_model_dir(Path(d), directory)

@@ -40,6 +40,7 @@ def validate(settings: Settings) -> None:
     _check_batch(t)
     _check_blocks(settings)
     _check_score_filter(settings.data.filters)
+    _check_chat(settings)
     if settings.model.block_size > settings.data.halo_tokens:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
                          f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
@@ -67,6 +68,16 @@ def _check_blocks(settings: Settings) -> None:
             raise InputError(f"{setting} works on a transformer's blocks and model=lstm has none; "
                              "use train.strategy=ddp and train.activation_checkpointing=false, or "
                              "a transformer (model=gpt, model=llama, model=hf)")
+
+
+def _check_chat(settings: Settings) -> None:
+    """Packed conversations each attend only to themselves: a recurrence carries its state from
+    one to the next."""
+    d = settings.data
+    if d.format == "chat" and d.packing and settings.model.kind == "lstm":
+        raise InputError("data.packing=true packs conversations that model=lstm would read as one "
+                         "(its state crosses them); set data.packing=false (one conversation per "
+                         "window) or use a transformer (model=gpt, model=llama, model=hf)")
 
 
 def _check_score_filter(f: FilterSettings) -> None:

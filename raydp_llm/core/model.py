@@ -19,6 +19,28 @@ from torch.nn import functional as F
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model_config import GPTConfig, LSTMConfig, ModelConfig
 
+IGNORE = -100  # a target the loss skips: a chat token outside data.train_on, or padding
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of ``logits`` (B, T, V) over the ``targets`` (B, T) it counts (those
+    not ``IGNORE``); 0 with a gradient of 0 when it counts none (not NaN)."""
+    counted = (targets != IGNORE).sum().clamp(min=1)
+    nats = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE,
+                           reduction="sum")
+    return nats / counted
+
+
+def packed_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The attention mask (B, 1, T, T) of packed sequences: a token sees the tokens before it in
+    its own sequence, which starts where ``positions`` (B, T) restart at 0 (block-diagonal and
+    causal; True = attend)."""
+    seq = (positions == 0).cumsum(dim=1)  # (B, T) the sequence each token is in
+    same = seq[:, :, None] == seq[:, None, :]  # (B, T, T)
+    T = positions.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril()
+    return (same & causal)[:, None]
+
 
 class LanguageModel(nn.Module):
     """What every model here has: token embeddings ``wte``, an output head ``lm_head`` (tied to
@@ -54,11 +76,11 @@ class LanguageModel(nn.Module):
 
     def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
         """Logits (B, T, V) from hidden states ``x`` (B, T, C); with ``targets`` (B, T) also the
-        mean cross-entropy."""
+        mean cross-entropy (``token_loss``)."""
         logits = self.lm_head(x)
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, token_loss(logits, targets)
 
     @torch.no_grad()
     def generate(
@@ -68,12 +90,16 @@ class LanguageModel(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        stop=None,
     ) -> torch.Tensor:
         """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens; ``temperature`` 0 means
-        greedy. Each token sees the last block_size tokens (positions 0.. from the window's
-        start), as in training; ``next_logits`` carries what it can from one token to the next."""
+        greedy; ``stop(idx)`` true ends it early (a chat turn's end). Each token sees the last
+        block_size tokens (positions 0.. from the window's start), as in training;
+        ``next_logits`` carries what it can from one token to the next."""
         state = None
         for _ in range(max_new_tokens):
+            if stop is not None and stop(idx):
+                break
             logits, state = self.next_logits(idx, state)  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
@@ -120,9 +146,11 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                mask: torch.Tensor | None = None):
         """``x`` (B, T, C) → (B, T, C). With ``cache``: ``x`` holds the tokens after the cached
-        ones, all of them (an empty cache) or one."""
+        ones, all of them (an empty cache) or one. With ``mask`` (B, 1, T, T, ``packed_mask``)
+        attention stays within each packed sequence."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
         q, k, v = (
@@ -132,7 +160,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             causal = cache.length == 0  # one new token attends to every cached one
             k, v = cache.extend(layer, k, v)  # (B, H, t + T, C/H)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+        if mask is not None:
+            causal = False  # the mask is causal itself
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.proj(y))
@@ -158,8 +188,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0):
-        x = x + self.attn(self.ln_1(x), cache, layer)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                mask: torch.Tensor | None = None):
+        x = x + self.attn(self.ln_1(x), cache, layer, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -201,19 +232,24 @@ class GPT(LanguageModel):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                cache: KVCache | None = None):
+                positions: torch.Tensor | None = None, cache: KVCache | None = None):
         """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
-        cross-entropy. With ``cache``, ``idx`` continues the cached tokens (positions go on from
-        ``cache.length``) and the cache grows by T."""
+        cross-entropy. ``positions`` (B, T) restarting at 0 mark packed sequences (chat data):
+        each has its own positions and sees only itself. With ``cache``, ``idx`` continues the
+        cached tokens (positions go on from ``cache.length``) and the cache grows by T."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         assert start + T <= self.config.block_size, (
             f"sequence of {start + T} tokens exceeds block_size {self.config.block_size}"
         )
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        mask = None
+        if positions is None:
+            positions = torch.arange(start, start + T, device=idx.device)
+        else:
+            mask = packed_mask(positions)
+        x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, C)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer)
+            x = block(x, cache, layer, mask)
         if cache is not None:
             cache.length += T
         return self._head(self.ln_f(x), targets)
@@ -259,9 +295,11 @@ class LSTMLM(LanguageModel):
         )  # dropout between LSTM layers
         self.apply(self._init_weights)  # the LSTM keeps PyTorch's uniform init
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
         """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
-        cross-entropy."""
+        cross-entropy. ``positions`` mean nothing to a recurrence: packed sequences are refused
+        for the LSTM (core/checks.py); one padded sequence per window needs none."""
         h, _ = self.lstm(self.drop(self.wte(idx)))  # (B, T, C)
         return self._head(self.drop(h), targets)
 

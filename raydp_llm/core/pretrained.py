@@ -19,12 +19,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.hf import CONFIG_FILE, TOKENIZER_CONFIG_FILE, hf_tokenizer
-from raydp_llm.core.model import LanguageModel
+from raydp_llm.core.model import LanguageModel, token_loss
 from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_FILE, WEIGHT_SUFFIXES, Tokenizer
@@ -49,11 +48,15 @@ class HFModel(LanguageModel):
     def wte(self) -> torch.nn.Embedding:
         return self.net.get_input_embeddings()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        logits = self.net(input_ids=idx, use_cache=False).logits  # (B, T, V)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
+        """``positions`` (B, T) restarting at 0 mark packed sequences: transformers' masks find
+        them in the position ids (no attention mask given) and keep each sequence to itself,
+        block-diagonal through SDPA on a CPU, varlen with flash attention."""
+        logits = self.net(input_ids=idx, position_ids=positions, use_cache=False).logits
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1))
+        return logits, token_loss(logits, targets)
 
     def next_logits(self, idx: torch.Tensor, state: CacheState | None = None):
         """transformers' cache while the window still starts at token 0; once it slides, the

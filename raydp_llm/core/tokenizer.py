@@ -20,6 +20,7 @@ import numpy as np
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # beside it in a Hugging Face directory
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a chat model's template, as transformers 5 keeps it
 # a Hugging Face directory's files that are not its tokenizer's: left out of its hash and copies
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 EOD = "<|endoftext|>"
@@ -83,7 +84,16 @@ class Tokenizer:
     def save(self, directory: Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE
         path.write_text(self.to_json())
+        self._save_template(directory)
         return path
+
+    # a chat model's template (data.format=chat), written beside the tokenizer as transformers 5
+    # reads it; set by the trainer (TrainSpec.tokenizer), not part of the tokenizer's JSON
+    chat_template: str | None = None
+
+    def _save_template(self, directory: Path) -> None:
+        if self.chat_template is not None:
+            (Path(directory) / CHAT_TEMPLATE_FILE).write_text(self.chat_template)
 
 
 class CharTokenizer(Tokenizer):
@@ -201,6 +211,7 @@ class PretrainedTokenizer(Tokenizer):
     def save(self, directory: Path) -> Path:
         for name, text in self.files.items():
             (Path(directory) / name).write_text(text)
+        self._save_template(directory)
         return Path(directory) / TOKENIZER_FILE
 
 

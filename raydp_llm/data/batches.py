@@ -1,17 +1,57 @@
-"""Windows as the model reads them: (n, block_size + 1) token ids into (inputs, targets) tensors."""
+"""Windows as the model reads them: (n, block_size + 1) stored tokens into a ``Batch`` of inputs,
+targets and, for chat data, the positions of its packed conversations."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from raydp_llm.core.model import IGNORE
+from raydp_llm.data import chat_tokens
+
+
+@dataclass(frozen=True)
+class Batch:
+    inputs: torch.Tensor  # (B, T) int64 token ids
+    targets: torch.Tensor  # (B, T) the next ids; IGNORE where the loss skips one
+    positions: torch.Tensor | None  # (B, T) restarting at each conversation; None = 0..T-1
+
+    def model_args(self) -> dict:
+        """The keyword arguments of the model's forward for this batch."""
+        return {"targets": self.targets, "positions": self.positions}
+
+    @property
+    def counted(self) -> torch.Tensor:
+        """(B, T) bool: the targets the loss counts."""
+        return self.targets != IGNORE
+
 
 class WindowBatch:
-    """Windows, (B, block_size + 1) ids → (inputs, targets), each (B, T) int64 on ``device``."""
+    """Windows, (B, block_size + 1) stored tokens → a ``Batch`` on ``device``. A chat stream's
+    words carry flags (data/chat_tokens.py): a target counts only where its token is trained,
+    and positions restart where a conversation starts."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, chat: bool = False):
+        self.device, self.chat = device, chat
 
-    def __call__(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        w = torch.from_numpy(windows.astype(np.int64)).to(self.device, non_blocking=True)
-        return w[:, :-1], w[:, 1:]
+    def __call__(self, windows: np.ndarray) -> Batch:
+        if not self.chat:
+            w = self._tensor(windows)
+            return Batch(w[:, :-1], w[:, 1:], None)
+        ids, train, start = chat_tokens.unpack(windows)
+        targets = np.where(train[:, 1:], ids[:, 1:], IGNORE)
+        return Batch(self._tensor(ids[:, :-1]), self._tensor(targets),
+                     self._tensor(positions(start[:, :-1])))
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.astype(np.int64)).to(self.device, non_blocking=True)
+
+
+def positions(start: np.ndarray) -> np.ndarray:
+    """(B, T) each token's position in its conversation, from the conversation-start flags (B, T;
+    a window starts with one)."""
+    t = np.arange(start.shape[1])
+    last_start = np.maximum.accumulate(np.where(start, t, 0), axis=1)
+    return t - last_start

@@ -18,7 +18,6 @@ DTYPE = np.dtype(np.uint32)
 TRAIN = np.uint32(1 << 31)  # the loss counts this token
 START = np.uint32(1 << 30)  # a conversation (or the padding) starts here
 ID = np.uint32((1 << 30) - 1)  # the token id's bits
-IGNORE = -100  # a target the loss skips (torch's cross_entropy default ignore_index)
 
 
 class Unpacked(NamedTuple):

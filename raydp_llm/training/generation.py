@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from raydp_llm.core.chat_template import ChatFormat
+from raydp_llm.core.config import SampleSettings
 from raydp_llm.core.model import LanguageModel
 from raydp_llm.core.tokenizer import Tokenizer
 
@@ -36,6 +38,26 @@ def sample_text(
     gen = torch.Generator(device=idx.device).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
     return tokenizer.decode(out[0].tolist())
+
+
+def chat_reply(model: LanguageModel, tokenizer: Tokenizer, chat: ChatFormat,
+               sample: SampleSettings, seed: int) -> str:
+    """The model's reply to ``sample.prompt`` as a user turn: the conversation rendered with the
+    chat template and its generation prompt, continued (as ``sample`` says) until the model ends
+    its turn (the template's end-of-turn text); the reply without the end of its turn."""
+    messages = [{"role": "user", "content": sample.prompt}]
+    rendered = chat.render(messages, add_generation_prompt=True)
+    idx = _prompt_ids(model, tokenizer, rendered)
+    start = idx.size(1)
+
+    def reply(ids: torch.Tensor) -> str:
+        return tokenizer.decode(ids[0, start:].tolist())
+
+    gen = torch.Generator(device=idx.device).manual_seed(seed)
+    end = chat.end_of_turn
+    out = model.generate(idx, sample.max_new_tokens, temperature=sample.temperature,
+                         top_k=sample.top_k, generator=gen, stop=lambda ids: end in reply(ids))
+    return reply(out).split(end, 1)[0]
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ from raydp_llm.core.config import ModelConfig, OptimSettings, Settings, TrainSet
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import read_embeddings
 from raydp_llm.core.storage import S3Options
-from raydp_llm.core.tokenizer import Tokenizer
+from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
 from raydp_llm.data.stream import Sampling, steps_per_epoch
 
 # Settings that change how a run is watched, how fast it goes or where it runs, not what it trains:
@@ -52,6 +52,15 @@ class TrainSpec:
     max_steps: int
     fingerprint: str  # identifies runs that may resume each other's checkpoints
     s3: S3Options = S3Options()  # how to reach s3:// paths
+    # chat data (data.format=chat): its template, saved beside the model; the windows' tokens
+    # carry the loss mask and the conversations' starts (data/chat_tokens.py)
+    chat_template: str | None = None
+
+    def tokenizer(self) -> Tokenizer:
+        """The run's tokenizer, with the chat template its saved models carry."""
+        tokenizer = tokenizer_from_json(self.tokenizer_json)
+        tokenizer.chat_template = self.chat_template
+        return tokenizer
 
     def micro_batch(self, world: int) -> int:
         """Windows per forward pass on each of ``world`` workers."""
@@ -85,7 +94,8 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,
                      tokenizer_json=tokenizer.to_json(), token_dtype=manifest["token_dtype"],
                      chars_per_token=manifest["chars_per_token"], sampling=sampling,
                      steps_per_epoch=per_epoch,
-                     max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3))
+                     max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3),
+                     chat_template=manifest.get("chat", {}).get("template"))
     return replace(spec, fingerprint=fingerprint(spec, manifest))
 
 

@@ -25,8 +25,7 @@ import torch.distributed as dist
 from raydp_llm.core import hf
 from raydp_llm.core.model import build_model
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.core.tokenizer import tokenizer_from_json
-from raydp_llm.data.batches import WindowBatch
+from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
 from raydp_llm.training import parallel, sharded
 from raydp_llm.training.checkpoint import load_train_checkpoint, save_train_checkpoint
@@ -109,10 +108,19 @@ def all_reduce_max(*values: float) -> list[float]:
     return t.tolist()
 
 
-def _loss_and_hits(model, x: torch.Tensor, y: torch.Tensor, autocast) -> tuple[torch.Tensor, int]:
+@dataclass
+class Scored:
+    loss: torch.Tensor  # the mean loss over the counted targets
+    hits: int  # counted targets predicted right (top-1)
+    count: int  # counted targets
+
+
+def _scored(model, batch: Batch, autocast) -> Scored:
     with autocast():
-        logits, loss = model(x, y)
-    return loss, int((logits.argmax(dim=-1) == y).sum())
+        logits, loss = model(batch.inputs, **batch.model_args())
+    counted = batch.counted
+    hits = int(((logits.argmax(dim=-1) == batch.targets) & counted).sum())
+    return Scored(loss, hits, int(counted.sum()))
 
 
 @torch.no_grad()
@@ -123,9 +131,9 @@ def validation_pass(model: torch.nn.Module, data: WorkerData, collate: WindowBat
     model.eval()
     loss_sum = hits = count = 0
     for windows in data.val_batches():
-        x, y = collate(windows)
-        loss, h = _loss_and_hits(model, x, y, autocast)
-        loss_sum, hits, count = loss_sum + loss.item() * y.numel(), hits + h, count + y.numel()
+        scored = _scored(model, collate(windows), autocast)
+        loss_sum += scored.loss.item() * scored.count
+        hits, count = hits + scored.hits, count + scored.count
     if parallel.is_sharded(model):  # each forward gathers parameters: as many on every worker
         mine = data.val_batch_count()
         idle = torch.zeros((1, model.config.block_size), dtype=torch.long, device=collate.device)
@@ -139,7 +147,7 @@ def validation_pass(model: torch.nn.Module, data: WorkerData, collate: WindowBat
 class StepResult:
     loss: float  # this worker's mean loss over its micro-batches
     hits: int  # correct top-1 predictions
-    count: int  # predicted tokens
+    count: int  # predicted tokens the loss counts
     grad_norm: float  # total gradient norm before clipping: the same on every rank
 
 
@@ -216,7 +224,7 @@ class Worker:
         self.sharded_checkpoints = sharded_checkpoints(train, spec.model)
         self.optimizer = make_optimizer(self.model, spec)
         self.forward = torch.compile(self.ddp_model) if spec.train.compile else self.ddp_model
-        self.collate = WindowBatch(self.device)
+        self.collate = WindowBatch(self.device, chat=spec.chat_template is not None)
         self.tokens_per_step = spec.train.batch_size * self.model.config.block_size
         self.process = psutil.Process()
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
@@ -239,7 +247,7 @@ class Worker:
         stamped = replace(state, fingerprint=spec.fingerprint, max_steps=spec.max_steps,
                           world=self.placement.world_size)
         save = sharded.save if self.sharded_checkpoints else save_train_checkpoint
-        save(directory, self.model, tokenizer_from_json(spec.tokenizer_json), self.optimizer,
+        save(directory, self.model, spec.tokenizer(), self.optimizer,
              stamped)
 
     def train_step(self, group: list[np.ndarray], lr: float) -> StepResult:
@@ -248,21 +256,21 @@ class Worker:
         the gradient norm is not finite."""
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        loss_sum, hits = 0.0, 0
+        loss_sum, hits, count = 0.0, 0, 0
         for i, windows in enumerate(group):
-            x, y = self.collate(windows)
             last = i == len(group) - 1
             with contextlib.nullcontext() if last else parallel.gradients_accumulated(
                     self.ddp_model):
-                loss, h = _loss_and_hits(self.forward, x, y, self.autocast)
-                (loss / self.spec.train.grad_accum).backward()
-            loss_sum, hits = loss_sum + loss.item(), hits + h
+                scored = _scored(self.forward, self.collate(windows), self.autocast)
+                (scored.loss / self.spec.train.grad_accum).backward()
+            loss_sum, hits = loss_sum + scored.loss.item(), hits + scored.hits
+            count += scored.count
         max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
         grad_norm = parallel.as_float(
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
-        return StepResult(loss_sum / len(group), hits, y.numel() * len(group), grad_norm)
+        return StepResult(loss_sum / len(group), hits, count, grad_norm)
 
     def metrics(self, interval: Interval, state: TrainState, lr: float) -> dict:
         """The metrics.csv row of an evaluation at ``state``: the interval's training figures and a
