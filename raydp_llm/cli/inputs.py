@@ -21,6 +21,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data.corpus import Corpus, resolve_corpus
+from raydp_llm.data.sample_chat import sample_chat_corpus
 
 RESUME_WORDS = ("auto", "never")
 
@@ -154,7 +155,10 @@ def check_inputs(settings: Settings) -> Corpus:
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
-    corpus = resolve_corpus(d.path, markdown=d.markdown, s3=s3)
+    if d.path is None and d.format == "chat":  # the sample conversations
+        corpus = sample_chat_corpus()
+    else:
+        corpus = resolve_corpus(d.path, markdown=d.markdown, s3=s3)
     if d.max_files:
         corpus = Corpus(
             files=corpus.files[: d.max_files],
