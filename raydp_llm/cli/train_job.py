@@ -9,6 +9,7 @@ from pathlib import Path
 
 from raydp_llm.cli.session import JobSession, job_session
 from raydp_llm.core import lora, storage
+from raydp_llm.core.chat_template import ChatFormat
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
@@ -18,7 +19,7 @@ from raydp_llm.data.prepare import PreparedData, samplings, write_json
 from raydp_llm.training import runs, sharded, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
 from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases
-from raydp_llm.training.generation import sample_text
+from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
 from raydp_llm.training.spec import TrainSpec, build_spec
@@ -196,11 +197,16 @@ def artifacts(settings: Settings, out_dir: Path, trained: Trained, total: Stopwa
 
 
 def write_sample(settings: Settings, out_dir: Path) -> Sample:
-    """The model of ``out_dir/model`` continues ``sample.prompt`` into ``samples.txt``."""
+    """The model of ``out_dir/model`` continues ``sample.prompt`` into ``samples.txt``; a chat
+    model (data.format=chat) replies to it as a user turn."""
     model, tokenizer = load_model_dir(out_dir / "model")
     sample = settings.sample
-    text = sample_text(model, tokenizer, sample.prompt, sample.max_new_tokens,
-                       sample.temperature, sample.top_k, settings.seed)
+    chat = ChatFormat.of_model(out_dir / "model")
+    if settings.data.format == "chat" and chat is not None:
+        text = chat_reply(model, tokenizer, chat, sample, settings.seed)
+    else:
+        text = sample_text(model, tokenizer, sample.prompt, sample.max_new_tokens,
+                           sample.temperature, sample.top_k, settings.seed)
     (out_dir / "samples.txt").write_text(text + "\n")
     return Sample(text, {"num_params": model.num_params(),
                          "trainable_params": trainable_params(model, settings.model,
