@@ -95,7 +95,7 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,
                      chars_per_token=manifest["chars_per_token"], sampling=sampling,
                      steps_per_epoch=per_epoch,
                      max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3),
-                     chat_template=manifest.get("chat", {}).get("template"))
+                     chat_template=manifest.get("chat", {}).get("template_text"))
     return replace(spec, fingerprint=fingerprint(spec, manifest))
 
 
