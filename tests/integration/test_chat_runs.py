@@ -1,0 +1,99 @@
+"""Instruction tuning end to end on the real engines: a GPT trained on conversations replies to a
+user turn and stops at the end of its turn (``generate chat=true``); evaluate scores the same
+conversations packed and unpacked alike, for the GPT and for a transformers family (position ids
+that restart)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config
+from raydp_llm.cli.evaluate import run as evaluate
+from raydp_llm.cli.train import run as train
+from raydp_llm.core.chat_template import ChatFormat
+from raydp_llm.training.checkpoint import load_model_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
+
+WORDS = ["apple", "river", "stone", "cloud", "ember", "grain", "frost", "maple", "tiger", "ocean"]
+
+
+def conversations(n: int) -> list[dict]:
+    """Questions that vary; the same short reply to each, which the model learns."""
+    rows = []
+    for i in range(n):
+        word = WORDS[i % len(WORDS)] + WORDS[(i * 7) % len(WORDS)][: i % 5]
+        rows.append({"prompt": f"Is {word} a word?", "response": "Yes."})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("chat")
+    rows = conversations(600)
+    (directory / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def chat_run(ray_cluster, chat_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("chat_run") / "run"
+    summary = train(make_config(
+        "data.format=chat", f"data.path={chat_data}", "model.block_size=64", "model.n_layer=2",
+        "model.n_embd=64", "optim.lr=3e-3", "train.batch_size=16", "train.max_steps=150",
+        "train.eval_interval=75", "train.checkpoint_interval=150", "sample.max_new_tokens=40",
+        "sample.prompt=Is granite a word?", f"data.cache_dir={CACHE_DIR}", NO_CHECK), out)
+    return {"out": out, "summary": summary}
+
+
+def test_a_chat_model_replies_and_stops_at_the_end_of_its_turn(chat_run):
+    model_dir = chat_run["out"] / "model"
+    chat = ChatFormat.of_model(model_dir)
+    assert chat is not None and chat.end_of_turn == "<|im_end|>"
+    assert (chat_run["out"] / "samples.txt").read_text().strip() == "Yes."
+    model, tokenizer = load_model_dir(model_dir)
+    prompt = chat.render([{"role": "user", "content": "Is pebble a word?"}],
+                         add_generation_prompt=True)
+    idx = torch.as_tensor(tokenizer.encode(prompt).astype("int64"))[None, :]
+    out = model.generate(idx, 200, temperature=0,
+                         stop=lambda ids: "<|im_end|>" in tokenizer.decode(ids[0, idx.size(1):]))
+    assert tokenizer.decode(out[0, idx.size(1):]) == "Yes.<|im_end|>"  # stopped there
+    shown = subprocess.run([sys.executable, "-m", "raydp_llm.generate", f"model_dir={model_dir}",
+                            "chat=true", "prompt=Is maple a word?", "temperature=0"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.strip() == "Yes.", shown.stderr
+
+
+def evaluated(model_dir, data, tmp_path, packing: bool, *overrides) -> dict:
+    cfg = make_config(f"model_dir={model_dir}", f"data.path={data}", "data.format=chat",
+                      f"data.packing={str(packing).lower()}", f"data.cache_dir={CACHE_DIR}",
+                      NO_CHECK, *overrides, config_name="evaluate")
+    return evaluate(cfg, tmp_path / f"packed_{packing}")
+
+
+def test_evaluate_scores_the_assistants_tokens_alike_packed_or_not(chat_run, chat_data,
+                                                                   tmp_path):
+    model_dir = chat_run["out"] / "model"
+    packed = evaluated(model_dir, chat_data, tmp_path, True)
+    unpacked = evaluated(model_dir, chat_data, tmp_path, False)
+    chat = packed["etl"]["chat"]
+    assert packed["tokens"] == unpacked["tokens"] == chat["tokens_trained"]
+    assert packed["windows"] < unpacked["windows"] == chat["conversations"]
+    assert packed["loss"] == pytest.approx(unpacked["loss"], abs=1e-3)
+    assert packed["loss"] < 0.1  # the replies are learned
+
+
+def test_a_transformers_family_scores_alike_packed_or_not(ray_cluster, chat_data, hf_families,
+                                                          tmp_path):
+    """The tiny Llama, untrained, with ChatML: packed conversations get position ids that restart,
+    which transformers turns into a block-diagonal mask."""
+    args = (hf_families["llama"], chat_data, tmp_path)
+    packed = evaluated(*args, True, "data.chat_template=chatml")
+    unpacked = evaluated(*args, False, "data.chat_template=chatml")
+    assert packed["tokens"] == unpacked["tokens"] > 0
+    assert packed["loss"] == pytest.approx(unpacked["loss"], abs=1e-3)
