@@ -57,8 +57,10 @@ CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
 READ_SETTINGS = ("stride", "val_stride", "sampling")
 
 
-def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int) -> str:
-    """The ETL's inputs (their fingerprints) and every setting it reads, hashed."""
+def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int,
+              chat: dict | None = None) -> str:
+    """The ETL's inputs (their fingerprints) and every setting it reads, hashed; ``chat``: what a
+    chat ETL reads beyond ``data`` (``prepare.chat_key``: the block size, the template)."""
     settings = asdict(data)
     # the inputs are in the fingerprints; the window settings are read, not written
     for irrelevant in ("cache", "cache_dir", "path", "max_files", *READ_SETTINGS):
@@ -77,7 +79,7 @@ def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int)
             "data": settings,
             "tokenizer": tokenizer,
             "seed": seed,
-        },
+        } | ({} if chat is None else {"chat": chat}),
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
