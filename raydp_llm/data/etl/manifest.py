@@ -84,7 +84,7 @@ def build_manifest(corpus: Corpus, scanned: Scanned, layout: StreamLayout, token
         tokens=n,
         tokens_train=n - tokens_val,
         tokens_val=tokens_val,
-        chars_per_token=characters / n if tokenizer.kind != "ids" else None,
+        chars_per_token=characters / max(n, 1) if tokenizer.kind != "ids" else None,
         chunks_train=len(layout.index["train"]),
         chunks_val=len(layout.index["val"]),
         chunk_tokens=d.chunk_tokens,
