@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import psutil
 import pyarrow.parquet as pq
 
@@ -166,7 +167,7 @@ def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
     tokenizer and the manifest, under a temporary name; ``commit`` puts it in place. Hold
     ``locked(cache_dir, key)``."""
     tmp = Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    row_group = out.manifest.chunk_tokens * out.tokenizer.token_dtype.itemsize
+    row_group = out.manifest.chunk_tokens * np.dtype(out.manifest.token_dtype).itemsize
     try:
         for name, df in out.chunks.items():
             # parquet-mr closes a row group once it holds parquet.block.size bytes, checked after

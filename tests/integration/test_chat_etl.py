@@ -15,7 +15,7 @@ from test_etl import cut_windows
 from conftest import make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
-from raydp_llm.data import chat_tokens
+from raydp_llm.data import cache, chat_tokens
 from raydp_llm.data.etl import EtlPlan
 from raydp_llm.data.prepare import _run_etl, windows_of
 
@@ -64,6 +64,10 @@ def test_jsonl_conversations_pack_into_records(spark, tmp_path):
         assert start % (BLOCK + 1) == 0 and len(ids) == BLOCK + 1 and first[0] and not train[0]
     decoded = out.tokenizer.decode(ids[train])
     assert decoded.endswith("<|im_end|>\n") and "user" not in decoded
+    # the cache entry holds the flagged words and reads back the chat entry
+    entry = cache.commit(cache.stage(out, tmp_path / "cache", "key"), {})
+    index, _, manifest, _ = cache.read_entry(entry)
+    assert manifest.chat == chat and len(index["train"]) == len(out.index["train"])
 
 
 def test_parquet_prompt_response_with_bpe(spark, tmp_path):

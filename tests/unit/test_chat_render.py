@@ -126,3 +126,25 @@ def test_unpacked_truncated_and_overlong_error():
     with pytest.raises(InputError, match=r"^f: row 2: the conversation has 9 tokens, more than "
                                          r"model.block_size \+ 1 = 8"):
         encode(rows, block=7, overlong="error")
+
+
+def test_cache_key_holds_the_record_and_template_for_chat_alone(tmp_path):
+    from conftest import make_config
+    from raydp_llm.data.cache import cache_key
+    from raydp_llm.data.corpus import Corpus
+    from raydp_llm.data.prepare import chat_key, etl_tokenizer
+
+    corpus = Corpus([], False, "chat")
+
+    def key(*overrides):
+        cfg = make_config(*overrides)
+        return cache_key(corpus, cfg.data, etl_tokenizer(cfg.tokenizer), cfg.seed,
+                         chat_key(cfg, corpus))
+
+    assert chat_key(make_config(), corpus) is None
+    assert key("model.block_size=32") == key("model.block_size=64")  # text: windows when read
+    chat = ("data.format=chat",)
+    assert key(*chat, "model.block_size=32") != key(*chat, "model.block_size=64")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert key(*chat, f"data.chat_template={template}") != key(*chat)
