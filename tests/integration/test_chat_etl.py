@@ -13,6 +13,7 @@ import pytest
 from test_etl import cut_windows
 
 from conftest import make_config
+from hf_models import CHAT_TEXTS, QWEN_CHAT, chat_tokenizer
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache, chat_tokens
@@ -81,6 +82,27 @@ def test_parquet_prompt_response_with_bpe(spark, tmp_path):
     assert chat["truncated"] == 1 and chat["dropped"] == 0 and chat["conversations"] == 30
     assert out.manifest.tokens == 30 * (BLOCK + 1)  # one conversation per record
     assert len(out.tokenizer.encode("<|im_start|><|im_end|>")) == 2
+
+
+def test_model_tokenizer_and_template_give_transformers_ids(spark, tmp_path):
+    from transformers import AutoTokenizer
+
+    model = chat_tokenizer(tmp_path / "model", CHAT_TEXTS, QWEN_CHAT)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = [{"messages": conversation(i)} for i in range(12) if i % 7 != 3]
+    (corpus / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = etl(spark, corpus, "tokenizer=bpe", f"tokenizer.path={model}", "data.packing=false")
+    assert out.manifest.to_json()["chat"]["template"] == "model"
+    auto = AutoTokenizer.from_pretrained(str(model))
+    train = cut_windows(out)["train"]
+    assert len(train) >= 5
+    for start, window in train:
+        ids, _, first = chat_tokens.unpack(np.frombuffer(window, chat_tokens.DTYPE))
+        end = int(np.flatnonzero(first)[1]) if first.sum() > 1 else len(ids)
+        expected = auto.apply_chat_template(rows[start // (BLOCK + 1)]["messages"])
+        expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+        assert ids[:end].tolist() == list(expected)
 
 
 def test_bad_input_is_one_line(spark, tmp_path):

@@ -10,7 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hf_models import bpe, tokenizer_for
+from hf_models import CHAT_TEXTS as TEXTS
+from hf_models import QWEN_CHAT as QWEN
+from hf_models import chat_tokenizer
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
@@ -18,19 +20,10 @@ from raydp_llm.data import chat_tokens
 from raydp_llm.data.chat import Renderer, marked, resolve_template, unmarked
 from raydp_llm.data.etl.chat_encode import ChatEncoder, token_starts, trained
 
-# Qwen2's template, shortened: a default system turn when the conversation has none
-QWEN = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-        "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
-        "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-        "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
-        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 CHAT = [{"role": "user", "content": "What is a rose?"},
         {"role": "assistant", "content": "A flower, sweet by any name."},
         {"role": "user", "content": "And a thorn?"},
         {"role": "assistant", "content": "Its guard."}]
-TEXTS = ["Romeo, Romeo, wherefore art thou Romeo? A rose by any other name would smell as sweet.",
-         "What is a flower? Its guard is a thorn, and the rose is sweet."] * 20
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +31,7 @@ def qwen(tmp_path_factory):
     """A tiny Qwen2 tokenizer with a chat template, saved as a model directory."""
     from transformers import AutoTokenizer
 
-    directory = tmp_path_factory.mktemp("qwen")
-    tok = tokenizer_for("qwen2", *bpe(TEXTS))
-    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
-    tok.chat_template = QWEN
-    tok.save_pretrained(directory)
+    directory = chat_tokenizer(tmp_path_factory.mktemp("qwen"), TEXTS, QWEN)
     return directory, AutoTokenizer.from_pretrained(str(directory))
 
 
