@@ -69,3 +69,26 @@ def build(family: str, directory: Path, texts: list[str], offset: int = 0, seed:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# Qwen2's template, shortened: a default system turn when the conversation has none
+QWEN_CHAT = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHAT_TEXTS = ["Romeo, Romeo, wherefore art thou Romeo? A rose by any other name would smell as "
+              "sweet.", "What is a flower? Its guard is a thorn, and the rose is sweet."] * 20
+
+
+def chat_tokenizer(directory: Path, texts: list[str], template: str) -> Path:
+    """A tiny Qwen2 tokenizer with ChatML's two special tokens and ``template`` as its chat
+    template, saved into ``directory`` (a model directory's tokenizer files)."""
+    tokenizer = tokenizer_for("qwen2", *bpe(texts))
+    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tokenizer.chat_template = template
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(directory)
+    return directory

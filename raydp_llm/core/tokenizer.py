@@ -250,16 +250,18 @@ def pretrained_tokenizer(directory: str | Path) -> PretrainedTokenizer:
                                files)
 
 
-def train_bpe(batches: Iterable[list[str]], vocab_size: int) -> BPETokenizer:
+def train_bpe(batches: Iterable[list[str]], vocab_size: int,
+              specials: tuple[str, ...] = ()) -> BPETokenizer:
     """A byte-level BPE (GPT-2 style) with ``vocab_size`` ids, the first being the end-of-document
-    token."""
+    token, then ``specials`` (kept whole: a chat template's markers)."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD, *specials],
+                                  show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator((b for b in batches if b), trainer=trainer)
     return BPETokenizer(tok)

@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import psutil
 import pyarrow.parquet as pq
 
@@ -57,8 +58,10 @@ CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
 READ_SETTINGS = ("stride", "val_stride", "sampling")
 
 
-def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int) -> str:
-    """The ETL's inputs (their fingerprints) and every setting it reads, hashed."""
+def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int,
+              chat: dict | None = None) -> str:
+    """The ETL's inputs (their fingerprints) and every setting it reads, hashed; ``chat``: what a
+    chat ETL reads beyond ``data`` (``prepare.chat_key``: the block size, the template)."""
     settings = asdict(data)
     # the inputs are in the fingerprints; the window settings are read, not written
     for irrelevant in ("cache", "cache_dir", "path", "max_files", *READ_SETTINGS):
@@ -77,7 +80,7 @@ def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int)
             "data": settings,
             "tokenizer": tokenizer,
             "seed": seed,
-        },
+        } | ({} if chat is None else {"chat": chat}),
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -164,7 +167,7 @@ def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
     tokenizer and the manifest, under a temporary name; ``commit`` puts it in place. Hold
     ``locked(cache_dir, key)``."""
     tmp = Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    row_group = out.manifest.chunk_tokens * out.tokenizer.token_dtype.itemsize
+    row_group = out.manifest.chunk_tokens * np.dtype(out.manifest.token_dtype).itemsize
     try:
         for name, df in out.chunks.items():
             # parquet-mr closes a row group once it holds parquet.block.size bytes, checked after

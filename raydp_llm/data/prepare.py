@@ -87,7 +87,7 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
     (``from_spark``). Spark's driver log goes to ``out_dir``. One run at a time checks or builds a
     key (``cache.locked``)."""
     tok = etl_tokenizer(settings.tokenizer)
-    key = cache.cache_key(corpus, settings.data, tok, settings.seed)
+    key = cache.cache_key(corpus, settings.data, tok, settings.seed, chat_key(settings, corpus))
     fingerprinted = all(f["size"] is not None for f in corpus.fingerprints)
     if settings.data.cache and not fingerprinted:
         log.info("ETL cache not used: remote inputs have no size or modification time to key it by")
@@ -223,7 +223,26 @@ def _run_etl(spark, plan: EtlPlan, on_phase: Callable[[str, float], None]) -> Et
     # the user gets one line, not the executors' traceback
     except (PythonException, Py4JJavaError) as err:
         check_unchanged(plan.corpus, plan.s3)
-        raise unknown_characters(err, plan.tokenizer) or unreadable_object(err, plan.s3) or err
+        raise (unknown_characters(err, plan.tokenizer) or unreadable_object(err, plan.s3)
+               or input_error(err) or err)
+
+
+def input_error(err: Exception) -> InputError | None:
+    """The one line an executor raised as an ``InputError`` (a chat row the template refuses, an
+    overlong conversation with data.overlong=error...), or None."""
+    message = raised_in_executor(err, InputError)
+    return None if message is None else InputError(message)
+
+
+def chat_key(settings: Settings, corpus: Corpus) -> dict | None:
+    """What a chat ETL reads beyond ``data``: the record (``model.block_size + 1``) and the
+    template's text (a model's, or a file's), for the cache key; None for other formats."""
+    plan = EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer))
+    template = plan.chat_template()
+    if template is None:
+        return None
+    return {"block_size": plan.block_size, "template": template.text,
+            "template_specials": template.specials}
 
 
 def _text(err: Exception) -> str:
@@ -270,8 +289,15 @@ def unknown_characters(err: Exception, tok) -> InputError | None:
 
 def samplings(settings: Settings) -> dict[str, Sampling]:
     """How a run cuts each split's windows: training as ``data.sampling`` and ``data.stride`` say,
-    validation always every ``data.val_stride`` tokens."""
+    validation always every ``data.val_stride`` tokens. Chat: each window is a record (stride
+    ``block_size + 1``), in both splits; random offsets would cut conversations, so refused."""
     block, d = settings.model.block_size, settings.data
+    if d.format == "chat":
+        if d.sampling == "random":
+            raise InputError("data.sampling=random: data.format=chat cuts a window per record of "
+                             "packed conversations, never at random offsets; set "
+                             "data.sampling=stride")
+        return {name: Sampling(block, block + 1) for name in ("train", "val")}
     return {"train": Sampling(block, d.stride or block, random=d.sampling == "random"),
             "val": Sampling(block, d.val_stride or block)}
 

@@ -49,6 +49,13 @@ def segments(lo: int, hi: int, n: int, split: str, val_fraction: float, seed: in
              min((j + 1) * segment_tokens, n)) for j in range(first, last + 1)]
 
 
+def record_segments(lo: int, hi: int, segments_of, record: int) -> list[tuple[str, int, int]]:
+    """``segments_of`` (``segments`` over a stream counted in ``record``s) in tokens: a stream of
+    records (chat's, a window each) is split between records, never inside one."""
+    return [(name, start * record, end * record)
+            for name, start, end in segments_of(lo // record, -(-hi // record))]
+
+
 class Span(NamedTuple):
     split: str
     start: int

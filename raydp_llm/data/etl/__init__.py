@@ -28,7 +28,8 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from raydp_llm.core.config import DataSettings
-from raydp_llm.data import contamination, curate
+from raydp_llm.data import chat_tokens, contamination, curate
+from raydp_llm.data.etl.chat_encode import chat_counts
 from raydp_llm.data.etl.checks import Scanned, read_and_scan
 from raydp_llm.data.etl.chunks import check_chunk_count, cut_chunks, sorted_chunks, to_object_store
 from raydp_llm.data.etl.encode import Encoded, Encoding
@@ -59,14 +60,15 @@ def run_etl(spark: SparkSession, plan: EtlPlan,
         "curate", lambda: curate.curate(spark, scanned.lines, data, document_split, plan.seed))
     tokenizer = phases.run(
         "tokenizer", lambda: build_tokenizer(curated.lines, scanned.files, plan))
-    encoding = Encoding(tokenizer, document_split, data, plan.seed)
+    encoding = Encoding(tokenizer, document_split, data, plan.seed, plan.block_size)
     encoded = _encode(phases, "encode", encoding, curated)
+    chat = chat_entry(plan, encoding, encoded) if encoding.chat else None
     if checks_contamination(data):
         encoded = _decontaminate(phases, data, encoding, curated, encoded)
     layout = encoded.layout
     chunks = {name: cut_chunks(encoded.pieces, layout, name) for name in SPLITS}
     manifest = build_manifest(plan.corpus, scanned, layout, tokenizer, document_split,
-                              curated.report)
+                              curated.report, chat)
     return EtlOutput(chunks=chunks, index=layout.index, encoded=encoded.pieces,
                      tokenizer=tokenizer, manifest=manifest, phase_s=phases.seconds,
                      documents=encoded.placed, removed=curated.removed,
@@ -74,8 +76,22 @@ def run_etl(spark: SparkSession, plan: EtlPlan,
 
 
 def checks_contamination(data: DataSettings) -> bool:
-    """The contamination check runs on text (not on id files) unless turned off."""
-    return data.decontaminate != "off" and not reader_for(data).token_ids
+    """The contamination check runs on text (not on id files, nor on chat, whose rendered
+    conversations share the template's text) unless turned off."""
+    return (data.decontaminate != "off" and not reader_for(data).token_ids
+            and data.format != "chat")
+
+
+def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:
+    """The manifest's ``chat`` entry: the template (its text, so training can write
+    chat_template.jinja beside its checkpoints; its end of turn), the settings, the counts
+    (``chat_encode.CHAT_COUNTS``: turns are assistant turns; ``no_assistant``, conversations
+    dropped for having none) and the flag bytes each stored token pays."""
+    d = plan.data
+    flags = chat_tokens.DTYPE.itemsize - encoding.tokenizer.token_dtype.itemsize
+    return {**plan.chat_template().manifest(), "train_on": d.train_on, "packing": d.packing,
+            "overlong": d.overlong, "record_tokens": plan.block_size + 1,
+            **chat_counts(encoded.pieces), "flag_bytes_per_token": flags}
 
 
 def _encode(phases: Phases, phase: str, encoding: Encoding, curated: curate.Curated) -> Encoded:

@@ -36,7 +36,7 @@ def read_and_scan(spark: SparkSession, plan: EtlPlan) -> Scanned:
     corpus, data = plan.corpus, plan.data
     reader = reader_for(data)
     read = read_lines(spark, corpus, data, plan.s3)
-    lines = documents(read, corpus, data)
+    lines = documents(read, corpus, data, plan.chat_template())
     want_charset = plan.tokenizer.kind == "char" and not reader.token_ids
     files = scan_files(lines, want_charset=want_charset, id_file=reader.token_ids)
     reader.check(read, files, data)

@@ -33,7 +33,8 @@ class StreamLayout:
     """The token stream as the pieces make it: each piece's offset and halo (the ``halo`` tokens
     after it), the train/validation segments, and each split's chunks (``index``), by arithmetic."""
 
-    def __init__(self, pieces: list[Piece], data: DataSettings, seed: int, dtype: np.dtype):
+    def __init__(self, pieces: list[Piece], data: DataSettings, seed: int, dtype: np.dtype,
+                 record: int = 1):
         self.pieces, self.data, self.seed, self.dtype = pieces, data, seed, dtype
         self.halo = data.halo_tokens
         self.n_tokens = sum(p.n for p in pieces)
@@ -43,9 +44,13 @@ class StreamLayout:
         halos = windows.halos([np.frombuffer(p.head, dtype) for p in pieces], self.halo)
         self.placed = {(p.src, p.block, p.part): (offset, halo.tobytes())
                        for p, offset, halo in zip(pieces, offsets, halos)}
-        self.segments_of = functools.partial(
-            windows.segments, n=self.n_tokens, split=data.split, val_fraction=data.val_fraction,
-            seed=seed, segment_tokens=data.segment_tokens)
+        # counted in records (chat's windows, whole in one segment; else a token each)
+        in_records = functools.partial(
+            windows.segments, n=self.n_tokens // record, split=data.split,
+            val_fraction=data.val_fraction, seed=seed,
+            segment_tokens=max(1, data.segment_tokens // record))
+        self.segments_of = functools.partial(windows.record_segments, segments_of=in_records,
+                                             record=record)
         rows = {name: [] for name in SPLITS}
         for p, offset in zip(pieces, offsets):
             for s in windows.chunk_spans(offset, offset + p.n, self.segments_of, data.chunk_tokens):

@@ -16,7 +16,8 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
-from raydp_llm.data import contamination
+from raydp_llm.data import chat_tokens, contamination
+from raydp_llm.data.etl.chat_encode import encode_chat
 from raydp_llm.data.etl.chunks import StreamLayout
 from raydp_llm.data.etl.scan import decode_column
 from raydp_llm.engines.spark import detached
@@ -234,13 +235,26 @@ class Encoding:
     document_split: str
     data: DataSettings
     seed: int
+    block_size: int | None = None  # chat: its records are block_size + 1 tokens
+
+    @property
+    def chat(self) -> bool:
+        return self.data.format == "chat"
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The stream's stored token: the tokenizer's, or chat's flagged word."""
+        return chat_tokens.DTYPE if self.chat else self.tokenizer.token_dtype
 
     def run(self, lines: DataFrame) -> tuple[DataFrame, StreamLayout]:
-        """The pieces (cached) and the stream's layout."""
-        encoded = encode_lines(lines, self.tokenizer, self.document_split).cache()
-        head_bytes = self.data.halo_tokens * self.tokenizer.token_dtype.itemsize
-        pieces = collect_pieces(encoded, head_bytes)
-        return encoded, StreamLayout(pieces, self.data, self.seed, self.tokenizer.token_dtype)
+        """The pieces (cached) and the stream's layout (chat: aligned to its records)."""
+        if self.chat:
+            encoded = encode_chat(lines, self.tokenizer, self.block_size, self.data).cache()
+        else:
+            encoded = encode_lines(lines, self.tokenizer, self.document_split).cache()
+        pieces = collect_pieces(encoded, self.data.halo_tokens * self.dtype.itemsize)
+        record = self.block_size + 1 if self.chat else 1
+        return encoded, StreamLayout(pieces, self.data, self.seed, self.dtype, record)
 
     def placed(self, encoded: DataFrame, layout: StreamLayout) -> Encoded:
         """``encoded`` with each document's place in the stream."""

@@ -4,6 +4,7 @@ stages ask the reader (``reader_for``), never ``data.format``."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -12,6 +13,7 @@ from pyspark.sql import functions as F
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import jsonl
+from raydp_llm.data.chat import ChatTemplate, Renderer
 from raydp_llm.data.corpus import hadoop_literal
 from raydp_llm.data.etl.scan import FileStats
 
@@ -36,8 +38,10 @@ class TextReader:
         """``src, block, text``: what Spark's text reader makes of local files and Hadoop URIs."""
         return tagged(spark.read.text([hadoop_literal(f) for f in files]), F.col("value"))
 
-    def parse(self, lines: DataFrame, data: DataSettings) -> DataFrame:
-        """The lines as read (``src, block, text``) → one text per row, plus ``verdicts``."""
+    def parse(self, lines: DataFrame, data: DataSettings,
+              template: ChatTemplate | None = None) -> DataFrame:
+        """The lines as read (``src, block, text``) → one text per row, plus ``verdicts``
+        (``template``: the chat reader's)."""
         return lines
 
     def document_split(self, data: DataSettings) -> str:
@@ -79,7 +83,8 @@ class JsonLinesReader(TextReader):
     rows_are_documents = True
     verdicts = ("bad",)
 
-    def parse(self, lines: DataFrame, data: DataSettings) -> DataFrame:
+    def parse(self, lines: DataFrame, data: DataSettings,
+              template: ChatTemplate | None = None) -> DataFrame:
         return jsonl.documents(lines, data.text_column)
 
     def check(self, read: DataFrame, files: dict[str, FileStats], data: DataSettings) -> None:
@@ -109,8 +114,49 @@ def json_counts(files: dict[str, FileStats]) -> dict:
         "files": {src: n for src, n in per_file.items() if n}}
 
 
+class ChatReader(TextReader):
+    """``data.format=chat``: each row a conversation (a JSON line, or a Parquet row, by the
+    ``.parquet`` extension), rendered with the chat template in the executors (``chat.Renderer``):
+    ``text`` is the rendered conversation, its assistant turns' spans marked (``chat.OPEN``)."""
+
+    rows_are_documents = True
+
+    def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
+                   name: str) -> DataFrame:
+        """JSON lines as text; Parquet rows as JSON objects of the chat columns (Spark's
+        ``to_json``), so both render alike."""
+        parquet = [f for f in files if f.lower().endswith(".parquet")]
+        lines = [f for f in files if f not in parquet]
+        parts = [tagged(spark.read.text([hadoop_literal(f) for f in lines]), F.col("value"))]
+        parts = parts if lines else []
+        if parquet:
+            df = spark.read.parquet(*map(hadoop_literal, parquet))
+            parts.append(tagged(df, F.to_json(F.struct(*chat_columns(df.columns, data, name)))))
+        return functools.reduce(DataFrame.unionByName, parts)
+
+    def parse(self, lines: DataFrame, data: DataSettings,
+              template: ChatTemplate | None = None) -> DataFrame:
+        if template is None:  # the ETL resolves it (EtlPlan.chat_template); a caller forgot
+            raise ValueError("the chat reader renders with a template: pass it to parse")
+        render = Renderer(template, data.messages_column, data.prompt_column, data.response_column)
+        return lines.mapInArrow(render, "src string, block long, text binary")
+
+
+def chat_columns(columns: list[str], data: DataSettings, name: str) -> list[str]:
+    """The columns a chat table's rows are rendered from: the messages column, or the prompt and
+    response columns; one line when it has neither."""
+    if data.messages_column in columns:
+        return [data.messages_column]
+    if data.prompt_column in columns and data.response_column in columns:
+        return [data.prompt_column, data.response_column]
+    raise InputError(f"data.messages_column={data.messages_column}: no such column in {name}, "
+                     f"nor data.prompt_column={data.prompt_column} and data.response_column="
+                     f"{data.response_column}; its columns are {', '.join(columns)}; name the "
+                     "chat columns with those settings")
+
+
 READERS = {"text": TextReader(), "ids": IdsReader(), "parquet": ParquetReader(),
-           "jsonl": JsonLinesReader()}
+           "jsonl": JsonLinesReader(), "chat": ChatReader()}
 
 
 def reader_for(data: DataSettings) -> TextReader:

@@ -43,14 +43,17 @@ class Manifest:
     curation: dict  # what curation removed and found, stage by stage
     etl_key: str | None = None  # the ETL cache key (prepare.py): the inputs and settings read
     bad_json_lines: dict | None = None  # JSON Lines: by kind and per file; first in the JSON
+    chat: dict | None = None  # data.format=chat: template, settings, counts; before etl_key
 
     def to_json(self) -> dict:
         """The manifest as ``manifest.json`` holds it: keys in field order, the optional ones
-        (``bad_json_lines`` first, ``etl_key`` last) only when set."""
+        (``bad_json_lines`` first, ``chat`` then ``etl_key`` last) only when set."""
         fields = asdict(self)
         bad_json_lines, etl_key = fields.pop("bad_json_lines"), fields.pop("etl_key")
+        chat = fields.pop("chat")
         head = {} if bad_json_lines is None else {"bad_json_lines": bad_json_lines}
-        tail = {} if etl_key is None else {"etl_key": etl_key}
+        tail = {} if chat is None else {"chat": chat}
+        tail |= {} if etl_key is None else {"etl_key": etl_key}
         return head | fields | tail
 
     @classmethod
@@ -63,8 +66,9 @@ class Manifest:
 
 
 def build_manifest(corpus: Corpus, scanned: Scanned, layout: StreamLayout, tokenizer: Tokenizer,
-                   document_split: str, curation: dict) -> Manifest:
-    """The manifest of a finished ETL (all but ``etl_key``, which the ETL's caller knows)."""
+                   document_split: str, curation: dict, chat: dict | None = None) -> Manifest:
+    """The manifest of a finished ETL (all but ``etl_key``, which the ETL's caller knows); the
+    stored tokens are the layout's (chat: flagged words)."""
     n, d, files = layout.n_tokens, layout.data, scanned.files
     tokens_val = layout.index["val"].tokens()
     characters = sum(f.chars for f in files.values())
@@ -80,16 +84,16 @@ def build_manifest(corpus: Corpus, scanned: Scanned, layout: StreamLayout, token
         tokens=n,
         tokens_train=n - tokens_val,
         tokens_val=tokens_val,
-        chars_per_token=characters / n if tokenizer.kind != "ids" else None,
+        chars_per_token=characters / max(n, 1) if tokenizer.kind != "ids" else None,
         chunks_train=len(layout.index["train"]),
         chunks_val=len(layout.index["val"]),
         chunk_tokens=d.chunk_tokens,
         halo_tokens=d.halo_tokens,
-        token_bytes_stored=layout.stored_tokens() * tokenizer.token_dtype.itemsize,
+        token_bytes_stored=layout.stored_tokens() * layout.dtype.itemsize,
         vocab_size=tokenizer.vocab_size,
         tokenizer=tokenizer.kind,
         tokenizer_hash=tokenizer.fingerprint,
-        token_dtype=tokenizer.token_dtype.name,
+        token_dtype=layout.dtype.name,
         split=d.split,
         val_fraction=d.val_fraction,
         format=d.format,
@@ -97,4 +101,5 @@ def build_manifest(corpus: Corpus, scanned: Scanned, layout: StreamLayout, token
         inputs=corpus.fingerprints,
         document_split=document_split,
         curation=curation,
+        chat=chat,
     )

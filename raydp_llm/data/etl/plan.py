@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
@@ -13,6 +14,7 @@ from raydp_llm.core.config import DataSettings, Settings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import timed
 from raydp_llm.core.tokenizer import Tokenizer
+from raydp_llm.data.chat import ChatTemplate, resolve_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.stream import ChunkIndex
 
@@ -24,19 +26,32 @@ if TYPE_CHECKING:
 class EtlPlan:
     """What the ETL builds: the token stream of ``corpus`` in chunks, read and split as ``data``
     says, tokenized with ``tokenizer`` (settings, or a ``SavedTokenizer``), split with ``seed``;
-    ``s3`` reaches ``s3://`` inputs. No window setting: windows are cut when read."""
+    ``s3`` reaches ``s3://`` inputs. No window setting: windows are cut when read, but for chat
+    (``data.format=chat``), whose records are ``block_size + 1`` tokens; ``model_path``: the model
+    whose chat template renders the conversations (else the tokenizer's directory, else chatml)."""
 
     corpus: Corpus
     data: DataSettings
     tokenizer: object
     seed: int
     s3: S3Options = S3Options()
+    block_size: int | None = None
+    model_path: str | None = None
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The chat template (``data.format=chat``), or None."""
+        if self.data.format != "chat":
+            return None
+        model_dir = self.model_path or getattr(self.tokenizer, "path", None)
+        model_dir = model_dir if model_dir and Path(model_dir).is_dir() else None
+        return resolve_template(self.data.chat_template, model_dir)
 
     @classmethod
     def of(cls, settings: Settings, corpus: Corpus, tokenizer: object = None) -> EtlPlan:
         """The plan a run's settings make (``tokenizer`` instead of ``settings.tokenizer``)."""
         return cls(corpus, settings.data, tokenizer or settings.tokenizer, settings.seed,
-                   S3Options.of(settings.s3))
+                   S3Options.of(settings.s3), getattr(settings.model, "block_size", None),
+                   getattr(settings.model, "path", None))
 
 
 @dataclass

@@ -14,6 +14,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data import arrow_reader
 from raydp_llm.data.arrow_reader import NATIVE_ONLY
+from raydp_llm.data.chat import ChatTemplate
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.etl.formats import reader_for
 
@@ -55,12 +56,13 @@ def spark_read(spark: SparkSession, files: list[str], data: DataSettings, name: 
     return reader_for(data).spark_read(spark, files, data, name)
 
 
-def documents(lines: DataFrame, corpus: Corpus, data: DataSettings) -> DataFrame:
+def documents(lines: DataFrame, corpus: Corpus, data: DataSettings,
+              template: ChatTemplate | None = None) -> DataFrame:
     """``src, block, raw``: what the ETL encodes, a line or a document per row, as bytes; JSON
     Lines are parsed (``raw`` is the ``data.text_column`` string) and each line's verdict kept
-    (``bad``); markdown is stripped in the JVM."""
+    (``bad``); chat rows are rendered with ``template``; markdown is stripped in the JVM."""
     reader = reader_for(data)
-    lines = reader.parse(lines, data)
+    lines = reader.parse(lines, data, template)
     text = F.col("text")
     if corpus.markdown:
         text = text.cast("string")

@@ -19,6 +19,7 @@ from raydp_llm.core.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
+from raydp_llm.data.chat import CHATML_SPECIALS, strip_marks
 from raydp_llm.data.corpus import decode
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.plan import EtlPlan
@@ -28,19 +29,23 @@ from raydp_llm.data.etl.scan import FileStats
 def build_tokenizer(lines: DataFrame, files: dict[str, FileStats], plan: EtlPlan) -> Tokenizer:
     """Id files: the ids as they are. ``char``: the corpus' character set (newline included).
     ``bpe``: loaded from ``tokenizer.path``, or trained on a sample of at most
-    ``tokenizer.sample_mb`` MB that Spark draws."""
+    ``tokenizer.sample_mb`` MB that Spark draws (chat: with chatml's two special tokens)."""
     tok_cfg = plan.tokenizer
     if reader_for(plan.data).token_ids:
         return IdsTokenizer(id_vocab_size(files, plan.data.vocab_size))
-    if tok_cfg.kind == "char":
-        return CharTokenizer("\n" + "".join(set().union(*(f.charset for f in files.values()))))
+    if tok_cfg.kind == "char":  # chat's span marks are no characters of the text
+        chars = "".join(set().union(*(f.charset for f in files.values())))
+        return CharTokenizer("\n" + strip_marks(chars))
     if tok_cfg.path:
         return load_tokenizer(tok_cfg.path)
     total = sum(f.chars for f in files.values())
     texts = sample_lines(lines, min(1.0, tok_cfg.sample_mb * 1e6 / max(total, 1)), plan.seed)
+    chat = plan.data.format == "chat"
+    if chat:
+        texts = [strip_marks(t) for t in texts]
     return train_bpe(
-        (texts[i : i + 10_000] for i in range(0, len(texts), 10_000)), tok_cfg.vocab_size
-    )
+        (texts[i : i + 10_000] for i in range(0, len(texts), 10_000)), tok_cfg.vocab_size,
+        specials=CHATML_SPECIALS if chat else ())
 
 
 def id_vocab_size(files: dict[str, FileStats], vocab_size: int | None) -> int:
