@@ -154,6 +154,8 @@ def check_inputs(settings: Settings) -> Corpus:
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
+    if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
+        return Corpus(files=[], markdown=False, name="query")
     corpus = resolve_corpus(d.path, markdown=d.markdown, s3=s3)
     if d.max_files:
         corpus = Corpus(

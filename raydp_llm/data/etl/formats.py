@@ -13,6 +13,7 @@ from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import jsonl
 from raydp_llm.data.corpus import hadoop_literal
+from raydp_llm.data.etl import query
 from raydp_llm.data.etl.scan import FileStats
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class TextReader:
     rows_are_documents = False  # a Parquet row or a JSON line is a document
     token_ids = False  # the lines hold token ids: no tokenizer to build, no text to check
     verdicts: tuple[str, ...] = ()  # columns the parse adds for the scan to count
+    reads_query = False  # the rows of data.query, not data.path's files
 
     def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
                    name: str) -> DataFrame:
@@ -72,6 +74,18 @@ class ParquetReader(TextReader):
         return tagged(df, F.col(data.text_column))
 
 
+class SqlReader(TextReader):
+    """``data.format=sql``: each row of ``data.query`` is a document, its ``data.text_column`` the
+    text (``query.py``)."""
+
+    rows_are_documents = True
+    reads_query = True
+
+    def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
+                   name: str) -> DataFrame:
+        return query.read_query(spark, data)
+
+
 class JsonLinesReader(TextReader):
     """``data.format=jsonl``: each line a JSON object whose ``data.text_column`` is a document,
     parsed in the executors (``jsonl.py``); each line's verdict is kept (``bad``) and counted."""
@@ -110,7 +124,7 @@ def json_counts(files: dict[str, FileStats]) -> dict:
 
 
 READERS = {"text": TextReader(), "ids": IdsReader(), "parquet": ParquetReader(),
-           "jsonl": JsonLinesReader()}
+           "jsonl": JsonLinesReader(), "sql": SqlReader()}
 
 
 def reader_for(data: DataSettings) -> TextReader:
