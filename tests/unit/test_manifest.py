@@ -46,7 +46,8 @@ def test_file_stats_merge_an_executors_row_and_id_lines():
 
 
 def test_every_data_format_has_a_reader():
-    assert sorted(READERS) == ["ids", "jsonl", "parquet", "text"]
+    assert sorted(READERS) == ["ids", "jsonl", "parquet", "sql", "text"]
     assert [name for name, r in READERS.items() if r.token_ids] == ["ids"]
-    assert sorted(name for name, r in READERS.items() if r.rows_are_documents) == ["jsonl",
-                                                                                   "parquet"]
+    assert sorted(name for name, r in READERS.items() if r.rows_are_documents) == [
+        "jsonl", "parquet", "sql"]
+    assert [name for name, r in READERS.items() if r.reads_query] == ["sql"]
