@@ -96,7 +96,10 @@ def test_a_catalog_table_lives_in_the_run_directory_and_is_queried(spark, hive_d
     assert not (ROOT / METASTORE_DIR).exists() and not (ROOT / "derby.log").exists()
     out = etl(spark, *sql("SELECT text FROM docs WHERE lang = 'fr' AND id < 40"))
     assert out.manifest.documents == 20
-    assert key_of(spark, *sql("SELECT text FROM docs WHERE lang = 'fr'"))  # its files are listed
+    corpus = query_corpus(spark, make_config(*sql("SELECT text FROM docs")).data)
+    assert corpus.fingerprints and all(  # the table's files, for the cache key
+        f["path"].startswith(str(hive_dir / WAREHOUSE_DIR / "docs")) and f["size"]
+        for f in corpus.fingerprints)
 
 
 def test_the_cache_key_holds_the_query_and_its_input_files(spark, tmp_path):
@@ -131,6 +134,8 @@ def test_a_query_without_files_to_list_is_not_cached_with_one_line(spark, tmp_pa
                              r"'SELEC'.*; fix the query$"),
     ("SELECT text FROM no_such_table", r"^data\.query: \[TABLE_OR_VIEW_NOT_FOUND\] The table or "
                                        r"view `no_such_table` cannot be found.*; fix the query$"),
+    ("SELECT raise_error('no documents today') AS text",
+     r"^data\.query failed as it ran: RuntimeException: no documents today; fix the query$"),
     ("SELECT id, lang FROM parquet.`{docs}`", r"^data\.query: its result has no column text \(it "
                                               r"has id, lang\); select one AS text, or set"),
     ("SELECT text FROM parquet.`{docs}` WHERE id < 0", r"^data\.query: the query returns no rows "

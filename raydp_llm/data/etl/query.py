@@ -6,13 +6,15 @@ sizes and modification times for the ETL cache key (``query_corpus``), and its r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
-from typing import Iterable
+from typing import Iterable, Iterator
 
+from py4j.protocol import Py4JJavaError
 from pyspark import StorageLevel
-from pyspark.errors import AnalysisException
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -30,19 +32,37 @@ def query_rows(spark: SparkSession, data: DataSettings,
                columns: Iterable[str] = ()) -> DataFrame:
     """The rows of ``data.query``, planned and checked: a query Spark rejects, a result without one
     of ``columns``, or one without rows is one line. A chat reader passes its own columns."""
-    try:
+    with rejected():
         rows = spark.sql(data.query)
-    except AnalysisException as err:  # ParseException is one: Spark's first line says what
-        raise InputError(f"data.query: {first_line(err, 300)}; fix the query") from None
     for column in columns:
         if column not in rows.columns:
             raise InputError(f"data.query: its result has no column {column} (it has "
                              f"{', '.join(rows.columns)}); select one AS {column}, or set the "
                              "column's setting (data.text_column) to one of those")
-    if rows.isEmpty():
+    with rejected():  # runs the query until its first row: errors at run time show here
+        empty = rows.isEmpty()
+    if empty:
         raise InputError(f"data.query: the query returns no rows ({short(data.query)}); check its "
                          "tables and its WHERE clause")
     return rows
+
+
+@contextlib.contextmanager
+def rejected() -> Iterator[None]:
+    """An error Spark raised for the query as one line: parsing and analysis (a
+    ``CapturedException``: Spark's first line says what), or its tasks failing (the JVM's
+    innermost cause, under the stage's failure)."""
+    try:
+        yield
+    except CapturedException as err:
+        raise InputError(f"data.query: {first_line(err, 300)}; fix the query") from None
+    except Py4JJavaError as err:
+        cause = err.java_exception
+        while cause.getCause() is not None:
+            cause = cause.getCause()
+        what = f"{cause.getClass().getSimpleName()}: {cause.getMessage()}"
+        raise InputError(f"data.query failed as it ran: {first_line(what, 300)}; fix the "
+                         "query") from None
 
 
 def read_query(spark: SparkSession, data: DataSettings) -> DataFrame:
@@ -54,8 +74,12 @@ def read_query(spark: SparkSession, data: DataSettings) -> DataFrame:
                          F.col(data.text_column).cast("binary").alias("text"))
     # The ETL reads its lines in several passes, and numbers documents by their order within a
     # partition: a query with a shuffle (a join, a GROUP BY) need not give the same order twice, and
-    # may be costly to run again. Its result is kept, spilling to disk.
-    return tagged.persist(StorageLevel.MEMORY_AND_DISK)
+    # may be costly to run again. Its result is kept, spilling to disk, and made now: an error as
+    # its rows are made (the text column's expression) is one line here, not the scan's traceback.
+    tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
+    with rejected():
+        tagged.count()
+    return tagged
 
 
 def query_corpus(spark: SparkSession, data: DataSettings) -> Corpus:
