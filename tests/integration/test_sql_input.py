@@ -151,20 +151,19 @@ def test_prepare_runs_a_query_end_to_end_and_a_second_run_hits_the_cache(docs_fi
     """``python -m raydp_llm.prepare`` with a query: its own Ray and Spark, Hive's files in its run
     directory; the same query again skips the ETL."""
     query = f"SELECT text FROM parquet.`{docs_file}` WHERE lang = 'en'"
-    runs = []
+    logs, manifests = {}, {}
     for run in ("first", "second"):
-        run_dir = tmp_path / run
         done = subprocess.run(
             [sys.executable, "-m", "raydp_llm.prepare", "data.format=sql",
              f'data.query="{query}"', f"data.cache_dir={CACHE_DIR}", "data.decontaminate=off",
-             f"hydra.run.dir={run_dir}"],
+             f"hydra.run.dir={tmp_path / run}"],
             cwd=tmp_path, capture_output=True, text=True, timeout=300,
             env=os.environ | {"PYTHONPATH": str(ROOT)})
         assert done.returncode == 0, done.stderr[-3000:]
-        runs.append((run_dir, done.stdout + done.stderr))
-    manifests = [json.loads(next(d.rglob("manifest.json")).read_text()) for d, _ in runs]
-    assert [m["documents"] for m in manifests] == [DOCS // 2] * 2
-    assert manifests[0]["etl_key"] == manifests[1]["etl_key"]
-    assert "ETL cache hit" in runs[1][1] and "the query's ETL skipped" in runs[1][1]
-    assert (runs[0][0] / METASTORE_DIR).is_dir() and not (tmp_path / METASTORE_DIR).exists()
-    assert not (tmp_path / "derby.log").exists()
+        logs[run] = done.stdout + done.stderr
+        manifests[run] = json.loads(next((tmp_path / run).rglob("manifest.json")).read_text())
+    assert [m["documents"] for m in manifests.values()] == [DOCS // 2] * 2
+    assert manifests["first"]["etl_key"] == manifests["second"]["etl_key"]
+    assert "ETL cache hit" in logs["second"] and "the query's ETL skipped" in logs["second"]
+    assert (tmp_path / "first" / METASTORE_DIR).is_dir()
+    assert not (tmp_path / METASTORE_DIR).exists() and not (tmp_path / "derby.log").exists()
