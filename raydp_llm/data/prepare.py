@@ -110,14 +110,14 @@ def fingerprinted(corpus: Corpus) -> bool:
     return all(f["size"] is not None for f in corpus.fingerprints)
 
 
-def keyed(job: Job, listed: bool, why_not: str) -> Job:
+def keyed(job: Job, keyable: bool, why_not: str) -> Job:
     """The job with its cache key, and the cache directory when ``data.cache`` and the inputs are
-    ``listed`` (else one line: the cache is not used, ``why_not``)."""
+    ``keyable`` (else one line: the cache is not used, ``why_not``)."""
     data = job.settings.data
     key = cache.cache_key(job.corpus, data, job.tokenizer, job.settings.seed)
-    if data.cache and not listed:
+    if data.cache and not keyable:
         log.info("ETL cache not used: %s", why_not)
-    cache_dir = Path(data.cache_dir) if data.cache and listed else None
+    cache_dir = Path(data.cache_dir) if data.cache and keyable else None
     return replace(job, key=key, cache_dir=cache_dir)
 
 
