@@ -50,4 +50,3 @@ def test_every_data_format_has_a_reader():
     assert [name for name, r in READERS.items() if r.token_ids] == ["ids"]
     assert sorted(name for name, r in READERS.items() if r.rows_are_documents) == [
         "jsonl", "parquet", "sql"]
-    assert [name for name, r in READERS.items() if r.reads_query] == ["sql"]

@@ -31,7 +31,6 @@ class TextReader:
     rows_are_documents = False  # a Parquet row or a JSON line is a document
     token_ids = False  # the lines hold token ids: no tokenizer to build, no text to check
     verdicts: tuple[str, ...] = ()  # columns the parse adds for the scan to count
-    reads_query = False  # the rows of data.query, not data.path's files
 
     def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
                    name: str) -> DataFrame:
@@ -79,7 +78,6 @@ class SqlReader(TextReader):
     text (``query.py``)."""
 
     rows_are_documents = True
-    reads_query = True
 
     def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
                    name: str) -> DataFrame:
