@@ -155,6 +155,8 @@ def check_inputs(settings: Settings) -> Corpus:
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
+    if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
+        return Corpus(files=[], markdown=False, name="query")
     if d.path is None and d.format == "chat":  # the sample conversations
         corpus = sample_chat_corpus()
     else:

@@ -8,7 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from raydp_llm.core.config import ClusterSettings, FilterSettings, Settings, TrainSettings
+from raydp_llm.core.config import (
+    ClusterSettings,
+    DataSettings,
+    FilterSettings,
+    Settings,
+    TrainSettings,
+)
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.schema import check_fields
 
@@ -41,6 +47,7 @@ def validate(settings: Settings) -> None:
     _check_blocks(settings)
     _check_score_filter(settings.data.filters)
     _check_chat(settings)
+    _check_query(settings.data)
     if settings.model.block_size > settings.data.halo_tokens:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
                          f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
@@ -94,6 +101,19 @@ def _check_score_filter(f: FilterSettings) -> None:
         raise InputError(f"data.filters.score_path={f.score_path}: no such file; give the "
                          "document_scores.parquet of python -m raydp_llm.evaluate "
                          "per_document=true")
+
+
+QUERY_FORMATS = ("sql", "chat")  # the formats whose rows data.query may give
+
+
+def _check_query(d: DataSettings) -> None:
+    """``data.query`` goes with the formats that read it, and ``data.format=sql`` needs one."""
+    if d.query is not None and d.format not in QUERY_FORMATS:
+        raise InputError(f"data.query is set but data.format={d.format} reads data.path's files; "
+                         "use data.format=sql (or chat) for a query, or drop data.query")
+    if d.format == "sql" and not (d.query or "").strip():
+        raise InputError("data.format=sql needs data.query: add data.query=\"SELECT text FROM "
+                         "...\" (a Spark SQL query whose rows are the documents)")
 
 
 def _check_batch(t: TrainSettings) -> None:

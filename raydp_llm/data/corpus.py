@@ -126,6 +126,9 @@ def check_unchanged(corpus: Corpus, s3: S3Options) -> None:
     for before in corpus.fingerprints:
         if before["size"] is None:  # a URI only Spark lists (hdfs://): nothing to compare
             continue
+        if "://" in before["path"] and not before["path"].startswith("s3://"):
+            continue  # a query's input that Hadoop listed (hdfs://, s3a://): Hadoop's to compare
+
         now = _now(before["path"], listed)
         if now is None:
             raise InputError(f"data.path: {before['path']} was deleted while the ETL read it; run "

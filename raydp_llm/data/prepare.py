@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,6 +34,7 @@ from raydp_llm.data.etl import (
     run_etl,
     to_object_store,
 )
+from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.spark_stats import read_event_log
 from raydp_llm.data.stream import ChunkIndex, Sampling
 from raydp_llm.engines.dashboard import RunGauges
@@ -85,27 +86,46 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
     A Spark run writes its dataset to ``store/<key>`` when ``store`` is given; with ``to_ray`` the
     workers read their chunks from there, or, without a store, from Ray's object store
     (``from_spark``). Spark's driver log goes to ``out_dir``. One run at a time checks or builds a
-    key (``cache.locked``)."""
-    tok = etl_tokenizer(settings.tokenizer)
-    key = cache.cache_key(corpus, settings.data, tok, settings.seed, chat_key(settings, corpus))
-    fingerprinted = all(f["size"] is not None for f in corpus.fingerprints)
-    if settings.data.cache and not fingerprinted:
-        log.info("ETL cache not used: remote inputs have no size or modification time to key it by")
-    cache_dir = Path(settings.data.cache_dir) if settings.data.cache and fingerprinted else None
-    lock_dir = cache_dir or store
+    key (``cache.locked``). A ``data.query``'s key needs its input files, which Spark lists once it
+    has planned the query: Spark starts first, and a cache hit skips only the ETL."""
+    job = Job(settings, corpus, etl_tokenizer(settings.tokenizer), None, out_dir)
     with contextlib.ExitStack() as kept:  # Spark's lifetime when cluster.keep_executors
-        with cache.locked(lock_dir, key) if lock_dir else contextlib.nullcontext():
-            entry = cache.lookup(cache_dir, key) if cache_dir else None
-            if entry is not None:
-                data = _from_cache(entry, out_dir, to_ray)
-            else:
-                data = _spark_etl(Job(settings, corpus, tok, key, out_dir), to_ray, store, kept)
+        if settings.data.query is not None:
+            data = _spark_etl(job, to_ray, store, kept)
+        else:
+            job = keyed(job, fingerprinted(corpus), "remote inputs have no size or modification "
+                        "time to key it by")
+            lock_dir = job.cache_dir or store
+            with cache.locked(lock_dir, job.key) if lock_dir else contextlib.nullcontext():
+                entry = cache.lookup(job.cache_dir, job.key) if job.cache_dir else None
+                if entry is not None:
+                    data = _from_cache(entry, out_dir, to_ray)
+                else:
+                    data = _spark_etl(job, to_ray, store, kept)
         yield data
 
 
-def _from_cache(entry: Path, out_dir: Path, to_ray: bool) -> PreparedData:
+def fingerprinted(corpus: Corpus) -> bool:
+    """Whether every input file has a size and a modification time (the cache key's)."""
+    return all(f["size"] is not None for f in corpus.fingerprints)
+
+
+def keyed(job: Job, keyable: bool, why_not: str) -> Job:
+    """The job with its cache key, and the cache directory when ``data.cache`` and the inputs are
+    ``keyable`` (else one line: the cache is not used, ``why_not``)."""
+    data = job.settings.data
+    key = cache.cache_key(job.corpus, data, job.tokenizer, job.settings.seed,
+                          chat_key(job.settings, job.corpus))
+    if data.cache and not keyable:
+        log.info("ETL cache not used: %s", why_not)
+    cache_dir = Path(data.cache_dir) if data.cache and keyable else None
+    return replace(job, key=key, cache_dir=cache_dir)
+
+
+def _from_cache(entry: Path, out_dir: Path, to_ray: bool,
+                note: str = "Spark not started") -> PreparedData:
     clock = Stopwatch()
-    log.info("ETL cache hit: %s (Spark not started)", entry)
+    log.info("ETL cache hit: %s (%s)", entry, note)
     index, tokenizer, manifest, stats = cache.read_entry(entry)
     sources = cache.parquet_sources(entry, index) if to_ray else None
     write_json(out_dir / STATS_FILE, stats)
@@ -115,48 +135,99 @@ def _from_cache(entry: Path, out_dir: Path, to_ray: bool) -> PreparedData:
 
 @dataclass(frozen=True)
 class Job:
-    """What a Spark ETL runs on: the settings, the corpus, the tokenizer settings, the cache key,
-    the run directory."""
+    """What a Spark ETL runs on: the settings, the corpus, the tokenizer settings, the cache key
+    (None for a query until Spark has planned it), the run directory, the cache directory (None:
+    not looked up)."""
 
     settings: Settings
     corpus: Corpus
     tokenizer: object
-    key: str
+    key: str | None
     out_dir: Path
+    cache_dir: Path | None = None
+
+
+@dataclass
+class _SparkRun:
+    """What the Spark part of an ETL leaves for after Spark stops."""
+
+    out: EtlOutput
+    staged: Path | None
+    sources: dict | None
+    etl_clock: Stopwatch
 
 
 def _spark_etl(
     job: Job, to_ray: bool, store: Path | None, kept: contextlib.ExitStack
 ) -> PreparedData:
     """Spark's part of ``prepared``: start Spark, run the ETL, stage the cache entry or hand the
-    chunks to Ray; then Spark's stats, and the entry committed with them."""
-    settings = job.settings
+    chunks to Ray; then Spark's stats, and the entry committed with them. A query's cache lock is
+    held from when its key is known (``held``) to the commit."""
+    settings, timings = job.settings, {}
+    with contextlib.ExitStack() as held:
+        with contextlib.ExitStack() as local, console_bar(len(_phases(settings, to_ray, store)),
+                                                          "ETL", "phase") as bar:
+            progress = PhaseBar(bar)
+            scope = kept if settings.cluster.keep_executors else local
+            with timed(timings, "spark_start_s"):
+                spark = scope.enter_context(spark_session(
+                    settings.cluster, app_name=settings.name, log_dir=job.out_dir,
+                    hive=settings.data.query is not None))
+            progress.done("spark start", timings["spark_start_s"])
+            if job.key is None:
+                job = query_job(spark, job, store, held)
+                entry = cache.lookup(job.cache_dir, job.key) if job.cache_dir else None
+                if entry is not None:  # Spark started only to plan the query
+                    return _from_cache(entry, job.out_dir, to_ray, "the query's ETL skipped")
+            run = _run_in_spark(spark, job, to_ray, store, progress)
+        return _after_spark(job, run, timings, to_ray)
+
+
+def _phases(settings: Settings, to_ray: bool, store: Path | None) -> list[str]:
+    """The progress bar's phases."""
     phases = ["spark start", "read", "curate", "tokenizer", "encode"]
     phases += ["contamination"] if checks_contamination(settings.data) else []
     phases += ["write"] if store else []
     phases += ["convert"] if to_ray and not store else []
-    timings, staged, sources = {}, None, None
-    with contextlib.ExitStack() as local, console_bar(len(phases), "ETL", "phase") as bar:
-        progress = PhaseBar(bar)
-        scope = kept if settings.cluster.keep_executors else local
-        with timed(timings, "spark_start_s"):
-            spark = scope.enter_context(
-                spark_session(settings.cluster, app_name=settings.name, log_dir=job.out_dir)
-            )
-        progress.done("spark start", timings["spark_start_s"])
-        etl_clock = Stopwatch()
-        plan = EtlPlan.of(settings, job.corpus, job.tokenizer)
-        out = _run_etl(spark, plan, progress.done)
-        # the data's fingerprint: its inputs and every setting the ETL read (the cache key); in
-        # the cache entry's manifest too, where a cache hit reads it back
-        out.manifest.etl_key = job.key
-        if store:
-            staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
-        if to_ray and not store:
-            sources = _phase(out, "convert", progress, lambda: to_object_store(out))
-        check_unchanged(job.corpus, plan.s3)  # every pass read the same inputs
-    _report(out, settings.name)
-    timings["etl_s"] = etl_clock.seconds()
+    return phases
+
+
+def query_job(spark, job: Job, store: Path | None, held: contextlib.ExitStack) -> Job:
+    """A query's job once Spark has planned it: its corpus (the input files' fingerprints), its key,
+    and its key's lock taken into ``held``."""
+    corpus = query_corpus(spark, job.settings.data)
+    job = keyed(replace(job, corpus=corpus), listed(corpus), "Spark cannot list the files "
+                "data.query reads (a view of no files, or a source that is not files)")
+    lock_dir = job.cache_dir or store
+    if lock_dir:
+        held.enter_context(cache.locked(lock_dir, job.key))
+    return job
+
+
+def _run_in_spark(spark, job: Job, to_ray: bool, store: Path | None,
+                  progress: PhaseBar) -> _SparkRun:
+    """The ETL, and its chunks staged in ``store`` or handed to Ray, while Spark runs."""
+    etl_clock = Stopwatch()
+    plan = EtlPlan.of(job.settings, job.corpus, job.tokenizer)
+    out = _run_etl(spark, plan, progress.done)
+    # the data's fingerprint: its inputs and every setting the ETL read (the cache key); in
+    # the cache entry's manifest too, where a cache hit reads it back
+    out.manifest.etl_key = job.key
+    staged = sources = None
+    if store:
+        staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
+    if to_ray and not store:
+        sources = _phase(out, "convert", progress, lambda: to_object_store(out))
+    check_unchanged(job.corpus, plan.s3)  # every pass read the same inputs
+    return _SparkRun(out, staged, sources, etl_clock)
+
+
+def _after_spark(job: Job, run: _SparkRun, timings: dict, to_ray: bool) -> PreparedData:
+    """Once Spark has stopped: the ETL's report, Spark's stats (its event log), the cache entry
+    committed with them."""
+    out, sources = run.out, run.sources
+    _report(out, job.settings.name)
+    timings["etl_s"] = run.etl_clock.seconds()
     stats = {
         "phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
         "curation": out.manifest.curation,
@@ -164,7 +235,7 @@ def _spark_etl(
         **read_event_log(job.out_dir / EVENT_LOG_DIR),
     }
     write_json(job.out_dir / STATS_FILE, stats)
-    entry = cache.commit(staged, stats) if staged else None
+    entry = cache.commit(run.staged, stats) if run.staged else None
     if to_ray and entry:
         sources = cache.parquet_sources(entry, out.index)
     return PreparedData(out.tokenizer, out.manifest.to_json(), entry, cache_hit=False,

@@ -32,16 +32,17 @@ USER_SPARK_LOCAL_IP = os.environ.get("SPARK_LOCAL_IP")
 
 @contextlib.contextmanager
 def spark_session(
-    cfg: ClusterSettings, app_name: str, log_dir: Path
+    cfg: ClusterSettings, app_name: str, log_dir: Path, hive: bool = False
 ) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     """A RayDP Spark session with ``cfg.executors`` executors; always stopped on exit.
 
     Unless ``cfg.verbose``, the Spark driver JVM writes its stdout and stderr to
-    ``log_dir/spark-driver.log``; Spark's event log goes to ``log_dir/spark-events/``.
+    ``log_dir/spark-driver.log``; Spark's event log goes to ``log_dir/spark-events/``. With
+    ``hive``, its catalog is Hive's (``hive_configs``: a ``data.query`` reads its tables).
     """
     import raydp
 
-    configs = spark_configs(cfg, log_dir)
+    configs = spark_configs(cfg, log_dir, hive)
     configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
     ensure_java()
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
@@ -107,9 +108,9 @@ JAVA_OPTION_KEYS = frozenset({
 })
 
 
-def spark_configs(cfg: ClusterSettings, log_dir: Path) -> dict[str, str]:
-    """The Spark settings every session gets, then ``cfg.spark_conf`` over them (its Java options
-    follow ours in the same setting)."""
+def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False) -> dict[str, str]:
+    """The Spark settings every session gets (and Hive's catalog with ``hive``), then
+    ``cfg.spark_conf`` over them (its Java options follow ours in the same setting)."""
     level = "info" if cfg.verbose else "warn"
     java_opts = " ".join(JVM_FLAGS + (QUICK_START_FLAGS if cfg.quick_jvm else []))
     configs = {
@@ -137,10 +138,35 @@ def spark_configs(cfg: ClusterSettings, log_dir: Path) -> dict[str, str]:
         "spark.executorEnv.RAYON_NUM_THREADS": str(cfg.executor_cores),
         "spark.default.parallelism": str(cfg.executors * cfg.executor_cores * 2),
     }
+    if hive:
+        configs |= hive_configs(cfg, log_dir, configs["spark.driver.extraJavaOptions"])
     user = {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
     for key in JAVA_OPTION_KEYS & user.keys():  # added to ours: Spark on JDK 17 needs --add-opens
         user[key] = f"{configs[key]} {user[key]}"
     return configs | user
+
+
+METASTORE_DIR = "metastore_db"  # under the run directory: an embedded cluster's Hive metastore
+WAREHOUSE_DIR = "spark-warehouse"  # and its tables' files
+
+
+def hive_configs(cfg: ClusterSettings, log_dir: Path, driver_java: str) -> dict[str, str]:
+    """Hive's catalog for a ``data.query``. On the embedded cluster its metastore (Derby, and
+    Derby's log) and its warehouse live in the run directory, never in the working directory;
+    elsewhere (EMR) the cluster's metastore is the user's, set in ``cluster.spark_conf`` (Glue's
+    client factory or ``spark.hadoop.hive.metastore.uris``: docs/configuration.md)."""
+    configs = {"spark.sql.catalogImplementation": "hive"}
+    if cfg.address != "local":
+        return configs
+    run_dir = log_dir.resolve()
+    metastore = run_dir / METASTORE_DIR
+    return configs | {
+        "spark.sql.warehouse.dir": (run_dir / WAREHOUSE_DIR).as_uri(),
+        "spark.hadoop.javax.jdo.option.ConnectionURL":
+            f"jdbc:derby:;databaseName={metastore};create=true",
+        # derby.log is written where derby.system.home points (the working directory otherwise)
+        "spark.driver.extraJavaOptions": f"{driver_java} -Dderby.system.home={run_dir}",
+    }
 
 
 def _driver_environment(cfg: ClusterSettings, configs: dict[str, str]) -> None:

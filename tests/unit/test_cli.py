@@ -60,6 +60,8 @@ BAD_SETTINGS = [
         "train.resume=/no/checkpoint: not a training checkpoint (no train_state.json)",
     ),
     ("train.precision=fp8", "train.precision=fp8 is not allowed: use auto | fp32 | bf16"),
+    ("data.query=x", "data.query is set but data.format=text reads data.path's files"),
+    ("data.format=sql", "data.format=sql needs data.query: add data.query="),
     ("train.strategy=zero3", "train.strategy=zero3 is not allowed: use ddp | fsdp"),
     (
         "model=lstm train.strategy=fsdp",

@@ -46,7 +46,7 @@ def test_file_stats_merge_an_executors_row_and_id_lines():
 
 
 def test_every_data_format_has_a_reader():
-    assert sorted(READERS) == ["chat", "ids", "jsonl", "parquet", "text"]
+    assert sorted(READERS) == ["chat", "ids", "jsonl", "parquet", "sql", "text"]
     assert [name for name, r in READERS.items() if r.token_ids] == ["ids"]
     assert sorted(name for name, r in READERS.items() if r.rows_are_documents) == [
-        "chat", "jsonl", "parquet"]
+        "chat", "jsonl", "parquet", "sql"]

@@ -15,6 +15,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.data import jsonl
 from raydp_llm.data.chat import ChatTemplate, Renderer
 from raydp_llm.data.corpus import hadoop_literal
+from raydp_llm.data.etl import query
 from raydp_llm.data.etl.scan import FileStats
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,17 @@ class ParquetReader(TextReader):
         return tagged(df, F.col(data.text_column))
 
 
+class SqlReader(TextReader):
+    """``data.format=sql``: each row of ``data.query`` is a document, its ``data.text_column`` the
+    text (``query.py``)."""
+
+    rows_are_documents = True
+
+    def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
+                   name: str) -> DataFrame:
+        return query.read_query(spark, data)
+
+
 class JsonLinesReader(TextReader):
     """``data.format=jsonl``: each line a JSON object whose ``data.text_column`` is a document,
     parsed in the executors (``jsonl.py``); each line's verdict is kept (``bad``) and counted."""
@@ -123,8 +135,11 @@ class ChatReader(TextReader):
 
     def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
                    name: str) -> DataFrame:
-        """JSON lines as text; Parquet rows as JSON objects of the chat columns (Spark's
-        ``to_json``), so both render alike."""
+        """JSON lines as text; Parquet rows (and ``data.query``'s) as JSON objects of the chat
+        columns (Spark's ``to_json``), so all render alike."""
+        if data.query is not None:
+            return query.read_query(spark, data, lambda rows: F.to_json(F.struct(
+                *chat_columns(rows.columns, data, "data.query's result"))))
         parquet = [f for f in files if f.lower().endswith(".parquet")]
         lines = [f for f in files if f not in parquet]
         parts = [tagged(spark.read.text([hadoop_literal(f) for f in lines]), F.col("value"))]
@@ -156,7 +171,7 @@ def chat_columns(columns: list[str], data: DataSettings, name: str) -> list[str]
 
 
 READERS = {"text": TextReader(), "ids": IdsReader(), "parquet": ParquetReader(),
-           "jsonl": JsonLinesReader(), "chat": ChatReader()}
+           "jsonl": JsonLinesReader(), "chat": ChatReader(), "sql": SqlReader()}
 
 
 def reader_for(data: DataSettings) -> TextReader:

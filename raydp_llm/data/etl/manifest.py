@@ -18,7 +18,7 @@ class Manifest:
     files: int  # read (the binary files skipped left out)
     skipped_binary_files: list[str]
     documents: int
-    bytes: int | None  # of the files read; None when a file's size is unknown (hdfs://)
+    bytes: int | None  # of the files read; None when a file's size is unknown (hdfs://), queries
     characters: int  # newlines included
     invalid_utf8_replaced: int
     tokens: int
@@ -78,7 +78,9 @@ def build_manifest(corpus: Corpus, scanned: Scanned, layout: StreamLayout, token
         files=len(files),
         skipped_binary_files=scanned.skipped,
         documents=sum(p.docs for p in layout.pieces),
-        bytes=sum(corpus.size_of(src) or 0 for src in files) if corpus.sizes else None,
+        # a query's input files are not what it reads (corpus.files: none)
+        bytes=sum(corpus.size_of(src) or 0 for src in files) if corpus.sizes and corpus.files
+        else None,
         characters=characters,
         invalid_utf8_replaced=sum(f.replaced for f in files.values()),
         tokens=n,

@@ -37,6 +37,8 @@ def read_lines(spark: SparkSession, corpus: Corpus, data: DataSettings, s3: S3Op
 
     Lines stay bytes until the executors decode them (``decode``): Spark does not check UTF-8.
     """
+    if data.query is not None:  # sql (or chat): no files, the reader reads the query's rows
+        return spark_read(spark, [], data, corpus.name)
     native_only = [f for f in corpus.files
                    if f.lower().endswith(NATIVE_ONLY) and not arrow_reader.reads(f)]
     if native_only:
