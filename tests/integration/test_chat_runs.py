@@ -16,6 +16,7 @@ from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.chat_template import ChatFormat
+from raydp_llm.core.errors import InputError
 from raydp_llm.training.checkpoint import load_model_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
@@ -44,7 +45,7 @@ def chat_data(tmp_path_factory):
 def chat_run(ray_cluster, chat_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("chat_run") / "run"
     summary = train(make_config(
-        "data.format=chat", f"data.path={chat_data}", "model.block_size=64", "model.n_layer=2",
+        "data.format=chat", f"data.path={chat_data}", "model.block_size=256", "model.n_layer=2",
         "model.n_embd=64", "optim.lr=3e-3", "train.batch_size=16", "train.max_steps=150",
         "train.eval_interval=75", "train.checkpoint_interval=150", "sample.max_new_tokens=40",
         "sample.prompt=Is granite a word?", f"data.cache_dir={CACHE_DIR}", NO_CHECK), out)
@@ -90,10 +91,19 @@ def test_evaluate_scores_the_assistants_tokens_alike_packed_or_not(chat_run, cha
 
 def test_a_transformers_family_scores_alike_packed_or_not(ray_cluster, chat_data, hf_families,
                                                           tmp_path):
-    """The tiny Llama, untrained, with ChatML: packed conversations get position ids that restart,
+    """The tiny Qwen2, untrained, with ChatML: packed conversations get position ids that restart,
     which transformers turns into a block-diagonal mask."""
-    args = (hf_families["llama"], chat_data, tmp_path)
+    args = (hf_families["qwen2"], chat_data, tmp_path)
     packed = evaluated(*args, True, "data.chat_template=chatml")
     unpacked = evaluated(*args, False, "data.chat_template=chatml")
     assert packed["tokens"] == unpacked["tokens"] > 0
     assert packed["loss"] == pytest.approx(unpacked["loss"], abs=1e-3)
+
+
+def test_a_tokenizer_whose_offsets_miss_the_text_is_one_line(ray_cluster, chat_data, hf_families,
+                                                             tmp_path):
+    """The tiny Llama's tokenizer drops white space (a byte-level vocabulary in a SentencePiece
+    pipeline): its offsets cannot place the assistant's tokens, which would silently train
+    nothing."""
+    with pytest.raises(InputError, match=r"chat\.jsonl: row 1: no token of the assistant's turns"):
+        evaluated(hf_families["llama"], chat_data, tmp_path, True, "data.chat_template=chatml")

@@ -103,6 +103,12 @@ class ChatEncoder:
         if turns == 0 and self.train_on != "all":
             self.counts["no_assistant"] += 1
             return
+        if turns and not train.any():  # every assistant turn holds a token: its end of turn
+            src, _ = self.key
+            raise InputError(f"{src}: row {doc + 1}: no token of the assistant's turns is found "
+                             "where its characters are: the tokenizer's character offsets do not "
+                             "match the text (it drops or rewrites characters); use a tokenizer "
+                             "that keeps every character (byte-level BPE, or byte fallback)")
         if len(ids) > self.record:
             if self.overlong == "error":
                 src, _ = self.key
