@@ -125,3 +125,14 @@ def test_bad_input_is_one_line(spark, tmp_path):
         etl(spark, tmp_path, "data.overlong=error")
     with pytest.raises(InputError, match="^data.sampling=random: data.format=chat"):
         etl(spark, tmp_path, "data.sampling=random")
+
+
+def test_a_tokenizer_whose_offsets_miss_the_text_is_one_line(spark, tmp_path, hf_families):
+    """The tiny Llama's tokenizer drops white space (a byte-level vocabulary in a SentencePiece
+    pipeline): its offsets cannot place the assistant's tokens, which would silently train
+    nothing."""
+    rows = [{"prompt": "Is apple a word?", "response": "Yes."}] * 4
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match=r"chat\.jsonl: row 1: no token of the assistant's turns"):
+        etl(spark, tmp_path, "tokenizer=bpe", f"tokenizer.path={hf_families['llama']}",
+            "data.chat_template=chatml")

@@ -1,7 +1,7 @@
 """Instruction tuning end to end on the real engines: a GPT trained on conversations replies to a
 user turn and stops at the end of its turn (``generate chat=true``); evaluate scores the same
-conversations packed and unpacked alike, for the GPT and for a transformers family (position ids
-that restart)."""
+conversations packed and unpacked alike. (Transformers' families see packed conversations apart:
+tests/unit/test_chat_training.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.chat_template import ChatFormat
-from raydp_llm.core.errors import InputError
 from raydp_llm.training.checkpoint import load_model_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
@@ -87,23 +86,3 @@ def test_evaluate_scores_the_assistants_tokens_alike_packed_or_not(chat_run, cha
     assert packed["windows"] < unpacked["windows"] == chat["conversations"]
     assert packed["loss"] == pytest.approx(unpacked["loss"], abs=1e-3)
     assert packed["loss"] < 0.1  # the replies are learned
-
-
-def test_a_transformers_family_scores_alike_packed_or_not(ray_cluster, chat_data, hf_families,
-                                                          tmp_path):
-    """The tiny Qwen2, untrained, with ChatML: packed conversations get position ids that restart,
-    which transformers turns into a block-diagonal mask."""
-    args = (hf_families["qwen2"], chat_data, tmp_path)
-    packed = evaluated(*args, True, "data.chat_template=chatml")
-    unpacked = evaluated(*args, False, "data.chat_template=chatml")
-    assert packed["tokens"] == unpacked["tokens"] > 0
-    assert packed["loss"] == pytest.approx(unpacked["loss"], abs=1e-3)
-
-
-def test_a_tokenizer_whose_offsets_miss_the_text_is_one_line(ray_cluster, chat_data, hf_families,
-                                                             tmp_path):
-    """The tiny Llama's tokenizer drops white space (a byte-level vocabulary in a SentencePiece
-    pipeline): its offsets cannot place the assistant's tokens, which would silently train
-    nothing."""
-    with pytest.raises(InputError, match=r"chat\.jsonl: row 1: no token of the assistant's turns"):
-        evaluated(hf_families["llama"], chat_data, tmp_path, True, "data.chat_template=chatml")
