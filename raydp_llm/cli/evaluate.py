@@ -30,7 +30,6 @@ from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.scores import score_documents
 from raydp_llm.cli.session import job_session
 from raydp_llm.core import storage
-from raydp_llm.core.chat_template import TEMPLATE_FILE, model_template
 from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model import IGNORE, LanguageModel
@@ -81,10 +80,6 @@ def model_and_settings(
     data = settings.data
     if ids_model:  # ids beyond the model's vocabulary are then bad input, reported by the ETL
         data = replace(data, vocab_size=tokenizer.vocab_size)
-    template = model_template(model_dir)
-    if data.format == "chat" and data.chat_template is None and template is not None:
-        # the conversations rendered as the model was trained on them
-        data = replace(data, chat_template=str(template_file(out_dir, template)))
     return model, replace(
         settings,
         data=data,
@@ -92,15 +87,6 @@ def model_and_settings(
                           path=str(model_dir if hf_dir else model_dir / TOKENIZER_FILE)),
         model=replace(settings.model, block_size=model.config.block_size),
     )
-
-
-def template_file(out_dir: Path, template: str) -> Path:
-    """The model's chat template as a file of the run directory (a template from
-    tokenizer_config.json has none of its own)."""
-    path = Path(out_dir) / TEMPLATE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(template)
-    return path
 
 
 @torch.no_grad()

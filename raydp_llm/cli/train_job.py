@@ -9,11 +9,11 @@ from pathlib import Path
 
 from raydp_llm.cli.session import JobSession, job_session
 from raydp_llm.core import lora, storage
-from raydp_llm.core.chat_template import ChatFormat
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
+from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, samplings, write_json
 from raydp_llm.training import runs, sharded, tracking
@@ -201,7 +201,7 @@ def write_sample(settings: Settings, out_dir: Path) -> Sample:
     model (data.format=chat) replies to it as a user turn."""
     model, tokenizer = load_model_dir(out_dir / "model")
     sample = settings.sample
-    chat = ChatFormat.of_model(out_dir / "model")
+    chat = model_template(out_dir / "model")
     if settings.data.format == "chat" and chat is not None:
         text = chat_reply(model, tokenizer, chat, sample, settings.seed)
     else:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.tokenizer import CHAT_TEMPLATE_FILE as TEMPLATE_FILE
 
 OPEN, CLOSE = "\ue000", "\ue001"  # an assistant turn's span starts, ends (private-use characters)
 MARKS = re.compile(f"[{OPEN}{CLOSE}]")
@@ -25,7 +26,6 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
           "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 CHATML_SPECIALS = ("<|im_start|>", "<|im_end|>")  # a BPE the ETL trains for chatml keeps them whole
-TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
@@ -74,19 +74,22 @@ def resolve_template(setting: str | None, model_dir: str | None) -> ChatTemplate
             raise InputError(f"data.chat_template={setting}: no such file; name a Jinja chat "
                              "template file, or chatml, or leave it null for the model's own")
         return ChatTemplate("file", str(path), path.read_text(), _specials(model_dir))
-    found = _model_template(Path(model_dir)) if model_dir else None
+    found = model_template(model_dir) if model_dir else None
     return found or ChatTemplate("chatml", None, CHATML)
 
 
-def _model_template(directory: Path) -> ChatTemplate | None:
-    """A Hugging Face directory's own template, if it has one (a string; not a named set)."""
+def model_template(directory: str | Path) -> ChatTemplate | None:
+    """A model directory's own template, if it has one: chat_template.jinja (what transformers 5
+    writes, and what a chat run here saves beside its model), else tokenizer_config.json's
+    ``chat_template`` (a string; not a named set)."""
+    directory = Path(directory)
+    if (directory / TEMPLATE_FILE).is_file():
+        return ChatTemplate("model", str(directory / TEMPLATE_FILE),
+                            (directory / TEMPLATE_FILE).read_text(), _specials(str(directory)))
     config = _config(directory)
     if isinstance(config.get("chat_template"), str):
         return ChatTemplate("model", str(directory / TOKENIZER_CONFIG), config["chat_template"],
                             _specials(str(directory)))
-    if (directory / TEMPLATE_FILE).is_file():
-        return ChatTemplate("model", str(directory / TEMPLATE_FILE),
-                            (directory / TEMPLATE_FILE).read_text(), _specials(str(directory)))
     return None
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from raydp_llm.core.chat_template import ChatFormat
 from raydp_llm.core.config import SampleSettings
 from raydp_llm.core.model import LanguageModel
 from raydp_llm.core.tokenizer import Tokenizer
+from raydp_llm.data.chat import ChatTemplate
 
 
 def _prompt_ids(model: LanguageModel, tokenizer: Tokenizer, prompt: str) -> torch.Tensor:
@@ -40,7 +40,7 @@ def sample_text(
     return tokenizer.decode(out[0].tolist())
 
 
-def chat_reply(model: LanguageModel, tokenizer: Tokenizer, chat: ChatFormat,
+def chat_reply(model: LanguageModel, tokenizer: Tokenizer, chat: ChatTemplate,
                sample: SampleSettings, seed: int) -> str:
     """The model's reply to ``sample.prompt`` as a user turn: the conversation rendered with the
     chat template and its generation prompt, continued (as ``sample`` says) until the model ends
@@ -54,7 +54,7 @@ def chat_reply(model: LanguageModel, tokenizer: Tokenizer, chat: ChatFormat,
         return tokenizer.decode(ids[0, start:].tolist())
 
     gen = torch.Generator(device=idx.device).manual_seed(seed)
-    end = chat.end_of_turn
+    end = chat.end_of_turn()
     out = model.generate(idx, sample.max_new_tokens, temperature=sample.temperature,
                          top_k=sample.top_k, generator=gen, stop=lambda ids: end in reply(ids))
     return reply(out).split(end, 1)[0]

@@ -15,7 +15,7 @@ import torch
 from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
-from raydp_llm.core.chat_template import ChatFormat
+from raydp_llm.data.chat import model_template
 from raydp_llm.training.checkpoint import load_model_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
@@ -53,8 +53,8 @@ def chat_run(ray_cluster, chat_data, tmp_path_factory):
 
 def test_a_chat_model_replies_and_stops_at_the_end_of_its_turn(chat_run):
     model_dir = chat_run["out"] / "model"
-    chat = ChatFormat.of_model(model_dir)
-    assert chat is not None and chat.end_of_turn == "<|im_end|>"
+    chat = model_template(model_dir)
+    assert chat is not None and chat.end_of_turn() == "<|im_end|>"
     assert (chat_run["out"] / "samples.txt").read_text().strip() == "Yes."
     model, tokenizer = load_model_dir(model_dir)
     prompt = chat.render([{"role": "user", "content": "Is pebble a word?"}],

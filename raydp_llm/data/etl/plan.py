@@ -42,8 +42,10 @@ class EtlPlan:
         """The chat template (``data.format=chat``), or None."""
         if self.data.format != "chat":
             return None
-        model_dir = self.model_path or getattr(self.tokenizer, "path", None)
-        model_dir = model_dir if model_dir and Path(model_dir).is_dir() else None
+        at = self.model_path or getattr(self.tokenizer, "path", None)
+        if at and Path(at).is_file():  # a tokenizer.json: its model directory keeps the template
+            at = str(Path(at).parent)
+        model_dir = at if at and Path(at).is_dir() else None
         return resolve_template(self.data.chat_template, model_dir)
 
     @classmethod
