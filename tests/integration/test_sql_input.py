@@ -147,6 +147,7 @@ def test_bad_queries_are_one_line(spark, docs_file, query, message):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow  # two end-to-end runs
 def test_prepare_runs_a_query_end_to_end_and_a_second_run_hits_the_cache(docs_file, tmp_path):
     """``python -m raydp_llm.prepare`` with a query: its own Ray and Spark, Hive's files in its run
     directory; the same query again skips the ETL."""
