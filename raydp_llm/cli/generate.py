@@ -47,13 +47,11 @@ def main(argv: list[str]) -> int:
 
 def _generate(model, tokenizer, s: GenerateSettings) -> tuple[str, list]:
     """The text (a chat reply with ``chat``), and the likeliest tokens after the prompt."""
-    from raydp_llm.core import storage
     from raydp_llm.data.chat import model_template
     from raydp_llm.training.generation import chat_reply, sample_text, top_next_tokens
 
     if s.chat:
-        with storage.local_copy(s.model_dir, S3Options.of(s.s3)) as model_dir:
-            chat = model_template(model_dir)
+        chat = model_template(s.model_dir, S3Options.of(s.s3))
         if chat is None:
             raise ValueError(f"model_dir={s.model_dir}: no chat template (chat_template.jinja or "
                              "tokenizer_config.json's chat_template); train it on chat data "

@@ -16,7 +16,6 @@ import functools
 import json
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -238,17 +237,6 @@ def write_tree(directory: str | Path, fs: pafs.FileSystem, root: str) -> None:
         with path.open("rb") as source, fs.open_output_stream(target) as out:
             while chunk := source.read(COPY_CHUNK):
                 out.write(chunk)  # the stream's close (the upload's last requests) raises
-
-
-@contextlib.contextmanager
-def local_copy(source: str, s3: S3Options):
-    """A local directory holding ``source``: itself, or a temporary copy of an s3:// prefix."""
-    if not is_s3(source):
-        yield source
-        return
-    with tempfile.TemporaryDirectory() as local:
-        fetch(source, local, s3)
-        yield local
 
 
 def fetch(source: str, directory: str | Path, s3: S3Options) -> None:

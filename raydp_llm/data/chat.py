@@ -17,7 +17,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import CHAT_TEMPLATE_FILE as TEMPLATE_FILE
 
 OPEN, CLOSE = "\ue000", "\ue001"  # an assistant turn's span starts, ends (private-use characters)
@@ -73,34 +75,34 @@ def resolve_template(setting: str | None, model_dir: str | None) -> ChatTemplate
         if not path.is_file():
             raise InputError(f"data.chat_template={setting}: no such file; name a Jinja chat "
                              "template file, or chatml, or leave it null for the model's own")
-        return ChatTemplate("file", str(path), path.read_text(), _specials(model_dir))
+        return ChatTemplate("file", str(path), path.read_text(), _specials(_config(model_dir)))
     found = model_template(model_dir) if model_dir else None
     return found or ChatTemplate("chatml", None, CHATML)
 
 
-def model_template(directory: str | Path) -> ChatTemplate | None:
-    """A model directory's own template, if it has one: chat_template.jinja (what transformers 5
-    writes, and what a chat run here saves beside its model), else tokenizer_config.json's
-    ``chat_template`` (a string; not a named set)."""
-    directory = Path(directory)
-    if (directory / TEMPLATE_FILE).is_file():
-        return ChatTemplate("model", str(directory / TEMPLATE_FILE),
-                            (directory / TEMPLATE_FILE).read_text(), _specials(str(directory)))
-    config = _config(directory)
+def model_template(directory: str | Path, s3: S3Options = S3Options()) -> ChatTemplate | None:
+    """A model directory's own template (local or ``s3://``: two small files read, not the model),
+    if it has one: chat_template.jinja (what transformers 5 writes, and what a chat run here saves
+    beside its model), else tokenizer_config.json's ``chat_template`` (a string; not a named
+    set)."""
+    config = _config(directory, s3)
+    jinja = storage.join(str(directory), TEMPLATE_FILE)
+    if storage.exists(jinja, s3):
+        return ChatTemplate("model", jinja, storage.read_text(jinja, s3), _specials(config))
     if isinstance(config.get("chat_template"), str):
-        return ChatTemplate("model", str(directory / TOKENIZER_CONFIG), config["chat_template"],
-                            _specials(str(directory)))
+        return ChatTemplate("model", storage.join(str(directory), TOKENIZER_CONFIG),
+                            config["chat_template"], _specials(config))
     return None
 
 
-def _config(directory: Path) -> dict:
-    path = directory / TOKENIZER_CONFIG
-    return json.loads(path.read_text()) if path.is_file() else {}
+def _config(directory: str | Path | None, s3: S3Options = S3Options()) -> dict:
+    """A model directory's tokenizer_config.json; none without one."""
+    path = storage.join(str(directory), TOKENIZER_CONFIG)
+    return storage.read_json(path, s3) if directory and storage.exists(path, s3) else {}
 
 
-def _specials(model_dir: str | None) -> dict:
+def _specials(config: dict) -> dict:
     """The special tokens transformers hands a template (``bos_token``...): tokenizer_config's."""
-    config = _config(Path(model_dir)) if model_dir else {}
     out = {}
     for key, value in config.items():
         content = value.get("content") if isinstance(value, dict) else value
