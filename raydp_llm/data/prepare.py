@@ -361,13 +361,9 @@ def unknown_characters(err: Exception, tok) -> InputError | None:
 def samplings(settings: Settings) -> dict[str, Sampling]:
     """How a run cuts each split's windows: training as ``data.sampling`` and ``data.stride`` say,
     validation always every ``data.val_stride`` tokens. Chat: each window is a record (stride
-    ``block_size + 1``), in both splits; random offsets would cut conversations, so refused."""
+    ``block_size + 1``), in both splits (random offsets are refused: ``core/checks.py``)."""
     block, d = settings.model.block_size, settings.data
     if d.format == "chat":
-        if d.sampling == "random":
-            raise InputError("data.sampling=random: data.format=chat cuts a window per record of "
-                             "packed conversations, never at random offsets; set "
-                             "data.sampling=stride")
         return {name: Sampling(block, block + 1) for name in ("train", "val")}
     return {"train": Sampling(block, d.stride or block, random=d.sampling == "random"),
             "val": Sampling(block, d.val_stride or block)}
