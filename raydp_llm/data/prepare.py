@@ -115,7 +115,7 @@ def keyed(job: Job, keyable: bool, why_not: str) -> Job:
     ``keyable`` (else one line: the cache is not used, ``why_not``)."""
     data = job.settings.data
     key = cache.cache_key(job.corpus, data, job.tokenizer, job.settings.seed,
-                          chat_key(job.settings, job.corpus))
+                          chat_key(job.settings, job.corpus, job.tokenizer))
     if data.cache and not keyable:
         log.info("ETL cache not used: %s", why_not)
     cache_dir = Path(data.cache_dir) if data.cache and keyable else None
@@ -305,10 +305,10 @@ def input_error(err: Exception) -> InputError | None:
     return None if message is None else InputError(message)
 
 
-def chat_key(settings: Settings, corpus: Corpus) -> dict | None:
+def chat_key(settings: Settings, corpus: Corpus, tokenizer: object) -> dict | None:
     """What a chat ETL reads beyond ``data``: the record (``model.block_size + 1``) and the
     template's text (a model's, or a file's), for the cache key; None for other formats."""
-    plan = EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer))
+    plan = EtlPlan.of(settings, corpus, tokenizer)
     template = plan.chat_template()
     if template is None:
         return None

@@ -127,10 +127,11 @@ def test_cache_key_holds_the_record_and_template_for_chat_alone(tmp_path):
 
     def key(*overrides):
         cfg = make_config(*overrides)
-        return cache_key(corpus, cfg.data, etl_tokenizer(cfg.tokenizer), cfg.seed,
-                         chat_key(cfg, corpus))
+        tokenizer = etl_tokenizer(cfg.tokenizer)
+        return cache_key(corpus, cfg.data, tokenizer, cfg.seed, chat_key(cfg, corpus, tokenizer))
 
-    assert chat_key(make_config(), corpus) is None
+    plain = make_config()
+    assert chat_key(plain, corpus, etl_tokenizer(plain.tokenizer)) is None
     assert key("model.block_size=32") == key("model.block_size=64")  # text: windows when read
     chat = ("data.format=chat",)
     assert key(*chat, "model.block_size=32") != key(*chat, "model.block_size=64")
