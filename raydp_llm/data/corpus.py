@@ -39,6 +39,11 @@ class Corpus:
         """Bytes per file: local paths and URIs as listed."""
         return {f["path"]: f["size"] for f in self.fingerprints}
 
+    @property
+    def fingerprinted(self) -> bool:
+        """Whether every input file has a size and a modification time (the cache key's)."""
+        return all(f["size"] is not None for f in self.fingerprints)
+
     def size_of(self, src: str) -> int | None:
         """Bytes of an input file named as the ETL's ``src`` column names it: Spark's
         ``input_file_name()`` (a ``file:`` URI, percent-encoded by Java's rules) or an S3 URI."""

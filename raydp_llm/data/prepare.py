@@ -93,7 +93,7 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
         if settings.data.query is not None:
             data = _spark_etl(job, to_ray, store, kept)
         else:
-            job = keyed(job, fingerprinted(corpus), "remote inputs have no size or modification "
+            job = keyed(job, corpus.fingerprinted, "remote inputs have no size or modification "
                         "time to key it by")
             lock_dir = job.cache_dir or store
             with cache.locked(lock_dir, job.key) if lock_dir else contextlib.nullcontext():
@@ -103,11 +103,6 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
                 else:
                     data = _spark_etl(job, to_ray, store, kept)
         yield data
-
-
-def fingerprinted(corpus: Corpus) -> bool:
-    """Whether every input file has a size and a modification time (the cache key's)."""
-    return all(f["size"] is not None for f in corpus.fingerprints)
 
 
 def keyed(job: Job, keyable: bool, why_not: str) -> Job:

@@ -96,7 +96,7 @@ def query_corpus(spark: SparkSession, data: DataSettings) -> Corpus:
 
 def listed(corpus: Corpus) -> bool:
     """Whether a query's corpus has its input files' fingerprints (else no cache key holds it)."""
-    return bool(corpus.fingerprints) and all(f["size"] is not None for f in corpus.fingerprints)
+    return bool(corpus.fingerprints) and corpus.fingerprinted
 
 
 def input_fingerprints(spark: SparkSession, uris: list[str]) -> list[dict]:
