@@ -87,8 +87,10 @@ def read_query(spark: SparkSession, data: DataSettings,
 
 def query_corpus(spark: SparkSession, data: DataSettings) -> Corpus:
     """The query as the ETL's corpus: no files to read, but the files its tables are made of as its
-    fingerprints (the ETL cache key), or none where Spark cannot list them (``listed`` false)."""
-    inputs = query_rows(spark, data).inputFiles()
+    fingerprints (the ETL cache key), or none where Spark cannot list them (``listed`` false).
+    Planned only: ``read_query`` runs and checks it, on a cache miss."""
+    with rejected():
+        inputs = spark.sql(data.query).inputFiles()
     fingerprints = [] if not inputs else input_fingerprints(spark, inputs)
     return Corpus(files=[], markdown=False, name=f"query: {short(data.query)}",
                   fingerprints=fingerprints)
