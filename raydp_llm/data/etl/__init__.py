@@ -79,7 +79,7 @@ def checks_contamination(data: DataSettings) -> bool:
     """The contamination check runs on text (not on id files, nor on chat, whose rendered
     conversations share the template's text) unless turned off."""
     return (data.decontaminate != "off" and not reader_for(data).token_ids
-            and data.format != "chat")
+            and not reader_for(data).chat)
 
 
 def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:

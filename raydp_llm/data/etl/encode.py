@@ -19,6 +19,7 @@ from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
 from raydp_llm.data import chat_tokens, contamination
 from raydp_llm.data.etl.chat_encode import encode_chat
 from raydp_llm.data.etl.chunks import StreamLayout
+from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.scan import decode_column
 from raydp_llm.engines.spark import detached
 
@@ -239,7 +240,7 @@ class Encoding:
 
     @property
     def chat(self) -> bool:
-        return self.data.format == "chat"
+        return reader_for(self.data).chat
 
     @property
     def dtype(self) -> np.dtype:

@@ -32,6 +32,7 @@ class TextReader:
 
     rows_are_documents = False  # a Parquet row or a JSON line is a document
     token_ids = False  # the lines hold token ids: no tokenizer to build, no text to check
+    chat = False  # rows are rendered conversations: encoded, masked and packed into records
     verdicts: tuple[str, ...] = ()  # columns the parse adds for the scan to count
 
     def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
@@ -132,6 +133,7 @@ class ChatReader(TextReader):
     ``text`` is the rendered conversation, its assistant turns' spans marked (``chat.OPEN``)."""
 
     rows_are_documents = True
+    chat = True
 
     def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
                    name: str) -> DataFrame:

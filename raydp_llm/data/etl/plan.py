@@ -16,6 +16,7 @@ from raydp_llm.core.timing import timed
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data.chat import ChatTemplate, resolve_template
 from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.stream import ChunkIndex
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class EtlPlan:
 
     def chat_template(self) -> ChatTemplate | None:
         """The chat template (``data.format=chat``), or None."""
-        if self.data.format != "chat":
+        if not reader_for(self.data).chat:
             return None
         at = self.model_path or getattr(self.tokenizer, "path", None)
         if at and Path(at).is_file():  # a tokenizer.json: its model directory keeps the template

@@ -40,7 +40,7 @@ def build_tokenizer(lines: DataFrame, files: dict[str, FileStats], plan: EtlPlan
         return load_tokenizer(tok_cfg.path)
     total = sum(f.chars for f in files.values())
     texts = sample_lines(lines, min(1.0, tok_cfg.sample_mb * 1e6 / max(total, 1)), plan.seed)
-    chat = plan.data.format == "chat"
+    chat = reader_for(plan.data).chat
     if chat:
         texts = [strip_marks(t) for t in texts]
     return train_bpe(
