@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from raydp_llm.core.config import GPTConfig
-from raydp_llm.core.model import build_model
+from raydp_llm.models.factory import build_model
 
 MODEL = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False)
 BATCH, LR, MIN_LR, WARMUP = 12, 1e-3, 1e-4, 100

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from raydp_llm.core.model import LanguageModel, build_model
 from raydp_llm.core.model_config import GPTConfig, LSTMConfig, ModelConfig
+from raydp_llm.models.base import LanguageModel
+from raydp_llm.models.factory import build_model
 
 VOCAB, PROMPT = 65, 20
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from raydp_llm.core.model import build_model
 from raydp_llm.core.model_config import GPTConfig
+from raydp_llm.models.factory import build_model
 
 # GPT-2 small (nanoGPT's vocabulary padded to 50304) and nanoGPT's shakespeare_char "baby GPT"
 MODELS = {

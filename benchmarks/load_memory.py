@@ -9,7 +9,7 @@ intermediate 4864, vocabulary 151,936, tied embeddings, 32,768 positions), built
 temporary directory: nothing is downloaded.
   naive      ``AutoModelForCausalLM.from_config`` (a random init), then
              ``safetensors.torch.load_file`` and ``load_state_dict``
-  ours       ``raydp_llm.core.pretrained.load_net`` (``from_pretrained`` in float32: the model
+  ours       ``raydp_llm.models.hf.load_net`` (``from_pretrained`` in float32: the model
              on the meta device, then the safetensors)
   ours × 2   two such workers at once on the node (the file is mmapped: its page cache is shared)
 Each worker reports its RSS after the imports (torch, transformers), its peak RSS (``ru_maxrss``)
@@ -74,7 +74,7 @@ def peak_mb() -> float:
 def load(kind: str, directory: Path):
     """The model loaded the ``kind`` way."""
     if kind == "ours":
-        from raydp_llm.core.pretrained import load_net
+        from raydp_llm.models.hf import load_net
 
         return load_net(directory)
     import torch
@@ -104,7 +104,7 @@ def measure(kind: str, directory: Path) -> None:
     import transformers  # noqa: F401
 
     if kind == "ours":
-        import raydp_llm.core.pretrained  # noqa: F401
+        import raydp_llm.models.hf  # noqa: F401
     imports = proc_memory()["rss_mb"]
     t = time.perf_counter()
     model = load(kind, directory)

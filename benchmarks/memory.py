@@ -47,8 +47,8 @@ def build(layers: int, seq: int, case: str):
     from torch.nn.parallel import DistributedDataParallel
 
     from raydp_llm.core.config import LlamaConfig
-    from raydp_llm.core.model import build_model
     from raydp_llm.core.model_config import LoraSettings
+    from raydp_llm.models.factory import build_model
     from raydp_llm.training import parallel
 
     torch.manual_seed(0)
@@ -57,7 +57,7 @@ def build(layers: int, seq: int, case: str):
     model = build_model(cfg)
     params = model.num_params()
     if case == "lora":
-        from raydp_llm.core.lora import add_adapters
+        from raydp_llm.models.lora import add_adapters
 
         for p in model.parameters():
             p.requires_grad_(False)

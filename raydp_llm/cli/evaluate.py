@@ -32,8 +32,6 @@ from raydp_llm.cli.session import job_session
 from raydp_llm.core import storage
 from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model import IGNORE, LanguageModel
-from raydp_llm.core.pretrained import is_hf_dir
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
@@ -42,6 +40,8 @@ from raydp_llm.data import cache
 from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.prepare import dataset_store, samplings, write_json
 from raydp_llm.data.stream import iter_windows
+from raydp_llm.models.base import IGNORE, LanguageModel
+from raydp_llm.models.hf import is_hf_dir
 from raydp_llm.training.checkpoint import MODEL_FILES, load_model_dir
 from raydp_llm.training.metrics import bits_per_char
 

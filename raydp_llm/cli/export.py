@@ -13,8 +13,9 @@ from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
 from raydp_llm.core import storage
 from raydp_llm.core.config import ExportSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.hf import NotExpressible, check_exportable, save_gpt2_dir
 from raydp_llm.core.storage import S3Options
+from raydp_llm.models.files import NotExpressible
+from raydp_llm.models.gpt2 import check_exportable, save_gpt2_dir
 from raydp_llm.training.checkpoint import load_model_dir
 
 USAGE = ("usage: python -m raydp_llm.export model_dir=DIR out=DIR [key=value ...] (--help: every "

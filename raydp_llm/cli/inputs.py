@@ -72,7 +72,7 @@ def _absolute_model(model):
 def _pretrained(model, tokenizer, s3: S3Options):
     """model=hf: its directory checked (a decoder, with config and weights), its tokenizer as the
     ETL's (the executors encode with it), and the block size and vocabulary from its config."""
-    from raydp_llm.core import pretrained  # transformers: only for a model=hf run
+    from raydp_llm.models import files, hf  # transformers: only for a model=hf run
 
     if not model.path:
         raise InputError("model.path is missing: model=hf trains a Hugging Face directory; add "
@@ -80,13 +80,13 @@ def _pretrained(model, tokenizer, s3: S3Options):
     if tokenizer.path:
         raise InputError(f"model=hf brings its tokenizer but tokenizer.path={tokenizer.path} was "
                          "given; drop tokenizer.path")
-    config = pretrained.read_hf_config(model.path, "model.path", s3)
-    local = pretrained.tokenizer_dir(model.path, s3)
+    config = hf.read_hf_config(model.path, "model.path", s3)
+    local = files.tokenizer_dir(model.path, s3)
     try:
         hf_tokenizer = load_tokenizer(local)
     except ValueError as err:
         raise InputError(f"model.path={model.path}: {err}") from None
-    return pretrained.resolved(model, config, hf_tokenizer), replace(tokenizer, path=str(local))
+    return hf.resolved(model, config, hf_tokenizer), replace(tokenizer, path=str(local))
 
 
 def _given(overrides: Iterable[str] | None, prefix: str) -> set[str]:
@@ -101,10 +101,11 @@ def _init_from(model, tokenizer, given: set[str]):
     """The model settings with the shape of the GPT-2 checkpoint ``model.init_from`` (a shape field
     the user also gave must agree; block_size may be shorter), and the tokenizer settings reading
     its tokenizer.json."""
-    from raydp_llm.core import hf  # torch: only a run that starts from a checkpoint waits for it
+    # torch: only a run that starts from a checkpoint waits for it
+    from raydp_llm.models import files, gpt2
 
     where = model.init_from  # a GPT's setting: the LSTM's schema has none
-    shape = hf.gpt2_shape(where, hf.read_gpt2_config(where), hf.read_gpt2_tensors(where))
+    shape = gpt2.gpt2_shape(where, gpt2.read_gpt2_config(where), gpt2.read_gpt2_tensors(where))
     for key in sorted(given & shape.keys()):
         mine = getattr(model, key)
         shorter = key == "block_size" and mine <= shape[key]
@@ -113,12 +114,12 @@ def _init_from(model, tokenizer, given: set[str]):
                              f"{mine} was given; drop model.{key}, or give {shape[key]}")
     if "block_size" in given:
         shape["block_size"] = model.block_size  # the first positions of its table
-    ids = hf.read_hf_tokenizer(where).vocab_size  # it exists and has the end-of-document token
+    ids = files.read_hf_tokenizer(where).vocab_size  # it exists and has the end-of-document token
     if ids != shape["vocab_size"]:
-        raise InputError(f"model.init_from={where}: {hf.TOKENIZER_FILE} has {ids} ids but the "
+        raise InputError(f"model.init_from={where}: {files.TOKENIZER_FILE} has {ids} ids but the "
                          f"model {shape['vocab_size']} token embeddings; give the tokenizer the "
                          "model was trained with")
-    vocab = str(Path(where) / hf.TOKENIZER_FILE)
+    vocab = str(Path(where) / files.TOKENIZER_FILE)
     if tokenizer.path not in (None, vocab):
         raise InputError(f"model.init_from={where} brings its tokenizer but tokenizer.path="
                          f"{tokenizer.path} was given; drop tokenizer.path")
@@ -141,7 +142,7 @@ def check_inputs(settings: Settings) -> Corpus:
         raise InputError(f"model.init_embeddings={vectors}: no such file; give a CSV or .npy file "
                          "of token vectors")
     if vectors:  # widths and values now; the ids against the vocabulary after the ETL
-        from raydp_llm.core.model import read_embeddings  # torch, as below: only when needed
+        from raydp_llm.models.embeddings import read_embeddings  # torch, as below: only when needed
 
         read_embeddings(vectors, None, settings.model.n_embd)
     if t.resume not in RESUME_WORDS:

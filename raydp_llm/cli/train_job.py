@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raydp_llm.cli.session import JobSession, job_session
-from raydp_llm.core import lora, storage
+from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
@@ -16,6 +16,7 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, samplings, write_json
+from raydp_llm.models import lora
 from raydp_llm.training import runs, sharded, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
 from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases

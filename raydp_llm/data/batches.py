@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raydp_llm.core.model import IGNORE
 from raydp_llm.data import chat_tokens
+from raydp_llm.models.base import IGNORE
 
 
 @dataclass(frozen=True)

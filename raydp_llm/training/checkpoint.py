@@ -24,9 +24,7 @@ from safetensors.torch import load_file, save_file
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.config import ModelConfig, model_config
 from raydp_llm.core.errors import InputError, first_line
-from raydp_llm.core.model import LanguageModel, build_model
 from raydp_llm.core.model_config import HFConfig
-from raydp_llm.core.pretrained import HFModel, is_hf_dir, load_hf_dir, save_hf_dir
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import (
     TOKENIZER_CONFIG_FILE,
@@ -35,6 +33,9 @@ from raydp_llm.core.tokenizer import (
     load_tokenizer,
     tokenizer_from_json,
 )
+from raydp_llm.models.base import LanguageModel
+from raydp_llm.models.factory import build_model
+from raydp_llm.models.hf import HFModel, is_hf_dir, load_hf_dir, save_hf_dir
 from raydp_llm.training.runs import STATE_JSON
 from raydp_llm.training.state import TrainState
 
@@ -294,7 +295,7 @@ SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_h
 def _check_same_shape(saved: HFModel, model: ModelConfig, shown_as: str, s3: S3Options) -> None:
     """A transformers checkpoint resumes a run whose model has its shape: model=hf's directory's
     config, or the Llama that model=llama's settings build."""
-    from raydp_llm.core.pretrained import new_llama
+    from raydp_llm.models.hf import new_llama
 
     if isinstance(model, HFConfig):
         config = storage.read_json(storage.join(model.path, CONFIG_FILE), s3)

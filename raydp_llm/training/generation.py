@@ -8,9 +8,9 @@ import torch
 from torch.nn import functional as F
 
 from raydp_llm.core.config import SampleSettings
-from raydp_llm.core.model import LanguageModel
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data.chat import ChatTemplate
+from raydp_llm.models.base import LanguageModel
 
 
 def _prompt_ids(model: LanguageModel, tokenizer: Tokenizer, prompt: str) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
-from raydp_llm.core.pretrained import HFModel
+from raydp_llm.models.hf import HFModel
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:

@@ -30,12 +30,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from raydp_llm.core import integrity
-from raydp_llm.core.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
-from raydp_llm.core.model import LanguageModel, build_model
 from raydp_llm.core.model_config import ModelConfig
-from raydp_llm.core.pretrained import HFModel
 from raydp_llm.core.storage import S3Options, whole_or_absent
 from raydp_llm.core.tokenizer import Tokenizer
+from raydp_llm.models.base import LanguageModel
+from raydp_llm.models.factory import build_model
+from raydp_llm.models.hf import HFModel
+from raydp_llm.models.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
 from raydp_llm.training.checkpoint import SHARDS, STATE_TENSORS, check_complete, save_model_dir
 from raydp_llm.training.runs import STATE_JSON
 from raydp_llm.training.state import TrainState

@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass, replace
 
 from raydp_llm.core.config import ModelConfig, OptimSettings, Settings, TrainSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model import read_embeddings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
 from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.models.embeddings import read_embeddings
 
 # Settings that change how a run is watched, how fast it goes or where it runs, not what it trains:
 # a run may continue another's checkpoints with other values (and with another number of workers).

@@ -22,11 +22,11 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from raydp_llm.core import hf
-from raydp_llm.core.model import build_model
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
+from raydp_llm.models import gpt2
+from raydp_llm.models.factory import build_model
 from raydp_llm.training import parallel, sharded
 from raydp_llm.training.checkpoint import load_train_checkpoint, save_train_checkpoint
 from raydp_llm.training.metrics import bits_per_char
@@ -210,8 +210,8 @@ class Worker:
         train = spec.train
         self.autocast = autocast_for(train.precision, self.device, train.strategy)
         self.model = build_model(spec.model, spec.s3)
-        if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (core/hf.py)
-            hf.load_gpt2_weights(self.model, hf.read_gpt2_tensors(spec.model.init_from),
+        if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (models/gpt2.py)
+            gpt2.load_gpt2_weights(self.model, gpt2.read_gpt2_tensors(spec.model.init_from),
                                  spec.model.init_from)
         if train.activation_checkpointing:
             parallel.checkpoint_activations(self.model)

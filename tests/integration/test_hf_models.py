@@ -40,10 +40,11 @@ def test_the_executors_ids_are_autotokenizers(spark, hf_files, hf_families, fami
 
 def test_a_model_on_s3_loads_once_per_node_and_a_missing_one_is_one_line(s3, hf_families,
                                                                           tmp_path, monkeypatch):
-    from raydp_llm.core import pretrained, storage
-    from raydp_llm.core.model import build_model
+    from raydp_llm.core import storage
+    from raydp_llm.models import files
+    from raydp_llm.models.factory import build_model
 
-    monkeypatch.setattr(pretrained, "MODEL_CACHE", tmp_path / "models")
+    monkeypatch.setattr(files, "MODEL_CACHE", tmp_path / "models")
     uri = f"s3://{BUCKET}/models/llama"
     storage.publish(hf_families["llama"], uri, s3)
     settings = make_config("model=hf", f"model.path={uri}", f"s3.endpoint_url={s3.endpoint_url}")
@@ -52,7 +53,7 @@ def test_a_model_on_s3_loads_once_per_node_and_a_missing_one_is_one_line(s3, hf_
     model = build_model(settings.model, s3)
     local = model.net.name_or_path
     assert Path(local).parent == tmp_path / "models" and (Path(local) / ".complete").is_file()
-    assert pretrained.local_copy(uri, s3) == Path(local)  # the second worker finds the copy
+    assert files.local_copy(uri, s3) == Path(local)  # the second worker finds the copy
     with pytest.raises(InputError, match=rf"^model.path=s3://{BUCKET}/models/none: no config.json "
                                          r"there; give a directory that save_pretrained wrote"):
         make_config("model=hf", f"model.path=s3://{BUCKET}/models/none",

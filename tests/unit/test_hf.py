@@ -13,16 +13,11 @@ from conftest import make_config
 from raydp_llm.cli.export import main as export_main
 from raydp_llm.core.config import GPTConfig, LSTMConfig
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.hf import (
-    NotExpressible,
-    gpt2_shape,
-    load_gpt2_weights,
-    read_gpt2_config,
-    read_gpt2_tensors,
-    read_hf_tokenizer,
-)
-from raydp_llm.core.model import GPT, LSTMLM
 from raydp_llm.core.tokenizer import EOD, CharTokenizer, train_bpe
+from raydp_llm.models.files import NotExpressible, read_hf_tokenizer
+from raydp_llm.models.gpt import GPT
+from raydp_llm.models.gpt2 import gpt2_shape, load_gpt2_weights, read_gpt2_config, read_gpt2_tensors
+from raydp_llm.models.lstm import LSTMLM
 from raydp_llm.training.checkpoint import save_model_dir
 
 transformers = pytest.importorskip("transformers")

@@ -1,5 +1,6 @@
-"""The house plan: wings import one way (cli → training → data → engines → core), and the
-package installs with its console scripts and configuration."""
+"""The house plan: wings import one way (cli → training → data → engines → models → core), no
+module takes part in an import circle, and the package installs with its console scripts and
+configuration."""
 
 from __future__ import annotations
 
@@ -13,18 +14,79 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "raydp_llm"
-WINGS = ["core", "engines", "data", "training", "cli"]  # each may import only those before it
+WINGS = ["core", "models", "engines", "data", "training", "cli"]  # each may import only those before it
 
 
 def imports_of(path: Path) -> set[str]:
-    """The ``raydp_llm.*`` modules a file imports, at any depth (function-level imports too)."""
+    """The ``raydp_llm.*`` names a file imports, at any depth (function-level imports too): the
+    module of ``from a.b import c``, and ``a.b.c`` beside it (``c`` may be a module)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {name for name in found if name.startswith("raydp_llm.")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package → the modules its import statements run: the one named, and
+    every package above it (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        runs = set()
+        for imported in imports_of(path):
+            parts = imported.split(".")
+            runs.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+        graph[name] = {m for m in runs if m in modules and m != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each is
+    an import circle."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_search_finds_a_circle_through_a_package():
+    # a submodule importing its sibling runs the package's __init__, which imports it back
+    graph = {"p": {"p.a"}, "p.a": {"p", "p.b"}, "p.b": set(), "q": {"p.b"}}
+    assert circles(graph) == [["p", "p.a"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_takes_part_in_an_import_circle():
+    assert circles(import_graph()) == []
 
 
 def wing_of(module: str) -> str | None:
@@ -37,7 +99,8 @@ def test_every_module_sits_in_a_wing_or_is_an_entry_point():
     assert loose == ["__init__.py", "evaluate.py", "export.py", "generate.py", "prepare.py",
                      "train.py"]
     for entry in loose[1:]:
-        assert imports_of(PACKAGE / entry) == {f"raydp_llm.cli.{entry[:-3]}"}, entry
+        door = f"raydp_llm.cli.{entry[:-3]}"
+        assert imports_of(PACKAGE / entry) == {door, f"{door}.cli"}, entry
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert folders == sorted(WINGS)
 

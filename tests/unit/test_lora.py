@@ -14,9 +14,9 @@ import torch
 
 from raydp_llm.cli.train_job import trainable_params
 from raydp_llm.core.config import HFConfig
-from raydp_llm.core.lora import ADAPTER_DIR
 from raydp_llm.core.model_config import LoraSettings
 from raydp_llm.core.tokenizer import load_tokenizer
+from raydp_llm.models.lora import ADAPTER_DIR
 from raydp_llm.training import sharded
 from raydp_llm.training.checkpoint import SHARDS
 from raydp_llm.training.loop import TrainLoop

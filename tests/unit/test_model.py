@@ -11,8 +11,11 @@ from conftest import CONF_DIR
 from raydp_llm.cli.generate import main as generate_main
 from raydp_llm.core.config import GPTConfig, LSTMConfig, model_config
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model import GPT, LSTMLM, LanguageModel, build_model
 from raydp_llm.core.tokenizer import CharTokenizer
+from raydp_llm.models.base import LanguageModel
+from raydp_llm.models.factory import build_model
+from raydp_llm.models.gpt import GPT
+from raydp_llm.models.lstm import LSTMLM
 from raydp_llm.training.checkpoint import load_model_dir, save_model_dir
 from raydp_llm.training.generation import sample_text, top_next_tokens
 

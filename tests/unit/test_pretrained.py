@@ -22,7 +22,6 @@ from conftest import HF_BIG_IDS, ROOT, chunked, make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model_config import HFConfig, LlamaConfig
-from raydp_llm.core.pretrained import read_hf_config, resolved
 from raydp_llm.core.tokenizer import (
     CharTokenizer,
     load_tokenizer,
@@ -31,6 +30,7 @@ from raydp_llm.core.tokenizer import (
 )
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.models.hf import read_hf_config, resolved
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.spec import TrainSpec

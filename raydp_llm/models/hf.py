@@ -11,8 +11,6 @@ config, generation config and tokenizer files, which ``from_pretrained`` loads a
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 from dataclasses import dataclass, replace
@@ -22,16 +20,13 @@ import torch
 
 from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.hf import CONFIG_FILE, TOKENIZER_CONFIG_FILE, hf_tokenizer
-from raydp_llm.core.model import LanguageModel, token_loss
 from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig
 from raydp_llm.core.storage import S3Options
-from raydp_llm.core.tokenizer import TOKENIZER_FILE, WEIGHT_SUFFIXES, Tokenizer
+from raydp_llm.core.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
+from raydp_llm.models.base import LanguageModel, token_loss
+from raydp_llm.models.files import CONFIG_FILE, hf_tokenizer, local_copy
 
 MAX_DEFAULT_BLOCK = 1024  # model=hf's block_size when none is given: min(positions, this)
-MODEL_CACHE = Path(os.environ.get("RAYDP_LLM_MODEL_CACHE",
-                                  Path.home() / ".cache" / "raydp_llm" / "models"))
-READY = ".complete"  # marks a finished node-local copy of an s3:// model
 
 
 class HFModel(LanguageModel):
@@ -110,7 +105,7 @@ def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None) -> HFModel:
         return HFModel(new_llama(cfg), cfg)
     net = load_net(local_copy(cfg.path, s3 or S3Options()))
     if cfg.lora.r:
-        from raydp_llm.core.lora import add_adapters  # peft: only for LoRA
+        from raydp_llm.models.lora import add_adapters  # peft: only for LoRA
 
         net = add_adapters(net, cfg.lora)
     return HFModel(net, cfg)
@@ -142,40 +137,6 @@ def load_net(directory: Path):
     hf_logging.disable_progress_bar()  # a bar per load in every worker's log
     return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
                                                 attn_implementation="sdpa")
-
-
-def local_copy(path: str, s3: S3Options = S3Options()) -> Path:
-    """``path`` itself when local; an s3:// model copied once per node into ``MODEL_CACHE`` (the
-    first worker copies, the others wait on the lock and find it there)."""
-    if not storage.is_s3(path):
-        return Path(path)
-    target = _cached(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{target}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / READY).exists():
-            target.mkdir(exist_ok=True)
-            storage.fetch(path, target, s3)
-            (target / READY).write_text(path)
-    return target
-
-
-def _cached(uri: str, suffix: str = "") -> Path:
-    """Where this node keeps its copy of the s3:// model ``uri`` (or of part of it)."""
-    return MODEL_CACHE / f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}{suffix}"
-
-
-def tokenizer_dir(path: str, s3: S3Options = S3Options()) -> Path:
-    """A local directory with a model's config and tokenizer files: ``path`` itself, or those
-    small files of an s3:// model (not its weights) copied for the driver."""
-    if not storage.is_s3(path):
-        return Path(path)
-    target = _cached(path, "-tokenizer")
-    target.mkdir(parents=True, exist_ok=True)
-    for info in storage.list_objects(path, s3):
-        if not info.base_name.endswith(WEIGHT_SUFFIXES):
-            storage.copy(storage.join(path, info.base_name), target / info.base_name, s3)
-    return target
 
 
 # ---- checks at the door --------------------------------------------------------------------------

@@ -20,28 +20,22 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model import GPT, LanguageModel, SinusoidalPositions
 from raydp_llm.core.model_config import GPTConfig
-from raydp_llm.core.tokenizer import (  # noqa: F401 - TOKENIZER_CONFIG_FILE: the format's names
-    EOD,
-    TOKENIZER_CONFIG_FILE,
-    TOKENIZER_FILE,
-    BPETokenizer,
-    CharTokenizer,
-    Tokenizer,
+from raydp_llm.core.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
+from raydp_llm.models.base import LanguageModel
+from raydp_llm.models.files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    NotExpressible,
+    hf_tokenizer,
+    write_json,
 )
+from raydp_llm.models.gpt import GPT, SinusoidalPositions
 
-WEIGHTS_FILE = "model.safetensors"  # transformers' names, which the model directory shares
-CONFIG_FILE = "config.json"
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, and GPT-2's
 # GPT-2's activation names → this GPT's model.activation, and back
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
-
-
-class NotExpressible(InputError):
-    """A model the other format cannot hold exactly (the LSTM as GPT-2, a GPT-2 variant this GPT
-    lacks)."""
 
 
 @dataclass(frozen=True)
@@ -119,36 +113,6 @@ def gpt2_tensors(model: LanguageModel) -> dict[str, torch.Tensor]:
     return {k: v.contiguous().clone() for k, v in tensors.items()}
 
 
-def hf_tokenizer(tokenizer: Tokenizer, block_size: int) -> tuple[str, dict]:
-    """``(tokenizer.json, tokenizer_config.json)`` of a fast tokenizer that turns text into the
-    same ids as ``tokenizer``: a BPE as it is, a char vocabulary as a word-level model over single
-    characters. NotExpressible for pre-tokenized ids (no text to tokenize)."""
-    if isinstance(tokenizer, BPETokenizer):
-        tok = tokenizer.tok
-    elif isinstance(tokenizer, CharTokenizer):
-        tok = char_word_level(tokenizer)
-    else:
-        raise NotExpressible(f"a {tokenizer.kind} tokenizer reads token ids, not text: there is no "
-                             "Hugging Face tokenizer to write; export the model alone")
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOD, "eos_token": EOD,
-              "model_max_length": block_size, "clean_up_tokenization_spaces": False}
-    return tok.to_str(), config
-
-
-def char_word_level(tokenizer: CharTokenizer):
-    """A ``tokenizers`` word-level model over ``tokenizer``'s characters, each character a word
-    (one id per code point, as CharTokenizer); characters outside the vocabulary fail there too."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
-
-    vocab = {c: i for i, c in enumerate(tokenizer.chars)} | {EOD: tokenizer.eod_id}
-    tok = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))  # not in vocab: unknown fails
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()  # characters joined as they are, no spaces between
-    tok.add_special_tokens([AddedToken(EOD, special=True, normalized=False)])
-    return tok
-
-
 def save_gpt2_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer | None) -> Path:
     """Write ``model`` (and ``tokenizer``, unless None) into ``directory`` in GPT-2's format."""
     tensors = gpt2_tensors(model)
@@ -156,16 +120,12 @@ def save_gpt2_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer | 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
-    _write_json(directory / CONFIG_FILE, gpt2_config(model.config, eod_id))
+    write_json(directory / CONFIG_FILE, gpt2_config(model.config, eod_id))
     if tokenizer is not None:
         text, config = hf_tokenizer(tokenizer, model.config.block_size)
         (directory / TOKENIZER_FILE).write_text(text)
-        _write_json(directory / TOKENIZER_CONFIG_FILE, config)
+        write_json(directory / TOKENIZER_CONFIG_FILE, config)
     return directory
-
-
-def _write_json(path: Path, value: dict) -> None:
-    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
 # ---- import --------------------------------------------------------------------------------------
@@ -256,37 +216,3 @@ def load_gpt2_weights(model: GPT, tensors: dict[str, torch.Tensor], shown_as: st
         raise InputError(f"model.init_from={shown_as}: {WEIGHTS_FILE} has no tensor {err}; give "
                          "a complete GPT2LMHeadModel checkpoint") from None
     model.load_state_dict(state)
-
-
-def read_hf_tokenizer(directory: str | Path) -> Tokenizer:
-    """A GPT-2 directory's ``tokenizer.json`` as this project's tokenizer: a character vocabulary
-    written by ``char_word_level`` becomes a CharTokenizer again, anything else a BPETokenizer (any
-    ``tokenizers`` model) that has the end-of-document token."""
-    from tokenizers import Tokenizer as HFTokenizer
-
-    path = Path(directory) / TOKENIZER_FILE
-    if not path.is_file():
-        raise InputError(f"model.init_from={directory}: no {TOKENIZER_FILE}; save the tokenizer "
-                         "beside the model (tokenizer.save_pretrained(dir)), as a fast tokenizer")
-    tok = HFTokenizer.from_file(str(path))
-    chars = _char_vocabulary(tok)
-    if chars is not None:
-        return CharTokenizer(chars)
-    try:
-        return BPETokenizer(tok)
-    except ValueError as err:
-        raise InputError(f"model.init_from={directory}: {err}") from None
-
-
-def _char_vocabulary(tok) -> str | None:
-    """The characters of a word-level tokenizer over single characters, ids in code point order and
-    the end-of-document token last, as CharTokenizer numbers them; else None."""
-    spec = json.loads(tok.to_str())
-    if spec["model"]["type"] != "WordLevel":
-        return None
-    vocab = dict(spec["model"]["vocab"])
-    eod = vocab.pop(EOD, None)
-    chars = "".join(sorted(vocab))
-    if eod != len(vocab) or any(len(c) != 1 for c in vocab):
-        return None
-    return chars if all(vocab[c] == i for i, c in enumerate(chars)) else None

@@ -1,0 +1,115 @@
+"""What every language model here is: the interface (``LanguageModel``: embeddings, head, loss,
+sampling, sizes), the loss (``token_loss``) and the attention mask of packed sequences.
+
+Shapes: B batch, T time (≤ block_size), C n_embd, V vocab_size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from raydp_llm.core.model_config import ModelConfig
+
+IGNORE = -100  # a target the loss skips: a chat token outside data.train_on, or padding
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of ``logits`` (B, T, V) over the ``targets`` (B, T) it counts (those
+    not ``IGNORE``); 0 with a gradient of 0 when it counts none (not NaN)."""
+    counted = (targets != IGNORE).sum().clamp(min=1)
+    nats = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE,
+                           reduction="sum")
+    return nats / counted
+
+
+def packed_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The attention mask (B, 1, T, T) of packed sequences: a token sees the tokens before it in
+    its own sequence, which starts where ``positions`` (B, T) restart at 0 (block-diagonal and
+    causal; True = attend)."""
+    seq = (positions == 0).cumsum(dim=1)  # (B, T) the sequence each token is in
+    same = seq[:, :, None] == seq[:, None, :]  # (B, T, T)
+    T = positions.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril()
+    return (same & causal)[:, None]
+
+
+class LanguageModel(nn.Module):
+    """What every model here has: token embeddings ``wte``, an output head ``lm_head`` (tied to
+    ``wte`` with ``tie_weights``), the loss, sampling and the parameter count. Subclasses set
+    ``kind``."""
+
+    kind: str
+
+    def __init__(self, cfg: ModelConfig, embeddings: bool = True):
+        super().__init__()
+        self.config = cfg
+        if not embeddings:  # a transformers model brings its own (models/hf.py)
+            return
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # token embeddings
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights count once
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (forward + backward): 6 per parameter, plus attention for the
+        GPT."""
+        return 6 * self.num_params()
+
+    def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
+        """Logits (B, T, V) from hidden states ``x`` (B, T, C); with ``targets`` (B, T) also the
+        mean cross-entropy (``token_loss``)."""
+        logits = self.lm_head(x)
+        if targets is None:
+            return logits, None
+        return logits, token_loss(logits, targets)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        stop=None,
+    ) -> torch.Tensor:
+        """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens; ``temperature`` 0 means
+        greedy; ``stop(idx)`` true ends it early (a chat turn's end). Each token sees the last
+        block_size tokens (positions 0.. from the window's start), as in training;
+        ``next_logits`` carries what it can from one token to the next."""
+        state = None
+        for _ in range(max_new_tokens):
+            if stop is not None and stop(idx):
+                break
+            logits, state = self.next_logits(idx, state)  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
+
+    def next_logits(self, idx: torch.Tensor, state=None):
+        """The logits (B, V) of the token after ``idx`` (B, T) seen through its last block_size
+        tokens, and the state to pass with ``idx`` one token longer. This one recomputes the
+        window every time; the models carry their state while the window still starts at token
+        0."""
+        logits, _ = self(idx[:, -self.config.block_size:])
+        return logits[:, -1, :], None
+
