@@ -71,8 +71,7 @@ def bytes_per_token(cfg, data) -> list[dict]:
 
 
 def spec_of(cfg, data, stride: int):
-    from raydp_llm.data.prepare import samplings, windows_of
-    from raydp_llm.training.spec import build_spec
+    from raydp_llm.training.spec import build_spec, samplings, windows_of
 
     cfg = replace(cfg, data=replace(cfg.data, stride=stride, sampling="stride"))
     manifest = data.manifest | windows_of(cfg, data.index, data.manifest)

@@ -28,7 +28,6 @@ from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.scores import score_documents
-from raydp_llm.cli.session import job_session
 from raydp_llm.core import storage
 from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError
@@ -38,12 +37,14 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import TOKENIZER_FILE
 from raydp_llm.data import cache
 from raydp_llm.data.batches import WindowBatch
-from raydp_llm.data.prepare import dataset_store, samplings, write_json
+from raydp_llm.data.prepare import dataset_store, write_json
 from raydp_llm.data.stream import iter_windows
 from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.hf import is_hf_dir
 from raydp_llm.training.checkpoint import MODEL_FILES, load_model_dir
 from raydp_llm.training.metrics import bits_per_char
+from raydp_llm.training.session import job_session
+from raydp_llm.training.spec import samplings
 
 log = logging.getLogger(__name__)
 

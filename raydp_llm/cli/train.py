@@ -1,6 +1,6 @@
 """``python -m raydp_llm.train [overrides]``: Spark ETL on Ray → Ray Dataset → DDP training →
 model and text. This module is the door: it checks the input before torch, Ray and Spark load (a
-bad setting fails in a second); the job itself is ``cli/train_job.py``."""
+bad setting fails in a second); the run itself is ``training/run.py``."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from raydp_llm.training import runs
 
 
 def run(settings: Settings, out_dir: Path, sweep_dir: str | None = None) -> dict:
-    """The whole job into ``out_dir`` (``train_job.run_checked``) once its input passed the
-    checks; returns the summary."""
+    """The whole run into ``out_dir`` (``training/run.run``) once its input passed the checks;
+    returns the summary."""
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
-    from raydp_llm.cli import train_job  # torch, Ray, Spark: seconds to import
+    from raydp_llm.training import run as train_run  # torch, Ray, Spark: seconds to import
 
     started = {"command": psutil.Process().create_time(), "run": time.time()}
-    return train_job.run_checked(settings, corpus, out_dir, started, sweep_dir)
+    return train_run.run(settings, corpus, out_dir, started, sweep_dir)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

@@ -36,7 +36,7 @@ from raydp_llm.data.etl import (
 )
 from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.spark_stats import read_event_log
-from raydp_llm.data.stream import ChunkIndex, Sampling
+from raydp_llm.data.stream import ChunkIndex
 from raydp_llm.engines.dashboard import RunGauges
 from raydp_llm.engines.spark import EVENT_LOG_DIR, spark_session
 
@@ -351,36 +351,6 @@ def unknown_characters(err: Exception, tok) -> InputError | None:
     return InputError(f"data.path: the corpus has characters that tokenizer.path={tok.path} lacks, "
                       f"among them {chars}; remove them from the corpus or use a tokenizer (a "
                       "model) whose vocabulary has them")
-
-
-def samplings(settings: Settings) -> dict[str, Sampling]:
-    """How a run cuts each split's windows: training as ``data.sampling`` and ``data.stride`` say,
-    validation always every ``data.val_stride`` tokens. Chat: each window is a record (stride
-    ``block_size + 1``), in both splits (random offsets are refused: ``core/checks.py``)."""
-    block, d = settings.model.block_size, settings.data
-    if d.format == "chat":
-        return {name: Sampling(block, block + 1) for name in ("train", "val")}
-    return {"train": Sampling(block, d.stride or block, random=d.sampling == "random"),
-            "val": Sampling(block, d.val_stride or block)}
-
-
-def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: dict) -> dict:
-    """The run's windows on the ETL's chunks (``index``, ``manifest``), for the run's manifest: how
-    they are cut and how many each split has per epoch. One line when a split has none (a corpus
-    too small for the block)."""
-    cut = samplings(settings)
-    counts = {name: cut[name].windows(index[name]) for name in cut}
-    if not (counts["train"] and counts["val"]):
-        b, d = settings.model.block_size, settings.data
-        needed = -(-(b + 1) // min(d.val_fraction, 1 - d.val_fraction))
-        raise InputError(f"data.path: the corpus {manifest['corpus']} has "
-                         f"{manifest['tokens']} tokens, giving {counts['train']} training "
-                         f"and {counts['val']} validation windows of {b + 1} tokens; at least "
-                         f"{int(needed)} tokens are needed: use a larger corpus or a smaller "
-                         "model.block_size")
-    return {"block_size": cut["train"].block_size, "sampling": settings.data.sampling,
-            "stride": cut["train"].stride, "val_stride": cut["val"].stride,
-            "windows_train": counts["train"], "windows_val": counts["val"]}
 
 
 def write_json(path: Path, content: dict) -> Path:

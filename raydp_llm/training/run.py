@@ -1,5 +1,5 @@
-"""The training job behind ``python -m raydp_llm.train``, once ``cli/train.py`` has checked its
-input: Ray, the ETL (or its cache), DDP training, the model, the sample, the summary."""
+"""A training run, read top to bottom: ``run`` lists its phases (engines, data, fit, export,
+report), once ``cli/train.py`` has checked its input."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raydp_llm.cli.session import JobSession, job_session
 from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
@@ -15,7 +14,7 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prepare import PreparedData, samplings, write_json
+from raydp_llm.data.prepare import PreparedData, write_json
 from raydp_llm.models import lora
 from raydp_llm.training import runs, sharded, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
@@ -23,7 +22,8 @@ from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_p
 from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
-from raydp_llm.training.spec import TrainSpec, build_spec
+from raydp_llm.training.session import job_session
+from raydp_llm.training.spec import TrainSpec, build_spec, samplings
 
 log = logging.getLogger(__name__)
 
@@ -61,71 +61,90 @@ class Trained:
     destination: str | None
 
 
-def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
-                sweep_dir: str | None = None) -> dict:
-    """The whole job on checked ``settings`` into ``out_dir``, tracked as ``settings.tracking``
-    says (a job of the sweep in ``sweep_dir`` nests under its parent run); returns the summary.
-    ``started``: when the command began (its process) and when its Python was ready (imports
-    done, input checked), in ``time.time()`` seconds."""
+@dataclass
+class Job:
+    """Who trains: the run's directory, record and Ray Train name, where its checkpoints and its
+    dataset go, its tracking, its sweep."""
+
+    out_dir: Path
+    record: runs.RunRecord
+    run_name: str  # never another run's: Ray Train would silently continue it
+    run_storage: str  # train.storage_path, else the run directory's ray_results/
+    # where the outputs are copied beside the checkpoints, <storage>/<run name>; None without
+    # train.storage_path (the checkpoints are in the run directory already)
+    destination: str | None
+    store: Path | None  # the ETL cache, when on, holds the dataset (else Ray's object store)
+    tracker: tracking.NoTracking
+    sweep_dir: str | None
+
+    @classmethod
+    def new(cls, settings: Settings, out_dir: Path, tracker: tracking.NoTracking,
+            sweep_dir: str | None) -> Job:
+        record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
+        run_name = f"{settings.name}-{record.run_id}"
+        storage_path = settings.train.storage_path
+        destination = storage.join(storage_path, run_name) if storage_path else None
+        store = Path(settings.data.cache_dir) if settings.data.cache else None
+        return cls(out_dir, record, run_name, storage_path or str(out_dir / "ray_results"),
+                   destination, store, tracker, sweep_dir)
+
+
+def run(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
+        sweep_dir: str | None = None) -> dict:
+    """A train job on checked ``settings`` into ``out_dir``, phase by phase: the engines (Ray up,
+    the cluster checked), the data (the ETL or its cache), the fit (Ray Train), the export
+    (``model/``), then the report (sample, plots, summary, published). Tracked as
+    ``settings.tracking`` says (a job of the sweep in ``sweep_dir`` nests under its parent run);
+    returns the summary. ``started``: when the command began (its process) and when its Python was
+    ready (imports done, input checked), in ``time.time()`` seconds."""
     total = Stopwatch()
-    record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
-    # never another run's: Ray Train would silently continue it
-    run_name = f"{settings.name}-{record.run_id}"
-    # the ETL cache, when on, holds the dataset the workers read (else Ray's object store)
-    store = Path(settings.data.cache_dir) if settings.data.cache else None
     with tracking.tracked(tracking.tracker(settings.tracking), out_dir) as tracker:
-        # this directory is this run's alone (a run refused for its input gives it back); the
-        # cluster's nodes are known once Ray is up, before the ETL
-        with (runs.claimed(out_dir, record),
-              job_session(settings, store, settings.train, clock=total) as session):
-            job = Job(out_dir, record, run_name, tracker, sweep_dir)
-            trained = train(settings, corpus, job, session)
+        job = Job.new(settings, out_dir, tracker, sweep_dir)
+        # the directory is this run's alone (a run refused for its input gives it back)
+        with (runs.claimed(out_dir, job.record),
+              job_session(settings, job.store, settings.train, clock=total) as session,
+              session.prepared(corpus, out_dir, to_ray=True) as data):
+            spec = specify(settings, data, job)
+            with timed(session.timings, "train_s"):
+                outcome = train(settings, spec, data, job)
+            if outcome.diverged is None:
+                export(outcome, out_dir / "model", spec)
+        trained = Trained(data, outcome, session.timings, job.destination)
         trained.timings["startup"] = startup(started, trained.timings, trained.outcome)
         outputs = artifacts(settings, out_dir, trained, total)
         publish(settings, out_dir, trained)
         return report(out_dir, trained, outputs)
 
 
-@dataclass
-class Job:
-    """Who trains: the run's directory, record and Ray Train name, its tracking, its sweep."""
+def specify(settings: Settings, data: PreparedData, job: Job) -> TrainSpec:
+    """What the workers train, from the settings and the data (written as ``manifest.json``);
+    where the run resumes from; the tracking run started."""
+    write_json(job.out_dir / "manifest.json", data.manifest)
+    spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
+    job.record.resumed_from = resume_checkpoint(settings, spec, job.out_dir)
+    job.tracker.start(settings, job.run_name, job.record, data.manifest.get("etl_key"),
+                      job.sweep_dir)
+    return spec
 
-    out_dir: Path
-    record: runs.RunRecord
-    run_name: str
-    tracker: tracking.NoTracking
-    sweep_dir: str | None
 
-
-def train(settings: Settings, corpus, job: Job, session: JobSession) -> Trained:
-    """The ETL (or its cache), then training, on the running Ray; the model into ``model/``;
-    seconds per phase into the session's ``timings``."""
-    out_dir, record = job.out_dir, job.record
-    run_storage = settings.train.storage_path or str(out_dir / "ray_results")
-    with session.prepared(corpus, out_dir, to_ray=True) as data:
-        write_json(out_dir / "manifest.json", data.manifest)
-        spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
-        record.resumed_from = resume_checkpoint(settings, spec, out_dir)
-        job.tracker.start(settings, job.run_name, record, data.manifest.get("etl_key"),
-                          job.sweep_dir)
-        keeper = runs.RecordKeeper(
-            record,
-            [str(out_dir / runs.RECORD), storage.join(run_storage, job.run_name, runs.RECORD)],
-            spec.s3,
+def train(settings: Settings, spec: TrainSpec, data: PreparedData, job: Job) -> FitResult:
+    """Ray Train's fit on the prepared data, the run's record beating beside it (in the run
+    directory and the checkpoints' storage) and closed as finished or diverged."""
+    keeper = runs.RecordKeeper(
+        job.record,
+        [str(job.out_dir / runs.RECORD), storage.join(job.run_storage, job.run_name, runs.RECORD)],
+        spec.s3,
+    )
+    with keeper.beating():
+        outcome = fit(
+            spec,
+            RunContext(job.run_name, resume_from=job.record.resumed_from),
+            {name: (data.sources[name], data.index[name]) for name in data.index},
+            Launch(job.out_dir, job.run_storage, settings.cluster.placement,
+                   on_metrics=job.tracker.log_row),
         )
-        with timed(session.timings, "train_s"), keeper.beating():
-            outcome = fit(
-                spec,
-                RunContext(job.run_name, resume_from=record.resumed_from),
-                {name: (data.sources[name], data.index[name]) for name in data.index},
-                Launch(out_dir, run_storage, settings.cluster.placement,
-                       on_metrics=job.tracker.log_row),
-            )
-            keeper.finish("diverged" if outcome.diverged else "finished")
-        if outcome.diverged is None:
-            storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model", spec), spec.s3)
-    destination = storage.join(run_storage, job.run_name) if settings.train.storage_path else None
-    return Trained(data, outcome, session.timings, destination)
+        keeper.finish("diverged" if outcome.diverged else "finished")
+    return outcome
 
 
 def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
@@ -139,15 +158,17 @@ def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
     return {k: v if v is None else round(v, 2) for k, v in phases.items()}
 
 
-def _export(checkpoint, directory: Path, spec: TrainSpec) -> None:
-    """The model of Ray Train's final ``checkpoint`` (local, or downloaded from S3) into
-    ``directory``: its model files, or its shards gathered into a full model."""
-    with checkpoint.as_directory() as d:
-        if sharded.is_sharded(Path(d)):
-            sharded.export(Path(d), directory, spec.model, spec.tokenizer(),
-                           spec.s3)
-        else:
-            export_model_dir(Path(d), directory)
+def export(outcome: FitResult, directory: Path, spec: TrainSpec) -> None:
+    """The model of the fit's final checkpoint (local, or downloaded from S3) into ``directory``:
+    its model files, or its shards gathered into a full model."""
+    def copy() -> None:
+        with outcome.checkpoint.as_directory() as d:
+            if sharded.is_sharded(Path(d)):
+                sharded.export(Path(d), directory, spec.model, spec.tokenizer(), spec.s3)
+            else:
+                export_model_dir(Path(d), directory)
+
+    storage.retried(copy, spec.s3)
 
 
 # After training: its artifacts, published, and the closing report.

@@ -12,9 +12,10 @@ from pathlib import Path
 from raydp_llm.core.config import Settings, TrainSettings
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prepare import PreparedData, prepared, windows_of
+from raydp_llm.data.prepare import PreparedData, prepared
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.training.spec import windows_of
 
 
 class JobSession:

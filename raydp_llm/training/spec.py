@@ -12,7 +12,7 @@ from raydp_llm.core.config import ModelConfig, OptimSettings, Settings, TrainSet
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
-from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.data.stream import ChunkIndex, Sampling, steps_per_epoch
 from raydp_llm.models.embeddings import read_embeddings
 
 # Settings that change how a run is watched, how fast it goes or where it runs, not what it trains:
@@ -105,3 +105,36 @@ def fingerprint(spec: TrainSpec, manifest: dict) -> str:
     identity["train"] = {k: v for k, v in identity["train"].items() if k not in NOT_IN_FINGERPRINT}
     text = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+# How the run cuts its windows from the ETL's chunks
+
+
+def samplings(settings: Settings) -> dict[str, Sampling]:
+    """How a run cuts each split's windows: training as ``data.sampling`` and ``data.stride`` say,
+    validation always every ``data.val_stride`` tokens. Chat: each window is a record (stride
+    ``block_size + 1``), in both splits (random offsets are refused: ``core/checks.py``)."""
+    block, d = settings.model.block_size, settings.data
+    if d.format == "chat":
+        return {name: Sampling(block, block + 1) for name in ("train", "val")}
+    return {"train": Sampling(block, d.stride or block, random=d.sampling == "random"),
+            "val": Sampling(block, d.val_stride or block)}
+
+
+def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: dict) -> dict:
+    """The run's windows on the ETL's chunks (``index``, ``manifest``), for the run's manifest: how
+    they are cut and how many each split has per epoch. One line when a split has none (a corpus
+    too small for the block)."""
+    cut = samplings(settings)
+    counts = {name: cut[name].windows(index[name]) for name in cut}
+    if not (counts["train"] and counts["val"]):
+        b, d = settings.model.block_size, settings.data
+        needed = -(-(b + 1) // min(d.val_fraction, 1 - d.val_fraction))
+        raise InputError(f"data.path: the corpus {manifest['corpus']} has "
+                         f"{manifest['tokens']} tokens, giving {counts['train']} training "
+                         f"and {counts['val']} validation windows of {b + 1} tokens; at least "
+                         f"{int(needed)} tokens are needed: use a larger corpus or a smaller "
+                         "model.block_size")
+    return {"block_size": cut["train"].block_size, "sampling": settings.data.sampling,
+            "stride": cut["train"].stride, "val_stride": cut["val"].stride,
+            "windows_train": counts["train"], "windows_val": counts["val"]}

@@ -18,7 +18,8 @@ from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache, chat_tokens
 from raydp_llm.data.etl import EtlPlan
-from raydp_llm.data.prepare import _run_etl, windows_of
+from raydp_llm.data.prepare import _run_etl
+from raydp_llm.training.spec import windows_of
 
 pytestmark = pytest.mark.integration
 

@@ -293,8 +293,8 @@ def _chunks_outlive_spark(cfg, data, tmp_path) -> None:
     import numpy as np
     import ray
 
-    from raydp_llm.data.prepare import samplings, windows_of
     from raydp_llm.data.stream import BlockChunks, ChunkReader, EpochOrder
+    from raydp_llm.training.spec import samplings, windows_of
 
     assert not data.cache_hit and data.entry is None
     m = data.manifest | windows_of(cfg, data.index, data.manifest)

@@ -12,11 +12,10 @@ from mlflow.tracking import MlflowClient
 from conftest import CACHE_DIR, NO_CHECK, make_config, prepare, start_like_a_terminal
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
-from raydp_llm.cli.train_job import resume_checkpoint
 from raydp_llm.core.errors import InputError
-from raydp_llm.data.prepare import samplings, windows_of
 from raydp_llm.training.metrics import read_metrics
-from raydp_llm.training.spec import build_spec
+from raydp_llm.training.run import resume_checkpoint
+from raydp_llm.training.spec import build_spec, samplings, windows_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

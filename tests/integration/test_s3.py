@@ -19,16 +19,15 @@ from conftest import BUCKET, ROOT, make_config, prepare, write_lines
 from flaky_s3 import FlakyS3
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
-from raydp_llm.cli.train_job import resume_checkpoint
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data import arrow_reader
 from raydp_llm.data.etl import EtlPlan, run_etl
-from raydp_llm.data.prepare import samplings
 from raydp_llm.engines.spark import spark_session
 from raydp_llm.training.metrics import read_metrics
-from raydp_llm.training.spec import build_spec
+from raydp_llm.training.run import resume_checkpoint
+from raydp_llm.training.spec import build_spec, samplings
 
 # A run of four steps with checkpoints at 2 and 4, small enough for the S3 stand-in's pace.
 TINY_RUN = [

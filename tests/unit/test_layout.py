@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "raydp_llm"
-WINGS = ["core", "models", "engines", "data", "training", "cli"]  # each may import only those before it
+# each wing may import only those before it
+WINGS = ["core", "models", "engines", "data", "training", "cli"]
 
 
 def imports_of(path: Path) -> set[str]:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydp_llm.cli.train_job import trainable_params
 from raydp_llm.core.config import HFConfig
 from raydp_llm.core.model_config import LoraSettings
 from raydp_llm.core.tokenizer import load_tokenizer
@@ -20,6 +19,7 @@ from raydp_llm.models.lora import ADAPTER_DIR
 from raydp_llm.training import sharded
 from raydp_llm.training.checkpoint import SHARDS
 from raydp_llm.training.loop import TrainLoop
+from raydp_llm.training.run import trainable_params
 from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Worker
 from test_loop import CPU, Reports
