@@ -24,6 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
+from raydp_llm.checkpoint.layout import MODEL_FILES
+from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
@@ -41,7 +43,6 @@ from raydp_llm.data.prepare import dataset_store, write_json
 from raydp_llm.data.stream import iter_windows
 from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.hf import is_hf_dir
-from raydp_llm.training.checkpoint import MODEL_FILES, load_model_dir
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import samplings

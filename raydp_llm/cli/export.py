@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
 from raydp_llm.core import storage
 from raydp_llm.core.config import ExportSettings
@@ -16,7 +17,6 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.models.files import NotExpressible
 from raydp_llm.models.gpt2 import check_exportable, save_gpt2_dir
-from raydp_llm.training.checkpoint import load_model_dir
 
 USAGE = ("usage: python -m raydp_llm.export model_dir=DIR out=DIR [key=value ...] (--help: every "
          "key)")

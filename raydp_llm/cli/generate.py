@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         print(f"{USAGE}: {err}", file=sys.stderr)
         return 2
     # torch: seconds to import, after the arguments are known good
-    from raydp_llm.training.checkpoint import load_model_dir
+    from raydp_llm.checkpoint.model_dir import load_model_dir
 
     try:
         model, tokenizer = load_model_dir(s.model_dir, s3=S3Options.of(s.s3))

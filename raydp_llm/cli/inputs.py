@@ -146,11 +146,10 @@ def check_inputs(settings: Settings) -> Corpus:
 
         read_embeddings(vectors, None, settings.model.n_embd)
     if t.resume not in RESUME_WORDS:
-        from raydp_llm.training.checkpoint import check_resumable
-        from raydp_llm.training.spec import sharded_checkpoints
+        from raydp_llm.checkpoint.checkpointer import Checkpointer
 
-        check_resumable(t.resume, settings.model, f"train.resume={t.resume}", s3,
-                        sharded=sharded_checkpoints(t, settings.model))
+        Checkpointer.for_run(t, settings.model).check(t.resume, settings.model,
+                                                      f"train.resume={t.resume}", s3)
     if t.storage_path and storage.is_s3(t.storage_path):
         storage.check_bucket("train.storage_path", t.storage_path, s3)
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():

@@ -50,7 +50,7 @@ class DocumentScorer:
     predicted tokens and mean loss (nats) out."""
 
     def __init__(self, model_dir: str, entry: str, batch_windows: int):
-        from raydp_llm.training.checkpoint import load_model_dir
+        from raydp_llm.checkpoint.model_dir import load_model_dir
 
         torch.set_num_threads(1)  # an actor per CPU
         self.model = load_model_dir(model_dir)[0]

@@ -32,12 +32,12 @@ import ray.train
 import ray.train.torch
 from ray.train import Checkpoint
 
+from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core.storage import resolve, write_tree
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.parallel import grad_stats, non_finite_weights
 from raydp_llm.training.progress import LivePosts
-from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Interval, Placement, Worker
 
 # Where the loop's reports go: report(metrics) on every rank, report(metrics, checkpoint directory)

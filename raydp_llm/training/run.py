@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raydp_llm.checkpoint import checkpointer
+from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
@@ -16,8 +18,7 @@ from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, write_json
 from raydp_llm.models import lora
-from raydp_llm.training import runs, sharded, tracking
-from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
+from raydp_llm.training import runs, tracking
 from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases
 from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
@@ -163,10 +164,7 @@ def export(outcome: FitResult, directory: Path, spec: TrainSpec) -> None:
     its model files, or its shards gathered into a full model."""
     def copy() -> None:
         with outcome.checkpoint.as_directory() as d:
-            if sharded.is_sharded(Path(d)):
-                sharded.export(Path(d), directory, spec.model, spec.tokenizer(), spec.s3)
-            else:
-                export_model_dir(Path(d), directory)
+            checkpointer.export(Path(d), directory, spec.model, spec.tokenizer(), spec.s3)
 
     storage.retried(copy, spec.s3)
 

@@ -26,11 +26,10 @@ from typing import Iterator
 
 import psutil
 
+from raydp_llm.checkpoint.layout import STATE_JSON
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-
-STATE_JSON = "train_state.json"  # a checkpoint's training state: it marks a checkpoint
 
 log = logging.getLogger(__name__)
 

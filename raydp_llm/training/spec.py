@@ -67,12 +67,6 @@ class TrainSpec:
         return self.train.batch_size // (world * self.train.grad_accum)
 
 
-def sharded_checkpoints(train: TrainSettings, model: ModelConfig) -> bool:
-    """Whether every worker writes its part of each checkpoint (training/sharded.py): with FSDP,
-    and with LoRA (the adapters alone)."""
-    return train.strategy == "fsdp" or bool(getattr(getattr(model, "lora", None), "r", 0))
-
-
 def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,
                sampling: dict[str, Sampling]) -> TrainSpec:
     """The spec of a run on the ETL's output (its ``tokenizer``, and its ``manifest`` with the

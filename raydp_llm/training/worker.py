@@ -22,17 +22,17 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from raydp_llm.checkpoint.checkpointer import Checkpointer
+from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
 from raydp_llm.models import gpt2
 from raydp_llm.models.factory import build_model
-from raydp_llm.training import parallel, sharded
-from raydp_llm.training.checkpoint import load_train_checkpoint, save_train_checkpoint
+from raydp_llm.training import parallel
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.optim import make_optimizer
-from raydp_llm.training.spec import TrainSpec, sharded_checkpoints
-from raydp_llm.training.state import TrainState
+from raydp_llm.training.spec import TrainSpec
 
 
 @dataclass(frozen=True)
@@ -220,8 +220,7 @@ class Worker:
         else:
             prepare = prepare or (lambda model: model.to(self.device))
             self.ddp_model = prepare(self.model)  # on the device; DDP when world > 1
-        # every worker writes its shard (fsdp), or the adapters alone (LoRA): sharded.py
-        self.sharded_checkpoints = sharded_checkpoints(train, spec.model)
+        self.checkpoints = Checkpointer.for_run(train, spec.model)
         self.optimizer = make_optimizer(self.model, spec)
         self.forward = torch.compile(self.ddp_model) if spec.train.compile else self.ddp_model
         self.collate = WindowBatch(self.device, chat=spec.chat_template is not None)
@@ -232,13 +231,11 @@ class Worker:
     @property
     def writes_checkpoints(self) -> bool:
         """Whether this worker writes (a part of) each checkpoint: rank 0, or every worker."""
-        return self.sharded_checkpoints or self.placement.rank == 0
+        return self.checkpoints.writes(self.placement.rank)
 
     def load_checkpoint(self, directory: Path) -> TrainState:
         """Weights, optimizer and RNG from a training checkpoint; the state it was taken at."""
-        if sharded.is_sharded(directory):
-            return sharded.load(directory, self.model, self.optimizer)
-        return load_train_checkpoint(directory, self.model, self.optimizer)
+        return self.checkpoints.load(directory, self.model, self.optimizer)
 
     def save_checkpoint(self, directory: Path, state: TrainState) -> None:
         """A training checkpoint at ``state`` (this worker's part of it when sharded), stamped with
@@ -246,9 +243,7 @@ class Worker:
         spec = self.spec
         stamped = replace(state, fingerprint=spec.fingerprint, max_steps=spec.max_steps,
                           world=self.placement.world_size)
-        save = sharded.save if self.sharded_checkpoints else save_train_checkpoint
-        save(directory, self.model, spec.tokenizer(), self.optimizer,
-             stamped)
+        self.checkpoints.save(directory, self.model, spec.tokenizer(), self.optimizer, stamped)
 
     def train_step(self, group: list[np.ndarray], lr: float) -> StepResult:
         """Forward and backward over this worker's ``grad_accum`` micro-batches (the gradients are

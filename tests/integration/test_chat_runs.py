@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config
+from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.data.chat import model_template
-from raydp_llm.training.checkpoint import load_model_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

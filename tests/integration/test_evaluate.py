@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from conftest import make_config
+from raydp_llm.checkpoint.model_dir import load_model_dir, save_model_dir
 from raydp_llm.cli.evaluate import run
 from raydp_llm.core.config import GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.data.stream import read_index
 from raydp_llm.models.factory import build_model
-from raydp_llm.training.checkpoint import load_model_dir, save_model_dir
 
 pytestmark = pytest.mark.integration
 

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import make_config, prepare
+from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache
 from raydp_llm.data.prepare import prepared
 from raydp_llm.engines.preflight import check_workers_fit, preflight
-from raydp_llm.training.checkpoint import load_model_dir
 from raydp_llm.training.metrics import COLUMNS, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs

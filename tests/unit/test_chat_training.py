@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from conftest import chunked
+from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import chat_tokens, windows
 from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.stream import Sampling, steps_per_epoch
 from raydp_llm.models.base import IGNORE
 from raydp_llm.models.factory import build_model
-from raydp_llm.training.checkpoint import load_model_dir
 from raydp_llm.training.spec import TrainSpec
 from raydp_llm.training.worker import Placement, Worker, validation_pass
 

@@ -18,14 +18,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from raydp_llm.checkpoint import sharded
+from raydp_llm.checkpoint.layout import SHARDS, STATE_JSON, TrainState
+from raydp_llm.checkpoint.model_dir import load_model_dir
+from raydp_llm.checkpoint.resume import check_resumable
 from raydp_llm.core import integrity
 from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
-from raydp_llm.training import runs, sharded
-from raydp_llm.training.checkpoint import SHARDS, STATE_JSON, check_resumable, load_model_dir
+from raydp_llm.training import runs
 from raydp_llm.training.loop import TrainLoop
-from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Placement, Worker
 from test_loop import BLOCK, VOCAB
 from test_loop import data as data  # noqa: F401 - the fixture

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import make_config
+from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.cli.export import main as export_main
 from raydp_llm.core.config import GPTConfig, LSTMConfig
 from raydp_llm.core.errors import InputError
@@ -18,7 +19,6 @@ from raydp_llm.models.files import NotExpressible, read_hf_tokenizer
 from raydp_llm.models.gpt import GPT
 from raydp_llm.models.gpt2 import gpt2_shape, load_gpt2_weights, read_gpt2_config, read_gpt2_tensors
 from raydp_llm.models.lstm import LSTMLM
-from raydp_llm.training.checkpoint import save_model_dir
 
 transformers = pytest.importorskip("transformers")
 

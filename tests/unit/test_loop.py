@@ -16,16 +16,15 @@ import pytest
 import torch
 
 from conftest import chunked
+from raydp_llm.checkpoint.layout import STATE_JSON, TrainState
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.core.tokenizer import IdsTokenizer
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, steps_per_epoch
-from raydp_llm.training.checkpoint import STATE_JSON
 from raydp_llm.training.loop import TrainLoop, divergence
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Placement, Worker, all_reduce_max, all_reduce_sum
 
 N, VOCAB, BLOCK, BATCH = 200, 16, 8, 4  # 160 training tokens: 19 windows, 4 steps an epoch

@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from raydp_llm.checkpoint import sharded
+from raydp_llm.checkpoint.layout import SHARDS, TrainState
 from raydp_llm.core.config import HFConfig
 from raydp_llm.core.model_config import LoraSettings
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.models.lora import ADAPTER_DIR
-from raydp_llm.training import sharded
-from raydp_llm.training.checkpoint import SHARDS
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.run import trainable_params
-from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Worker
 from test_loop import CPU, Reports
 from test_loop import data as data  # noqa: F401 - the fixture

@@ -8,6 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conftest import CONF_DIR
+from raydp_llm.checkpoint.model_dir import load_model_dir, save_model_dir
 from raydp_llm.cli.generate import main as generate_main
 from raydp_llm.core.config import GPTConfig, LSTMConfig, model_config
 from raydp_llm.core.errors import InputError
@@ -16,7 +17,6 @@ from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
 from raydp_llm.models.gpt import GPT
 from raydp_llm.models.lstm import LSTMLM
-from raydp_llm.training.checkpoint import load_model_dir, save_model_dir
 from raydp_llm.training.generation import sample_text, top_next_tokens
 
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)

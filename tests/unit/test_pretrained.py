@@ -19,6 +19,8 @@ import torch
 
 import hf_models
 from conftest import HF_BIG_IDS, ROOT, chunked, make_config
+from raydp_llm.checkpoint.layout import TrainState
+from raydp_llm.checkpoint.model_dir import export_model_dir, load_model_dir
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model_config import HFConfig, LlamaConfig
@@ -31,10 +33,8 @@ from raydp_llm.core.tokenizer import (
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, steps_per_epoch
 from raydp_llm.models.hf import read_hf_config, resolved
-from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Placement, Worker
 from test_loop import Reports
 

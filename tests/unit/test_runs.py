@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from raydp_llm.checkpoint.layout import STATE_JSON
 from raydp_llm.core import integrity
 from raydp_llm.core.errors import InputError
 from raydp_llm.training import runs
-from raydp_llm.training.checkpoint import STATE_JSON
 from raydp_llm.training.runs import RunRecord, find_resumable
 
 FINGERPRINT, MAX_STEPS = "f" * 20, 100

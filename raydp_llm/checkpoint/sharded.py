@@ -29,6 +29,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from raydp_llm.checkpoint.layout import (
+    SHARDS,
+    STATE_JSON,
+    STATE_TENSORS,
+    TrainState,
+    check_complete,
+)
+from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.core import integrity
 from raydp_llm.core.model_config import ModelConfig
 from raydp_llm.core.storage import S3Options, whole_or_absent
@@ -37,13 +45,6 @@ from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
 from raydp_llm.models.hf import HFModel
 from raydp_llm.models.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
-from raydp_llm.training.checkpoint import SHARDS, STATE_TENSORS, check_complete, save_model_dir
-from raydp_llm.training.runs import STATE_JSON
-from raydp_llm.training.state import TrainState
-
-
-def is_sharded(directory: Path) -> bool:
-    return (Path(directory) / SHARDS).is_dir()
 
 
 def _lora(model: LanguageModel) -> bool:

@@ -14,16 +14,22 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from raydp_llm.checkpoint.layout import (
+    SHARDS,
+    STATE_JSON,
+    STATE_TENSORS,
+    ModelDirError,
+    is_sharded,
+)
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.config import ModelConfig, model_config
-from raydp_llm.core.errors import InputError, first_line
+from raydp_llm.core.errors import first_line
 from raydp_llm.core.model_config import HFConfig
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import (
@@ -35,19 +41,8 @@ from raydp_llm.core.tokenizer import (
 )
 from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
+from raydp_llm.models.files import CONFIG_FILE, WEIGHTS_FILE
 from raydp_llm.models.hf import HFModel, is_hf_dir, load_hf_dir, save_hf_dir
-from raydp_llm.training.runs import STATE_JSON
-from raydp_llm.training.state import TrainState
-
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
-STATE_TENSORS = "train_state.pt"
-
-
-class ModelDirError(InputError):
-    """A model directory or checkpoint that cannot be loaded: damaged, or its files do not fit
-    together."""
 
 
 def save_model_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer,
@@ -74,7 +69,7 @@ def save_model_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer,
     return directory
 
 
-def _load_weights(directory: Path, model: LanguageModel, device: str, shown_as: str) -> None:
+def load_weights(directory: Path, model: LanguageModel, device: str, shown_as: str) -> None:
     """The weights of a model directory into ``model`` (a tied lm_head is stored once, as wte)."""
     try:
         state = load_file(Path(directory) / WEIGHTS_FILE, device=device)
@@ -129,7 +124,7 @@ def load_model_dir(directory: str | Path, device: str = "cpu",
 
 
 def _load_local(directory: Path, device: str, shown_as: str) -> tuple[LanguageModel, Tokenizer]:
-    if (directory / SHARDS).is_dir():
+    if is_sharded(directory):
         raise ModelDirError(f"{shown_as}: a sharded training checkpoint (train.strategy=fsdp or "
                             f"LoRA), its weights split in {SHARDS}/; give the run's model/ "
                             "directory, which holds them whole")
@@ -140,7 +135,7 @@ def _load_local(directory: Path, device: str, shown_as: str) -> tuple[LanguageMo
         raise FileNotFoundError(f"{shown_as}: no {WEIGHTS_FILE}; give the model/ directory of a "
                                 "finished run")
     model, tokenizer = build_from_dir(directory, shown_as)
-    _load_weights(directory, model, device, shown_as)
+    load_weights(directory, model, device, shown_as)
     return model.to(device).eval(), tokenizer
 
 
@@ -198,38 +193,6 @@ def _hf_shape(directory: str | Path, shown_as: str, s3: S3Options):
     return HFModel(net, HFConfig(path=shown_as)), tokenizer
 
 
-def save_train_checkpoint(
-    directory: Path, model: LanguageModel, tokenizer: Tokenizer, optimizer, state: TrainState
-) -> Path:
-    """A model directory plus what resuming needs: ``state`` (JSON: step, epoch, position,
-    fingerprint, ...), the optimizer's state and the torch RNG; sealed last."""
-    save_model_dir(directory, model, tokenizer, seal=False)
-    (Path(directory) / STATE_JSON).write_text(json.dumps(state.to_json(), indent=2))
-    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
-               Path(directory) / STATE_TENSORS)
-    integrity.seal(directory)
-    return Path(directory)
-
-
-def check_complete(directory: Path) -> None:
-    """A training checkpoint must match its ``complete.json``: ModelDirError naming the damage."""
-    damage = integrity.problem(directory)
-    if damage:
-        raise ModelDirError(f"checkpoint {directory}: damaged, {damage}")
-
-
-def load_train_checkpoint(directory: Path, model: LanguageModel, optimizer) -> TrainState:
-    """Restore weights, optimizer and RNG from a complete training checkpoint into ``model`` and
-    ``optimizer``; returns its state (``train_state.json``)."""
-    directory = Path(directory)
-    check_complete(directory)
-    _load_weights(directory, model, str(model.wte.weight.device), str(directory))
-    tensors = torch.load(directory / STATE_TENSORS, weights_only=True)
-    optimizer.load_state_dict(tensors["optimizer"])
-    torch.set_rng_state(tensors["torch_rng"])
-    return TrainState.from_json(json.loads((directory / STATE_JSON).read_text()))
-
-
 def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:
     """Copy the model files (not the optimizer state) of a checkpoint into a new ``directory``,
     sealed, whole or absent (``storage.whole_or_absent``)."""
@@ -243,70 +206,3 @@ def export_model_dir(checkpoint_dir: Path, directory: Path) -> Path:
     return Path(directory)
 
 
-def check_resumable(location: str, model: ModelConfig, shown_as: str,
-                    s3: S3Options = S3Options(), sharded: bool = False) -> None:
-    """``location`` (local or s3://) must be a complete training checkpoint (``integrity``) whose
-    config and tokenizer fit together, whose model has the shape ``model`` asks for (block size,
-    layers, widths): its weights would not load into another, and which is ``sharded`` as the
-    run's are (training/sharded.py). One line, named ``shown_as``, when not."""
-    try:
-        _check_layout(location, shown_as, s3, sharded)
-        if not storage.exists(storage.join(location, STATE_JSON), s3):
-            raise InputError(f"{shown_as}: not a training checkpoint (no {STATE_JSON}); give a "
-                             "checkpoint_* directory of an earlier run (under its ray_results/ or "
-                             "train.storage_path), or auto | never")
-        if not storage.exists(storage.join(location, integrity.MARKER), s3):
-            raise InputError(f"{shown_as}: damaged, no {integrity.MARKER}: it was never finished; "
-                             "give an earlier checkpoint_* of that run, or train.resume=auto (it "
-                             "skips damaged checkpoints)")
-        saved, _ = build_from_dir(
-            location, shown_as, s3
-        )  # complete, and its config and tokenizer fit together
-    except OSError as err:
-        raise storage.unreachable(shown_as.split("=")[0], location, err) from None
-    if isinstance(saved, HFModel):
-        _check_same_shape(saved, model, shown_as, s3)
-        return
-    wanted = {k: v for k, v in model.architecture().items() if k != "vocab_size"}
-    differ = [k for k, v in wanted.items() if getattr(saved.config, k, v) != v]
-    if differ:
-        have = ", ".join(f"{k}={getattr(saved.config, k)}" for k in differ)
-        asked = ", ".join(f"model.{k}={wanted[k]}" for k in differ)
-        raise InputError(f"{shown_as}: the checkpoint's model has {have}, the config asks for "
-                         f"{asked}; resume with the checkpoint's model settings")
-
-
-SHARDS = "shards"  # a sharded checkpoint's DCP directory (training/sharded.py)
-
-
-def _check_layout(location: str, shown_as: str, s3: S3Options, sharded: bool) -> None:
-    has_shards = storage.exists(storage.join(location, SHARDS, ".metadata"), s3)
-    if has_shards != sharded:
-        written, asked = ("sharded", "full") if has_shards else ("full", "sharded")
-        raise InputError(f"{shown_as}: a {written} checkpoint, but this run writes {asked} ones "
-                         "(train.strategy=fsdp and LoRA shard them); resume with the "
-                         "train.strategy and model.lora of the run that wrote it")
-
-
-SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "intermediate_size", "n_embd", "n_layer", "n_head")
-
-
-def _check_same_shape(saved: HFModel, model: ModelConfig, shown_as: str, s3: S3Options) -> None:
-    """A transformers checkpoint resumes a run whose model has its shape: model=hf's directory's
-    config, or the Llama that model=llama's settings build."""
-    from raydp_llm.models.hf import new_llama
-
-    if isinstance(model, HFConfig):
-        config = storage.read_json(storage.join(model.path, CONFIG_FILE), s3)
-    else:
-        with torch.device("meta"):
-            config = new_llama(replace(model, vocab_size=saved.config.vocab_size or 1)).config
-        config = config.to_dict()
-    have = saved.net.config.to_dict()
-    differ = [k for k in SHAPE_KEYS if k in config and have.get(k) != config[k]]
-    if differ:
-        raise InputError(f"{shown_as}: the checkpoint's model has "
-                         f"{', '.join(f'{k}={have.get(k)}' for k in differ)}, the run's "
-                         f"{', '.join(f'{k}={config[k]}' for k in differ)}; resume with the "
-                         "checkpoint's model settings")

@@ -1,0 +1,58 @@
+"""What a checkpoint holds, by name: the model directory's files, the training state
+(``TrainState``, kept as ``train_state.json``) and the optimizer's, the shards of a sharded one;
+and the error a damaged one raises. The leaf of the checkpoint package."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from raydp_llm.core import integrity
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.tokenizer import TOKENIZER_FILE
+from raydp_llm.models.files import CONFIG_FILE, WEIGHTS_FILE
+
+MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
+STATE_JSON = "train_state.json"  # a checkpoint's training state: it marks a checkpoint
+STATE_TENSORS = "train_state.pt"  # the optimizer's state and the RNG
+SHARDS = "shards"  # a sharded checkpoint's DCP directory (sharded.py)
+
+
+class ModelDirError(InputError):
+    """A model directory or checkpoint that cannot be loaded: damaged, or its files do not fit
+    together."""
+
+
+def is_sharded(directory: str | Path) -> bool:
+    """A sharded checkpoint (its weights in ``shards/``), as on disk."""
+    return (Path(directory) / SHARDS).is_dir()
+
+
+def check_complete(directory: str | Path) -> None:
+    """A training checkpoint must match its ``complete.json``: ModelDirError naming the damage."""
+    damage = integrity.problem(directory)
+    if damage:
+        raise ModelDirError(f"checkpoint {directory}: damaged, {damage}")
+
+
+@dataclass
+class TrainState:
+    """The step, the epoch and the step within it, and the training seconds so far; in a
+    checkpoint also the run's fingerprint, ``max_steps`` and number of workers (which
+    ``runs.find_resumable`` reads). ``to_json`` keeps the keys and values of ``train_state.json``
+    as they always were, so that any earlier checkpoint loads."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    elapsed_s: float = 0.0
+    fingerprint: str | None = None  # the fields below: set when a checkpoint is written
+    max_steps: int | None = None
+    world: int | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, saved: dict) -> TrainState:
+        return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
