@@ -157,7 +157,7 @@ def check_inputs(settings: Settings) -> Corpus:
                          "tokenizer.json")
     if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
         return Corpus(files=[], markdown=False, name="query")
-    if d.path is None and d.format == "chat":  # the sample conversations
+    if d.path is None and d.chat:  # the sample conversations
         corpus = sample_chat_corpus()
     else:
         corpus = resolve_corpus(d.path, markdown=d.markdown, s3=s3)

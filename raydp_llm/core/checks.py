@@ -81,11 +81,11 @@ def _check_chat(settings: Settings) -> None:
     """A chat window is a record of packed conversations (random offsets would cut them), each
     attending only to itself: a recurrence carries its state from one to the next."""
     d = settings.data
-    if d.format == "chat" and d.sampling == "random":
+    if d.chat and d.sampling == "random":
         raise InputError("data.sampling=random: data.format=chat cuts a window per record of "
                          "packed conversations, never at random offsets; set "
                          "data.sampling=stride")
-    if d.format == "chat" and d.packing and settings.model.kind == "lstm":
+    if d.chat and d.packing and settings.model.kind == "lstm":
         raise InputError("data.packing=true packs conversations that model=lstm would read as one "
                          "(its state crosses them); set data.packing=false (one conversation per "
                          "window) or use a transformer (model=gpt, model=llama, model=hf)")

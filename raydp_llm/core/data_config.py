@@ -206,3 +206,9 @@ class DataSettings:
                                  "only", check=one_of(Decontaminate))
     decontaminate_ngram: int = setting(13, "words per n-gram of the contamination check (GPT-3: "
                                            "13)", check=COUNT)
+
+    @property
+    def chat(self) -> bool:
+        """Conversations (``data.format=chat``): rendered with a template, masked, packed. The one
+        place that answers "is this chat data"."""
+        return self.format == DataFormat.chat

@@ -222,7 +222,7 @@ def write_sample(settings: Settings, out_dir: Path) -> Sample:
     model, tokenizer = load_model_dir(out_dir / "model")
     sample = settings.sample
     chat = model_template(out_dir / "model")
-    if settings.data.format == "chat" and chat is not None:
+    if settings.data.chat and chat is not None:
         text = chat_reply(model, tokenizer, chat, sample, settings.seed)
     else:
         text = sample_text(model, tokenizer, sample.prompt, sample.max_new_tokens,
