@@ -6,12 +6,12 @@ token ids made in the executors). A module per stage, in the pipeline's order:
    parallel; markdown is stripped in the JVM.
 2. *scan* (``scan.py``) and the input checks (``checks.py``): per-file lines, characters, NUL bytes
    (binary files), replaced invalid UTF-8, character set; UTF-16, binary and empty corpora refused.
-3. *curate* (``data/curate.py``): quality filters and deduplication, on whole documents.
+3. *curate* (``curation/curate.py``): quality filters and deduplication, on whole documents.
 4. *tokenizer* (``tokenizer.py``): the character set (``char``) or a BPE trained on a sample Spark
    draws (``bpe``).
 5. *encode* (``encode.py``): ``mapInArrow`` batches through the tokenizer, a paragraph at a time;
    documents are joined by the end-of-document token; each input split becomes pieces of at most
-   ``PIECE_TOKENS`` ids. The contamination check (``data/contamination.py``) follows.
+   ``PIECE_TOKENS`` ids. The contamination check (``curation/contamination.py``) follows.
 6. *chunk* (``chunks.py``): each piece cuts its own chunks where it lies, and the driver knows the
    chunks' index by arithmetic (windows.py); windows are cut when read (stream.py).
 7. *manifest* (``manifest.py``): what the ETL made, for ``manifest.json``.
@@ -28,10 +28,11 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from raydp_llm.core.config import DataSettings
-from raydp_llm.data import chat_tokens, contamination, curate
+from raydp_llm.data import chat_tokens
 from raydp_llm.data.etl.chat_encode import chat_counts
 from raydp_llm.data.etl.checks import Scanned, read_and_scan
 from raydp_llm.data.etl.chunks import check_chunk_count, cut_chunks, sorted_chunks, to_object_store
+from raydp_llm.data.etl.curation import contamination, curate
 from raydp_llm.data.etl.encode import Encoded, Encoding
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.manifest import Manifest, build_manifest

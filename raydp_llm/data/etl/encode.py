@@ -16,9 +16,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
-from raydp_llm.data import chat_tokens, contamination
+from raydp_llm.data import chat_tokens
 from raydp_llm.data.etl.chat_encode import encode_chat
 from raydp_llm.data.etl.chunks import StreamLayout
+from raydp_llm.data.etl.curation import contamination
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.scan import decode_column
 from raydp_llm.engines.spark import detached

@@ -25,7 +25,7 @@ from pyspark import Broadcast
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from raydp_llm.data import ngrams
+from raydp_llm.data.etl.curation import ngrams
 from raydp_llm.engines.spark import detached
 
 PLACED_SCHEMA = "src string, doc long, start long, end long, val boolean"
