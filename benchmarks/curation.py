@@ -108,8 +108,9 @@ def compare_spark_ml(corpus: Path, tables: int) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import make_config
     from raydp_llm.cli.inputs import check_inputs
-    from raydp_llm.data.etl import EtlPlan, read_and_scan
+    from raydp_llm.data.etl import read_and_scan
     from raydp_llm.data.etl.curation import curate
+    from raydp_llm.data.etl.records import EtlPlan
     from raydp_llm.engines.ray_cluster import ray_session
     from raydp_llm.engines.spark import spark_session
 

@@ -40,7 +40,8 @@ from raydp_llm.core.errors import first_line
 from raydp_llm.core.tokenizer import WEIGHT_SUFFIXES, Tokenizer, load_tokenizer
 from raydp_llm.data import stream
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.etl import EtlOutput, Manifest, check_chunk_count, sorted_chunks
+from raydp_llm.data.etl.chunks import check_chunk_count, sorted_chunks
+from raydp_llm.data.etl.records import EtlOutput, Manifest
 from raydp_llm.data.stream import ChunkIndex, ParquetChunks
 from raydp_llm.data.windows import SPLITS
 

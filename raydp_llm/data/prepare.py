@@ -27,14 +27,10 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl import (
-    EtlOutput,
-    EtlPlan,
-    checks_contamination,
-    run_etl,
-    to_object_store,
-)
+from raydp_llm.data.etl import checks_contamination, run_etl, to_object_store
+from raydp_llm.data.etl.formats import chat_template
 from raydp_llm.data.etl.query import listed, query_corpus
+from raydp_llm.data.etl.records import EtlOutput, EtlPlan
 from raydp_llm.data.spark_stats import read_event_log
 from raydp_llm.data.stream import ChunkIndex, Sampling
 from raydp_llm.engines.dashboard import RunGauges
@@ -304,7 +300,7 @@ def chat_key(settings: Settings, corpus: Corpus, tokenizer: object) -> dict | No
     """What a chat ETL reads beyond ``data``: the record (``model.block_size + 1``) and the
     template's text (a model's, or a file's), for the cache key; None for other formats."""
     plan = EtlPlan.of(settings, corpus, tokenizer)
-    template = plan.chat_template()
+    template = chat_template(plan)
     if template is None:
         return None
     return {"block_size": plan.block_size, "template": template.text,

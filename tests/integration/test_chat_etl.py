@@ -17,7 +17,7 @@ from hf_models import CHAT_TEXTS, QWEN_CHAT, chat_tokenizer
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache, chat_tokens
-from raydp_llm.data.etl import EtlPlan
+from raydp_llm.data.etl.records import EtlPlan
 from raydp_llm.data.prepare import _run_etl, windows_of
 
 pytestmark = pytest.mark.integration

@@ -28,24 +28,37 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from raydp_llm.core.config import DataSettings
+from raydp_llm.core.timing import timed
 from raydp_llm.data import chat_tokens
 from raydp_llm.data.etl.chat_encode import chat_counts
-from raydp_llm.data.etl.checks import Scanned, read_and_scan
+from raydp_llm.data.etl.checks import read_and_scan
 from raydp_llm.data.etl.chunks import check_chunk_count, cut_chunks, sorted_chunks, to_object_store
 from raydp_llm.data.etl.curation import contamination, curate
-from raydp_llm.data.etl.encode import Encoded, Encoding
-from raydp_llm.data.etl.formats import reader_for
-from raydp_llm.data.etl.manifest import Manifest, build_manifest
-from raydp_llm.data.etl.plan import EtlOutput, EtlPlan, Phases
+from raydp_llm.data.etl.encode import Encoding
+from raydp_llm.data.etl.formats import chat_template, reader_for
+from raydp_llm.data.etl.manifest import build_manifest
 from raydp_llm.data.etl.read import documents, read_lines
-from raydp_llm.data.etl.scan import FileStats
+from raydp_llm.data.etl.records import Encoded, EtlOutput, EtlPlan
 from raydp_llm.data.etl.tokenizer import build_tokenizer
 from raydp_llm.data.windows import SPLITS
 
 # what the entry points, the cache, the tests and the benchmarks import from the package
-__all__ = ["EtlOutput", "EtlPlan", "FileStats", "Manifest", "Scanned", "check_chunk_count",
-           "checks_contamination", "documents", "read_and_scan", "read_lines", "run_etl",
-           "sorted_chunks", "to_object_store"]
+__all__ = ["check_chunk_count", "checks_contamination", "documents", "read_and_scan", "read_lines",
+           "run_etl", "sorted_chunks", "to_object_store"]
+
+
+class Phases:
+    """Each phase's wall time into ``seconds``, and ``on_phase(name, seconds)`` told as it ends."""
+
+    def __init__(self, on_phase: Callable[[str, float], None] | None):
+        self.on_phase, self.seconds = on_phase, {}
+
+    def run(self, name: str, work: Callable):
+        with timed(self.seconds, name):
+            result = work()
+        if self.on_phase:
+            self.on_phase(name, self.seconds[name])
+        return result
 
 
 def run_etl(spark: SparkSession, plan: EtlPlan,
@@ -90,7 +103,7 @@ def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:
     dropped for having none) and the flag bytes each stored token pays."""
     d = plan.data
     flags = chat_tokens.DTYPE.itemsize - encoding.tokenizer.token_dtype.itemsize
-    return {**plan.chat_template().manifest(), "train_on": d.train_on, "packing": d.packing,
+    return {**chat_template(plan).manifest(), "train_on": d.train_on, "packing": d.packing,
             "overlong": d.overlong, "record_tokens": plan.block_size + 1,
             **chat_counts(encoded.pieces), "flag_bytes_per_token": flags}
 

@@ -4,30 +4,20 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.corpus import read_head, utf16
-from raydp_llm.data.etl.formats import reader_for
-from raydp_llm.data.etl.plan import EtlPlan
+from raydp_llm.data.etl.formats import chat_template, reader_for
 from raydp_llm.data.etl.read import documents, read_lines
-from raydp_llm.data.etl.scan import FileStats, scan_files
+from raydp_llm.data.etl.records import EtlPlan, FileStats, Scanned
+from raydp_llm.data.etl.scan import scan_files
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Scanned:
-    """What the read phase hands on."""
-
-    lines: DataFrame  # src, block, raw: read again by each pass (cheaper than Spark's cache)
-    files: dict[str, FileStats]  # per file, the binary files skipped left out
-    skipped: list[str]  # the binary files skipped (data.skip_binary)
 
 
 def read_and_scan(spark: SparkSession, plan: EtlPlan) -> Scanned:
@@ -36,7 +26,7 @@ def read_and_scan(spark: SparkSession, plan: EtlPlan) -> Scanned:
     corpus, data = plan.corpus, plan.data
     reader = reader_for(data)
     read = read_lines(spark, corpus, data, plan.s3)
-    lines = documents(read, corpus, data, plan.chat_template())
+    lines = documents(read, corpus, data, chat_template(plan))
     want_charset = plan.tokenizer.kind == "char" and not reader.token_ids
     files = scan_files(lines, want_charset=want_charset, id_file=reader.token_ids)
     reader.check(read, files, data)

@@ -1,12 +1,11 @@
 """The ETL's *encode* stage: ``mapInArrow`` batches through the tokenizer, a paragraph at a time,
 in the executors; documents are joined by the end-of-document token; each input split becomes
 rows of at most ``PIECE_TOKENS`` ids. The driver collects only each piece's length, documents and
-head, and lays out the stream from them (``chunks.StreamLayout``)."""
+head, and lays out the stream from them (``chunks.lay_out``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -18,9 +17,10 @@ from raydp_llm.core.config import DataSettings
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
 from raydp_llm.data import chat_tokens
 from raydp_llm.data.etl.chat_encode import encode_chat
-from raydp_llm.data.etl.chunks import StreamLayout
+from raydp_llm.data.etl.chunks import lay_out
 from raydp_llm.data.etl.curation import contamination
 from raydp_llm.data.etl.formats import reader_for
+from raydp_llm.data.etl.records import Encoded, Piece, StreamLayout
 from raydp_llm.data.etl.scan import decode_column
 from raydp_llm.engines.spark import detached
 
@@ -43,19 +43,6 @@ PIECE_SCHEMA = pa.schema(
         ("doc_end", pa.list_(pa.int64())),
     ]
 )
-
-
-class Piece(NamedTuple):
-    """A piece of the token stream as the driver sees it: where it comes from (file, input split,
-    part), its length and documents, and its first ``halo_tokens`` tokens (the halo of the piece
-    before it)."""
-
-    src: str
-    block: int
-    part: int
-    n: int
-    docs: int
-    head: bytes
 
 
 class Encoder:
@@ -214,20 +201,6 @@ def collect_pieces(encoded: DataFrame, head_bytes: int) -> list[Piece]:
     )
 
 
-@dataclass
-class Encoded:
-    """The encode step's output: the pieces (cached), the stream they make, each document's place
-    in it (cached: the contamination check and the ETL's output read it)."""
-
-    pieces: DataFrame
-    layout: StreamLayout
-    placed: DataFrame
-
-    def unpersist(self) -> None:
-        self.pieces.unpersist()
-        self.placed.unpersist()
-
-
 @dataclass(frozen=True)
 class Encoding:
     """The encode step and what follows from it: the pieces, the stream's layout, the documents'
@@ -256,7 +229,7 @@ class Encoding:
             encoded = encode_lines(lines, self.tokenizer, self.document_split).cache()
         pieces = collect_pieces(encoded, self.data.halo_tokens * self.dtype.itemsize)
         record = self.block_size + 1 if self.chat else 1
-        return encoded, StreamLayout(pieces, self.data, self.seed, self.dtype, record)
+        return encoded, lay_out(pieces, self.data, self.seed, self.dtype, record)
 
     def placed(self, encoded: DataFrame, layout: StreamLayout) -> Encoded:
         """``encoded`` with each document's place in the stream."""
