@@ -39,8 +39,8 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
     from raydp_llm.cli.inputs import check_inputs, typed_settings
     from raydp_llm.core.registry import register_configs
     from raydp_llm.data import cache
-    from raydp_llm.data.etl import run_etl
     from raydp_llm.data.etl.records import EtlPlan
+    from raydp_llm.data.etl.run import run_etl
     from raydp_llm.engines.ray_cluster import ray_session
     from raydp_llm.engines.spark import spark_session
 

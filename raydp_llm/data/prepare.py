@@ -27,10 +27,11 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl import checks_contamination, run_etl, to_object_store
+from raydp_llm.data.etl.chunks import to_object_store
 from raydp_llm.data.etl.formats import chat_template
 from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan
+from raydp_llm.data.etl.run import phase_names, run_etl
 from raydp_llm.data.spark_stats import read_event_log
 from raydp_llm.data.stream import ChunkIndex, Sampling
 from raydp_llm.engines.dashboard import RunGauges
@@ -176,8 +177,7 @@ def _spark_etl(
 
 def _phases(settings: Settings, to_ray: bool, store: Path | None) -> list[str]:
     """The progress bar's phases."""
-    phases = ["spark start", "read", "curate", "tokenizer", "encode"]
-    phases += ["contamination"] if checks_contamination(settings.data) else []
+    phases = ["spark start", *phase_names(settings.data)]
     phases += ["write"] if store else []
     phases += ["convert"] if to_ray and not store else []
     return phases
@@ -277,7 +277,7 @@ def _phase(out: EtlOutput, name: str, progress: PhaseBar, work):
 
 
 def _run_etl(spark, plan: EtlPlan, on_phase: Callable[[str, float], None]) -> EtlOutput:
-    """``etl.run_etl``, with what fails in the executors or the JVM turned into one line: characters
+    """``run_etl``, with what fails in the executors or the JVM turned into one line: characters
     a given tokenizer lacks, an S3 object that cannot be read, an input file deleted or changed
     meanwhile."""
     try:

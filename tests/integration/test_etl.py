@@ -19,8 +19,8 @@ from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
 from raydp_llm.data import windows
-from raydp_llm.data.etl import run_etl
 from raydp_llm.data.etl.records import EtlPlan
+from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.prepare import samplings, windows_of
 from raydp_llm.data.stream import ChunkReader, EpochOrder
 
