@@ -27,8 +27,8 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl.chunks import to_object_store
 from raydp_llm.data.etl.formats import chat_template
+from raydp_llm.data.etl.handoff import to_object_store, to_parquet
 from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan
 from raydp_llm.data.etl.run import phase_names, run_etl
@@ -206,7 +206,7 @@ def _run_in_spark(spark, job: Job, to_ray: bool, store: Path | None,
     out.manifest.etl_key = job.key
     staged = sources = None
     if store:
-        staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
+        staged = _phase(out, "write", progress, lambda: to_parquet(out, store, job.key))
     if to_ray and not store:
         sources = _phase(out, "convert", progress, lambda: to_object_store(out))
     check_unchanged(job.corpus, plan.s3)  # every pass read the same inputs

@@ -3,12 +3,11 @@ stream, and from their heads every piece's halo (``lay_out``, a ``records.Stream
 piece cuts its own chunks (at most ``data.chunk_tokens`` tokens of one segment, with up to
 ``data.halo_tokens`` tokens after them) where it lies, and the driver knows the chunks' index by
 arithmetic (windows.py). Windows are cut when read (stream.py): the output holds each token about
-once, whatever the stride or the block size. ``to_object_store`` hands the chunks to Ray."""
+once, whatever the stride or the block size. ``handoff.py`` writes them or hands them to Ray."""
 
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import pyarrow as pa
@@ -17,10 +16,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.data import windows
-from raydp_llm.data.etl.records import EtlOutput, Piece, StreamLayout
-from raydp_llm.data.stream import CHUNK_SCHEMA, BlockChunks, ChunkIndex
+from raydp_llm.data.etl.records import Piece, StreamLayout
+from raydp_llm.data.stream import CHUNK_SCHEMA, ChunkIndex
 from raydp_llm.data.windows import SPLITS
-from raydp_llm.engines import raydp_fixes
 
 CHUNK_DDL = from_arrow_schema(CHUNK_SCHEMA)  # the chunks' rows as Spark types them
 
@@ -78,37 +76,3 @@ def cut_chunks(encoded: DataFrame, layout: StreamLayout, name: str) -> DataFrame
                     }, schema=CHUNK_SCHEMA)
 
     return encoded.mapInArrow(cut, CHUNK_DDL)
-
-
-def sorted_chunks(df: DataFrame, chunks: int, per_partition: int) -> DataFrame:
-    """The chunk rows sorted by start, ``per_partition`` chunks to a partition (a Ray block, or a
-    Parquet file), partitions in stream order."""
-    parts = max(1, math.ceil(chunks / per_partition))
-    return df.repartitionByRange(parts, "start").sortWithinPartitions("start")
-
-
-def check_chunk_count(name: str, count: int, index: ChunkIndex) -> None:
-    """Spark's output against the chunk arithmetic: a mismatch is a bug, never silently trained
-    on."""
-    if count != len(index):
-        raise RuntimeError(f"chunk count mismatch in {name}: Spark cut {count}, the arithmetic "
-                           f"says {len(index)}")
-
-
-def to_object_store(out: EtlOutput) -> dict[str, BlockChunks]:
-    """Hand the chunks to Ray (``ray.data.from_spark``, a block per chunk), then release Spark's
-    cached copy. The blocks are materialized in the object store, owned by this driver, so they
-    outlive Spark; each worker later fetches only the blocks of its own chunks."""
-    import ray.data
-    from raydp.spark import release_spark_recoverable
-
-    raydp_fixes.install()
-    sources = {}
-    for name, df in out.chunks.items():
-        df = sorted_chunks(df, len(out.index[name]), per_partition=1)
-        dataset = ray.data.from_spark(df).materialize()
-        release_spark_recoverable(df)
-        check_chunk_count(name, dataset.count(), out.index[name])
-        sources[name] = BlockChunks(dataset.to_arrow_refs(), out.index[name])
-    out.encoded.unpersist()
-    return sources
