@@ -108,8 +108,9 @@ def compare_spark_ml(corpus: Path, tables: int) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import make_config
     from raydp_llm.cli.inputs import check_inputs
-    from raydp_llm.data import curate
-    from raydp_llm.data.etl import EtlPlan, read_and_scan
+    from raydp_llm.data.etl.curation import curate
+    from raydp_llm.data.etl.records import EtlPlan
+    from raydp_llm.data.etl.run import read_and_check
     from raydp_llm.engines.ray_cluster import ray_session
     from raydp_llm.engines.spark import spark_session
 
@@ -117,7 +118,7 @@ def compare_spark_ml(corpus: Path, tables: int) -> None:
                       "data.decontaminate=off")
     with ray_session(cfg.cluster, "compare"), tempfile.TemporaryDirectory() as tmp, \
             spark_session(cfg.cluster, app_name="compare", log_dir=Path(tmp)) as spark:
-        lines = read_and_scan(spark, EtlPlan.of(cfg, check_inputs(cfg))).lines
+        lines = read_and_check(spark, EtlPlan.of(cfg, check_inputs(cfg))).lines
         clock = time.perf_counter()
         curated = curate.curate(spark, lines, cfg.data, "line", cfg.seed)
         ours = {r.reason: r.n for r in curated.removed.groupBy("reason").agg(

@@ -39,7 +39,9 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
     from raydp_llm.cli.inputs import check_inputs, typed_settings
     from raydp_llm.core.registry import register_configs
     from raydp_llm.data import cache
-    from raydp_llm.data.etl import EtlPlan, run_etl
+    from raydp_llm.data.etl.handoff import to_parquet
+    from raydp_llm.data.etl.records import EtlPlan
+    from raydp_llm.data.etl.run import run_etl
     from raydp_llm.engines.ray_cluster import ray_session
     from raydp_llm.engines.spark import spark_session
 
@@ -67,7 +69,7 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
             t = time.perf_counter()
             result = run_etl(spark, EtlPlan.of(cfg, corpus))
             t_write = time.perf_counter()
-            cache.commit(cache.stage(result, out / "cache", "bench"), stats={})
+            cache.commit(to_parquet(result, out / "cache", "bench"), stats={})
             result.phase_s["write"] = time.perf_counter() - t_write
             etl_s = time.perf_counter() - t
     return {

@@ -1,5 +1,6 @@
 """The ETL cache: the token stream's chunks (Parquet, a row group per chunk), their index,
-tokenizer, manifest and Spark's stats under ``data.cache_dir/<key>/``.
+tokenizer, manifest and Spark's stats under ``data.cache_dir/<key>/``; the ETL writes an entry
+(``etl/handoff.to_parquet``), this module keys, locks, seals, checks and reads it.
 
 The key hashes the inputs' fingerprints (paths, sizes, modification times) and every setting the ETL
 reads; not the window settings (``model.block_size``, ``data.stride``, ``data.sampling``): windows
@@ -30,7 +31,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import psutil
 import pyarrow.parquet as pq
 
@@ -40,7 +40,7 @@ from raydp_llm.core.errors import first_line
 from raydp_llm.core.tokenizer import WEIGHT_SUFFIXES, Tokenizer, load_tokenizer
 from raydp_llm.data import stream
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.etl import EtlOutput, Manifest, check_chunk_count, sorted_chunks
+from raydp_llm.data.etl.records import Manifest
 from raydp_llm.data.stream import ChunkIndex, ParquetChunks
 from raydp_llm.data.windows import SPLITS
 
@@ -53,7 +53,6 @@ REMOVED = "removed"  # Parquet: path, doc, bytes, reason, kept_src, kept_doc
 REMOVED_SAMPLE = "removed_sample.json"
 ETL_VERSION = 5  # bump when the ETL's output changes for the same inputs and settings
 TMP_NAME = re.compile(r"^\.(?P<key>[^.]+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
-CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
 # Windows are cut when read: these settings are not the ETL's (nor is model.block_size)
 READ_SETTINGS = ("stride", "val_stride", "sampling")
 
@@ -162,46 +161,10 @@ def lookup(cache_dir: Path, key: str) -> Path | None:
     return None
 
 
-def stage(out: EtlOutput, cache_dir: Path, key: str) -> Path:
-    """Write the chunks from the executors (sorted, a row group per chunk), then their index, the
-    tokenizer and the manifest, under a temporary name; ``commit`` puts it in place. Hold
-    ``locked(cache_dir, key)``."""
-    tmp = Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    row_group = out.manifest.chunk_tokens * np.dtype(out.manifest.token_dtype).itemsize
-    try:
-        for name, df in out.chunks.items():
-            # parquet-mr closes a row group once it holds parquet.block.size bytes, checked after
-            # every row (page.size.row.check.min=1): a worker reads its chunks and no more
-            (sorted_chunks(df, len(out.index[name]), CHUNKS_PER_FILE).write
-             .option("parquet.block.size", row_group)
-             .option("parquet.page.size.row.check.min", 1)
-             .parquet(str(tmp / name)))
-            check_chunk_count(
-                name,
-                sum(pq.ParquetFile(f).metadata.num_rows for f in (tmp / name).glob("*.parquet")),
-                out.index[name],
-            )
-        stream.write_index(tmp, out.index)
-        write_documents(out, tmp)
-        out.tokenizer.save(tmp)
-        (tmp / MANIFEST).write_text(json.dumps(out.manifest.to_json(), indent=2))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return tmp
-
-
-def write_documents(out: EtlOutput, entry: Path) -> None:
-    """Each document's place in the token stream (``documents/``: what ``evaluate
-    per_document=true`` scores), and what curation removed (``removed/``: path, document, bytes,
-    reason, the kept copy of a duplicate; ``removed_sample.json``: a few, with their text)."""
-    if out.documents is not None:
-        out.documents.withColumnRenamed("src", "path").orderBy("start").write.parquet(
-            str(entry / DOCUMENTS))
-    if out.removed is not None:
-        out.removed.withColumnRenamed("src", "path").orderBy("path", "doc").write.parquet(
-            str(entry / REMOVED))
-        (entry / REMOVED_SAMPLE).write_text(json.dumps(out.removed_sample, indent=2))
+def temporary_entry(cache_dir: Path, key: str) -> Path:
+    """A new temporary name for ``key``'s entry (``TMP_NAME``: this process's, so that
+    ``remove_leftovers`` knows when its writer is gone)."""
+    return Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def commit(tmp: Path, stats: dict) -> Path:
@@ -231,7 +194,7 @@ def commit(tmp: Path, stats: dict) -> Path:
 def _remove(entry: Path) -> None:
     """Rename first, then delete: a kill midway leaves a leftover, never a half-deleted entry under
     its key."""
-    doomed = entry.with_name(f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    doomed = temporary_entry(entry.parent, entry.name)
     entry.rename(doomed)
     shutil.rmtree(doomed, ignore_errors=True)
 

@@ -1,5 +1,5 @@
 """The ETL step every entry point runs: the token stream's chunks from the ETL cache, or from a
-Spark ETL on the running Ray; and the windows a run's settings cut from them (``windows_of``).
+Spark ETL on the running Ray (the run's windows on them: ``training/spec.windows_of``).
 
 ``prepared`` is a context manager, so the caller holds Spark's lifetime: Spark stops before the data
 is handed over, unless ``cluster.keep_executors``, when it stays up until the caller's ``with``
@@ -27,14 +27,11 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl import (
-    EtlOutput,
-    EtlPlan,
-    checks_contamination,
-    run_etl,
-    to_object_store,
-)
+from raydp_llm.data.etl.formats import chat_template
+from raydp_llm.data.etl.handoff import to_object_store, to_parquet
 from raydp_llm.data.etl.query import listed, query_corpus
+from raydp_llm.data.etl.records import EtlOutput, EtlPlan
+from raydp_llm.data.etl.run import phase_names, run_etl
 from raydp_llm.data.spark_stats import read_event_log
 from raydp_llm.data.stream import ChunkIndex
 from raydp_llm.engines.dashboard import RunGauges
@@ -48,7 +45,8 @@ STATS_FILE = cache.STATS_FILE
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    manifest: dict  # the ETL's manifest.json (Manifest.to_json), windows_of adds the run's windows
+    # the ETL's manifest.json (Manifest.to_json), with the run's windows (spec.windows_of)
+    manifest: dict
     entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
     cache_hit: bool
     index: dict[str, ChunkIndex]  # each split's chunks
@@ -180,8 +178,7 @@ def _spark_etl(
 
 def _phases(settings: Settings, to_ray: bool, store: Path | None) -> list[str]:
     """The progress bar's phases."""
-    phases = ["spark start", "read", "curate", "tokenizer", "encode"]
-    phases += ["contamination"] if checks_contamination(settings.data) else []
+    phases = ["spark start", *phase_names(settings.data)]
     phases += ["write"] if store else []
     phases += ["convert"] if to_ray and not store else []
     return phases
@@ -210,7 +207,7 @@ def _run_in_spark(spark, job: Job, to_ray: bool, store: Path | None,
     out.manifest.etl_key = job.key
     staged = sources = None
     if store:
-        staged = _phase(out, "write", progress, lambda: cache.stage(out, store, job.key))
+        staged = _phase(out, "write", progress, lambda: to_parquet(out, store, job.key))
     if to_ray and not store:
         sources = _phase(out, "convert", progress, lambda: to_object_store(out))
     check_unchanged(job.corpus, plan.s3)  # every pass read the same inputs
@@ -281,7 +278,7 @@ def _phase(out: EtlOutput, name: str, progress: PhaseBar, work):
 
 
 def _run_etl(spark, plan: EtlPlan, on_phase: Callable[[str, float], None]) -> EtlOutput:
-    """``etl.run_etl``, with what fails in the executors or the JVM turned into one line: characters
+    """``run_etl``, with what fails in the executors or the JVM turned into one line: characters
     a given tokenizer lacks, an S3 object that cannot be read, an input file deleted or changed
     meanwhile."""
     try:
@@ -304,7 +301,7 @@ def chat_key(settings: Settings, corpus: Corpus, tokenizer: object) -> dict | No
     """What a chat ETL reads beyond ``data``: the record (``model.block_size + 1``) and the
     template's text (a model's, or a file's), for the cache key; None for other formats."""
     plan = EtlPlan.of(settings, corpus, tokenizer)
-    template = plan.chat_template()
+    template = chat_template(plan)
     if template is None:
         return None
     return {"block_size": plan.block_size, "template": template.text,

@@ -17,7 +17,8 @@ from hf_models import CHAT_TEXTS, QWEN_CHAT, chat_tokenizer
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache, chat_tokens
-from raydp_llm.data.etl import EtlPlan
+from raydp_llm.data.etl.handoff import to_parquet
+from raydp_llm.data.etl.records import EtlPlan
 from raydp_llm.data.prepare import _run_etl
 from raydp_llm.training.spec import windows_of
 
@@ -67,7 +68,7 @@ def test_jsonl_conversations_pack_into_records(spark, tmp_path):
     decoded = out.tokenizer.decode(ids[train])
     assert decoded.endswith("<|im_end|>\n") and "user" not in decoded
     # the cache entry holds the flagged words and reads back the chat entry
-    entry = cache.commit(cache.stage(out, tmp_path / "cache", "key"), {})
+    entry = cache.commit(to_parquet(out, tmp_path / "cache", "key"), {})
     index, _, manifest, _ = cache.read_entry(entry)
     assert manifest.chat == chat and len(index["train"]) == len(out.index["train"])
 

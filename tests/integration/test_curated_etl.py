@@ -15,10 +15,12 @@ import pytest
 
 from conftest import make_config
 from raydp_llm.cli.inputs import check_inputs
-from raydp_llm.data import contamination
-from raydp_llm.data.documents import document_keys
-from raydp_llm.data.etl import EtlPlan, documents, read_lines, run_etl
-from raydp_llm.data.minhash import jaccard, shingles
+from raydp_llm.data.etl.curation import contamination
+from raydp_llm.data.etl.curation.documents import document_keys
+from raydp_llm.data.etl.curation.minhash import jaccard, shingles
+from raydp_llm.data.etl.read import documents, read_lines
+from raydp_llm.data.etl.records import EtlPlan
+from raydp_llm.data.etl.run import run_etl
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,8 @@ from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
 from raydp_llm.data import windows
-from raydp_llm.data.etl import EtlPlan, run_etl
+from raydp_llm.data.etl.records import EtlPlan
+from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.stream import ChunkReader, EpochOrder
 from raydp_llm.training.spec import samplings, windows_of
 
@@ -396,10 +397,10 @@ def _staged_digests(spark, cfg, stage_dir: Path, key: str, on_phase=None) -> tup
     """The ETL's manifest, and a sha256 of each split's tokens as staged in ``stage_dir``."""
     import pyarrow.dataset as pads
 
-    from raydp_llm.data import cache
+    from raydp_llm.data.etl.handoff import to_parquet
 
     out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)), on_phase)
-    staged, digests = cache.stage(out, stage_dir, key), {}
+    staged, digests = to_parquet(out, stage_dir, key), {}
     for split in ("train", "val"):
         table = pads.dataset(str(staged / split)).to_table().sort_by("start")
         digests[split] = hashlib.sha256(b"".join(table.column("tokens").to_pylist())).hexdigest()

@@ -13,7 +13,8 @@ import hf_models
 from conftest import BUCKET, HF_BIG_IDS, make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
-from raydp_llm.data.etl import EtlPlan, run_etl
+from raydp_llm.data.etl.records import EtlPlan
+from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.prepare import etl_tokenizer
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,8 @@ from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data import arrow_reader
-from raydp_llm.data.etl import EtlPlan, run_etl
+from raydp_llm.data.etl.records import EtlPlan
+from raydp_llm.data.etl.run import run_etl
 from raydp_llm.engines.spark import spark_session
 from raydp_llm.training.metrics import read_metrics
 from raydp_llm.training.run import resume_checkpoint

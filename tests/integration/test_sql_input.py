@@ -18,8 +18,9 @@ from conftest import CACHE_DIR, ROOT, make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache
-from raydp_llm.data.etl import EtlPlan, run_etl
 from raydp_llm.data.etl.query import query_corpus
+from raydp_llm.data.etl.records import EtlPlan
+from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.prepare import Job, etl_tokenizer, query_job
 from raydp_llm.engines.spark import METASTORE_DIR, WAREHOUSE_DIR
 

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from raydp_llm.data.minhash import (
+from raydp_llm.data.etl.curation.minhash import (
     Banding,
     exact_key,
     jaccard,
@@ -47,7 +47,7 @@ def test_minhash_estimates_jaccard_and_lsh_finds_close_pairs():
 
 
 def test_gopher_measures_of_boilerplate_and_prose():
-    from raydp_llm.data.quality import quality
+    from raydp_llm.data.etl.curation.quality import quality
 
     prose = ("Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous "
              "fortune, or to take arms against a sea of troubles and by opposing end them.")
@@ -84,7 +84,7 @@ def test_every_curation_setting_and_the_score_files_content_are_in_the_etl_cache
 
 
 def test_word_ngrams_are_hashed_alike_everywhere_and_ignore_case_and_punctuation():
-    from raydp_llm.data.ngrams import ngrams
+    from raydp_llm.data.etl.curation.ngrams import ngrams
 
     text = "It is a truth universally acknowledged, that a single man in possession"
     assert ngrams(text, 13).size == 0  # 12 words
@@ -108,8 +108,8 @@ def _line_batches(docs: list[list[str]], cut: int) -> list:
 
 
 def test_the_ngram_pass_joins_a_documents_lines_across_batches_and_never_two_documents():
-    from raydp_llm.data.contamination import LineGrams
-    from raydp_llm.data.ngrams import ngrams
+    from raydp_llm.data.etl.curation.contamination import LineGrams
+    from raydp_llm.data.etl.curation.ngrams import ngrams
 
     rng = random.Random(3)
     vocab = [f"w{i}" for i in range(40)]
@@ -126,7 +126,7 @@ def test_the_ngram_pass_joins_a_documents_lines_across_batches_and_never_two_doc
 
 
 def test_a_bloom_filter_holds_what_was_added_and_little_else():
-    from raydp_llm.data.ngrams import Bloom
+    from raydp_llm.data.etl.curation.ngrams import Bloom
 
     rng = np.random.default_rng(0)
     added = rng.integers(0, 2**63, 50_000).astype(np.uint64)
@@ -145,7 +145,7 @@ def test_the_measure_pass_writes_one_schema_whatever_a_batch_holds():
     import pyarrow as pa
 
     from conftest import make_config
-    from raydp_llm.data.curate import Measure
+    from raydp_llm.data.etl.curation.curate import Measure
 
     measure = Measure.of(make_config("data.filters.min_words=3", "data.dedup=near").data, 0)
 
@@ -164,8 +164,8 @@ def test_the_exact_checks_training_pass_returns_each_document_and_n_gram_once():
     one bit per validation n-gram, not a row per occurrence."""
     from types import SimpleNamespace
 
-    from raydp_llm.data.contamination import GramSet, TrainHits
-    from raydp_llm.data.ngrams import ngrams
+    from raydp_llm.data.etl.curation.contamination import GramSet, TrainHits
+    from raydp_llm.data.etl.curation.ngrams import ngrams
 
     val_text = "the quick brown fox jumps over the lazy dog"
     docs = [[val_text], [val_text, "and " + val_text], ["nothing of it here at all"],

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from raydp_llm.data.etl import FileStats, Manifest
 from raydp_llm.data.etl.formats import READERS
+from raydp_llm.data.etl.records import FileStats, Manifest
 
 ON_DISK = {
     "corpus": "c", "files": 2, "skipped_binary_files": [], "documents": 3, "bytes": None,

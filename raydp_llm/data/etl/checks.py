@@ -1,12 +1,11 @@
-"""The ETL's read phase: the lines read and scanned, and the inputs checked on what the scan found
-(UTF-16 text, binary files, invalid UTF-8, bad JSON lines, a corpus of nothing but white space)."""
+"""The ETL's input checks, on what the scan found (UTF-16 text, binary files, invalid UTF-8, bad
+JSON lines, a corpus of nothing but white space)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from raydp_llm.core.config import DataSettings
@@ -14,32 +13,18 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.corpus import read_head, utf16
 from raydp_llm.data.etl.formats import reader_for
-from raydp_llm.data.etl.plan import EtlPlan
-from raydp_llm.data.etl.read import documents, read_lines
-from raydp_llm.data.etl.scan import FileStats, scan_files
+from raydp_llm.data.etl.records import EtlPlan, FileStats, Scanned
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Scanned:
-    """What the read phase hands on."""
-
-    lines: DataFrame  # src, block, raw: read again by each pass (cheaper than Spark's cache)
-    files: dict[str, FileStats]  # per file, the binary files skipped left out
-    skipped: list[str]  # the binary files skipped (data.skip_binary)
-
-
-def read_and_scan(spark: SparkSession, plan: EtlPlan) -> Scanned:
-    """The lines, each file's statistics, and the binary files skipped (``data.skip_binary``); one
-    line for a corpus of nothing but whitespace."""
+def check_scanned(read: DataFrame, lines: DataFrame, files: dict[str, FileStats],
+                  plan: EtlPlan) -> Scanned:
+    """The inputs checked on what the scan found (``read``: the lines as read; ``lines``: as the
+    later stages read them): the format's own checks, then ``check_files``; the binary files
+    skipped (``data.skip_binary``) left out; one line for a corpus of nothing but whitespace."""
     corpus, data = plan.corpus, plan.data
-    reader = reader_for(data)
-    read = read_lines(spark, corpus, data, plan.s3)
-    lines = documents(read, corpus, data, plan.chat_template())
-    want_charset = plan.tokenizer.kind == "char" and not reader.token_ids
-    files = scan_files(lines, want_charset=want_charset, id_file=reader.token_ids)
-    reader.check(read, files, data)
+    reader_for(data).check(read, files, data)
     skipped = check_files(files, data, plan.s3)
     if skipped:
         lines = lines.where(~F.col("src").isin(skipped))

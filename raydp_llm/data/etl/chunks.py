@@ -1,15 +1,13 @@
 """The ETL's *chunk* stage: from the pieces' lengths the driver knows every piece's offset in the
-stream, and from their heads every piece's halo (``StreamLayout``); each piece cuts its own chunks
-(at most ``data.chunk_tokens`` tokens of one segment, with up to ``data.halo_tokens`` tokens after
-them) where it lies, and the driver knows the chunks' index by arithmetic (windows.py). Windows are
-cut when read (stream.py): the output holds each token about once, whatever the stride or the block
-size. ``to_object_store`` hands the chunks to Ray."""
+stream, and from their heads every piece's halo (``lay_out``, a ``records.StreamLayout``); each
+piece cuts its own chunks (at most ``data.chunk_tokens`` tokens of one segment, with up to
+``data.halo_tokens`` tokens after them) where it lies, and the driver knows the chunks' index by
+arithmetic (windows.py). Windows are cut when read (stream.py): the output holds each token about
+once, whatever the stride or the block size. ``handoff.py`` writes them or hands them to Ray."""
 
 from __future__ import annotations
 
 import functools
-import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -18,52 +16,38 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.data import windows
-from raydp_llm.data.stream import CHUNK_SCHEMA, BlockChunks, ChunkIndex
+from raydp_llm.data.etl.records import Piece, StreamLayout
+from raydp_llm.data.stream import CHUNK_SCHEMA, ChunkIndex
 from raydp_llm.data.windows import SPLITS
-from raydp_llm.engines import raydp_fixes
-
-if TYPE_CHECKING:
-    from raydp_llm.data.etl.encode import Piece
-    from raydp_llm.data.etl.plan import EtlOutput
 
 CHUNK_DDL = from_arrow_schema(CHUNK_SCHEMA)  # the chunks' rows as Spark types them
 
 
-class StreamLayout:
-    """The token stream as the pieces make it: each piece's offset and halo (the ``halo`` tokens
-    after it), the train/validation segments, and each split's chunks (``index``), by arithmetic."""
-
-    def __init__(self, pieces: list[Piece], data: DataSettings, seed: int, dtype: np.dtype,
-                 record: int = 1):
-        self.pieces, self.data, self.seed, self.dtype = pieces, data, seed, dtype
-        self.halo = data.halo_tokens
-        self.n_tokens = sum(p.n for p in pieces)
-        offsets = np.concatenate(
-            [[0], np.cumsum([p.n for p in pieces], dtype=np.int64)[:-1]]
-        ).tolist()
-        halos = windows.halos([np.frombuffer(p.head, dtype) for p in pieces], self.halo)
-        self.placed = {(p.src, p.block, p.part): (offset, halo.tobytes())
-                       for p, offset, halo in zip(pieces, offsets, halos)}
-        # counted in records (chat's windows, whole in one segment; else a token each)
-        in_records = functools.partial(
-            windows.segments, n=self.n_tokens // record, split=data.split,
-            val_fraction=data.val_fraction, seed=seed,
-            segment_tokens=max(1, data.segment_tokens // record))
-        self.segments_of = functools.partial(windows.record_segments, segments_of=in_records,
-                                             record=record)
-        rows = {name: [] for name in SPLITS}
-        for p, offset in zip(pieces, offsets):
-            for s in windows.chunk_spans(offset, offset + p.n, self.segments_of, data.chunk_tokens):
-                rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
-        self.index = {name: ChunkIndex.of(r) for name, r in rows.items()}
-
-    def stored_tokens(self) -> int:
-        """Tokens the chunks hold, halos included."""
-        total = 0
-        for index in self.index.values():
-            ends = index.start + index.n
-            total += int(np.minimum(ends + self.halo, index.seg_end).sum() - index.start.sum())
-        return total
+def lay_out(pieces: list[Piece], data: DataSettings, seed: int, dtype: np.dtype,
+            record: int = 1) -> StreamLayout:
+    """The stream the pieces make (in stream order): each piece's offset and halo, the
+    train/validation segments (counted in ``record``s of tokens) and each split's chunks."""
+    halo = data.halo_tokens
+    n_tokens = sum(p.n for p in pieces)
+    offsets = np.concatenate(
+        [[0], np.cumsum([p.n for p in pieces], dtype=np.int64)[:-1]]
+    ).tolist()
+    halos = windows.halos([np.frombuffer(p.head, dtype) for p in pieces], halo)
+    placed = {(p.src, p.block, p.part): (offset, piece_halo.tobytes())
+              for p, offset, piece_halo in zip(pieces, offsets, halos)}
+    # counted in records (chat's windows, whole in one segment; else a token each)
+    in_records = functools.partial(
+        windows.segments, n=n_tokens // record, split=data.split,
+        val_fraction=data.val_fraction, seed=seed,
+        segment_tokens=max(1, data.segment_tokens // record))
+    segments_of = functools.partial(windows.record_segments, segments_of=in_records,
+                                    record=record)
+    rows = {name: [] for name in SPLITS}
+    for p, offset in zip(pieces, offsets):
+        for s in windows.chunk_spans(offset, offset + p.n, segments_of, data.chunk_tokens):
+            rows[s.split].append((s.start, s.end - s.start, s.seg_start, s.seg_end))
+    index = {name: ChunkIndex.of(r) for name, r in rows.items()}
+    return StreamLayout(pieces, data, seed, dtype, halo, n_tokens, placed, segments_of, index)
 
 
 def cut_chunks(encoded: DataFrame, layout: StreamLayout, name: str) -> DataFrame:
@@ -92,37 +76,3 @@ def cut_chunks(encoded: DataFrame, layout: StreamLayout, name: str) -> DataFrame
                     }, schema=CHUNK_SCHEMA)
 
     return encoded.mapInArrow(cut, CHUNK_DDL)
-
-
-def sorted_chunks(df: DataFrame, chunks: int, per_partition: int) -> DataFrame:
-    """The chunk rows sorted by start, ``per_partition`` chunks to a partition (a Ray block, or a
-    Parquet file), partitions in stream order."""
-    parts = max(1, math.ceil(chunks / per_partition))
-    return df.repartitionByRange(parts, "start").sortWithinPartitions("start")
-
-
-def check_chunk_count(name: str, count: int, index: ChunkIndex) -> None:
-    """Spark's output against the chunk arithmetic: a mismatch is a bug, never silently trained
-    on."""
-    if count != len(index):
-        raise RuntimeError(f"chunk count mismatch in {name}: Spark cut {count}, the arithmetic "
-                           f"says {len(index)}")
-
-
-def to_object_store(out: EtlOutput) -> dict[str, BlockChunks]:
-    """Hand the chunks to Ray (``ray.data.from_spark``, a block per chunk), then release Spark's
-    cached copy. The blocks are materialized in the object store, owned by this driver, so they
-    outlive Spark; each worker later fetches only the blocks of its own chunks."""
-    import ray.data
-    from raydp.spark import release_spark_recoverable
-
-    raydp_fixes.install()
-    sources = {}
-    for name, df in out.chunks.items():
-        df = sorted_chunks(df, len(out.index[name]), per_partition=1)
-        dataset = ray.data.from_spark(df).materialize()
-        release_spark_recoverable(df)
-        check_chunk_count(name, dataset.count(), out.index[name])
-        sources[name] = BlockChunks(dataset.to_arrow_refs(), out.index[name])
-    out.encoded.unpersist()
-    return sources

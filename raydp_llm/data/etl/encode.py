@@ -1,12 +1,11 @@
 """The ETL's *encode* stage: ``mapInArrow`` batches through the tokenizer, a paragraph at a time,
 in the executors; documents are joined by the end-of-document token; each input split becomes
 rows of at most ``PIECE_TOKENS`` ids. The driver collects only each piece's length, documents and
-head, and lays out the stream from them (``chunks.StreamLayout``)."""
+head (``records.Piece``), from which ``chunks.lay_out`` lays out the stream."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -16,12 +15,11 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
-from raydp_llm.data import chat_tokens, contamination
+from raydp_llm.data import chat_tokens
 from raydp_llm.data.etl.chat_encode import encode_chat
-from raydp_llm.data.etl.chunks import StreamLayout
 from raydp_llm.data.etl.formats import reader_for
+from raydp_llm.data.etl.records import Piece
 from raydp_llm.data.etl.scan import decode_column
-from raydp_llm.engines.spark import detached
 
 PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
 PARAGRAPH_LINES = 1000  # lines encoded as one text at most
@@ -42,19 +40,6 @@ PIECE_SCHEMA = pa.schema(
         ("doc_end", pa.list_(pa.int64())),
     ]
 )
-
-
-class Piece(NamedTuple):
-    """A piece of the token stream as the driver sees it: where it comes from (file, input split,
-    part), its length and documents, and its first ``halo_tokens`` tokens (the halo of the piece
-    before it)."""
-
-    src: str
-    block: int
-    part: int
-    n: int
-    docs: int
-    head: bytes
 
 
 class Encoder:
@@ -213,24 +198,10 @@ def collect_pieces(encoded: DataFrame, head_bytes: int) -> list[Piece]:
     )
 
 
-@dataclass
-class Encoded:
-    """The encode step's output: the pieces (cached), the stream they make, each document's place
-    in it (cached: the contamination check and the ETL's output read it)."""
-
-    pieces: DataFrame
-    layout: StreamLayout
-    placed: DataFrame
-
-    def unpersist(self) -> None:
-        self.pieces.unpersist()
-        self.placed.unpersist()
-
-
 @dataclass(frozen=True)
 class Encoding:
-    """The encode step and what follows from it: the pieces, the stream's layout, the documents'
-    places in it."""
+    """The encode step: the tokenizer and settings it runs with, the pieces it makes, and what the
+    stream's layout needs of it (its stored token, its record)."""
 
     tokenizer: Tokenizer
     document_split: str
@@ -247,17 +218,15 @@ class Encoding:
         """The stream's stored token: the tokenizer's, or chat's flagged word."""
         return chat_tokens.DTYPE if self.chat else self.tokenizer.token_dtype
 
-    def run(self, lines: DataFrame) -> tuple[DataFrame, StreamLayout]:
-        """The pieces (cached) and the stream's layout (chat: aligned to its records)."""
+    @property
+    def record(self) -> int:
+        """Tokens the stream's segments are counted in: chat's records, else one."""
+        return self.block_size + 1 if self.chat else 1
+
+    def run(self, lines: DataFrame) -> tuple[DataFrame, list[Piece]]:
+        """The pieces (cached) and what the driver collects of each (``Piece``), in stream order."""
         if self.chat:
             encoded = encode_chat(lines, self.tokenizer, self.block_size, self.data).cache()
         else:
             encoded = encode_lines(lines, self.tokenizer, self.document_split).cache()
-        pieces = collect_pieces(encoded, self.data.halo_tokens * self.dtype.itemsize)
-        record = self.block_size + 1 if self.chat else 1
-        return encoded, StreamLayout(pieces, self.data, self.seed, self.dtype, record)
-
-    def placed(self, encoded: DataFrame, layout: StreamLayout) -> Encoded:
-        """``encoded`` with each document's place in the stream."""
-        places = contamination.placements(encoded, layout.placed, layout.segments_of)
-        return Encoded(encoded, layout, detached(places))
+        return encoded, collect_pieces(encoded, self.data.halo_tokens * self.dtype.itemsize)

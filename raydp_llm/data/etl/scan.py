@@ -4,8 +4,6 @@ for id files, the ids' count and range. The driver receives one row per file and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,59 +12,11 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.data import jsonl
 from raydp_llm.data.corpus import decode
+from raydp_llm.data.etl.records import FILE_COUNTS, ID_RANGE, FileStats
 
-_COUNTS = ("lines", "chars", "nonblank", "nul_lines", "replaced", "ids", *jsonl.BAD_KINDS)
 _SUMMED = ("chars", "nonblank", "nul_lines", "replaced", *jsonl.BAD_KINDS)  # by Arrow, per batch
-_IDS = ("min_id", "max_id")
-_SCHEMA = pa.schema([("src", pa.string())] + [(k, pa.int64()) for k in _COUNTS + _IDS]
+_SCHEMA = pa.schema([("src", pa.string())] + [(k, pa.int64()) for k in FILE_COUNTS + ID_RANGE]
                     + [("bad", pa.string()), ("charset", pa.string())])
-
-
-@dataclass
-class FileStats:
-    """One input file's statistics (``scan_files``)."""
-
-    lines: int = 0
-    chars: int = 0  # newlines included
-    nonblank: int = 0  # non-blank characters
-    nul_lines: int = 0  # lines with NUL bytes: a binary file, or UTF-16 text
-    replaced: int = 0  # invalid UTF-8 sequences, replaced
-    ids: int = 0  # id files: the token ids
-    # JSON Lines: bad lines by kind (the kinds of ``jsonl.BAD_KINDS``)
-    not_json: int = 0
-    no_field: int = 0
-    not_string: int = 0
-    charset: set[str] = field(default_factory=set)  # the characters (``char`` tokenizer)
-    min_id: int | None = None  # id files: the range of the ids
-    max_id: int | None = None
-    bad: str | None = None  # id files: the first token that is not an integer
-
-    def bad_json_lines(self) -> int:
-        return sum(getattr(self, kind) for kind in jsonl.BAD_KINDS)
-
-    def add_ids(self, text: str) -> None:
-        """One line of an id file."""
-        try:
-            ids = np.array(text.split(), dtype=np.int64)
-        except (ValueError, OverflowError):
-            self.bad = self.bad or next(
-                t for t in text.split() if not t.lstrip("-").isdigit() or len(t) > 18)[:40]
-            return
-        self.ids += len(ids)
-        self._widen(int(ids.min()), int(ids.max()))
-
-    def merge(self, row) -> None:
-        """One executor's statistics of this file (a row of ``_SCHEMA``) into the driver's."""
-        for k in _COUNTS:
-            setattr(self, k, getattr(self, k) + getattr(row, k))
-        self.charset.update(row.charset)
-        self.bad = self.bad or row.bad
-        if row.min_id is not None:
-            self._widen(row.min_id, row.max_id)
-
-    def _widen(self, low: int, high: int) -> None:
-        self.min_id = low if self.min_id is None else min(self.min_id, low)
-        self.max_id = high if self.max_id is None else max(self.max_id, high)
 
 
 def decode_column(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:

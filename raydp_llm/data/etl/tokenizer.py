@@ -22,8 +22,7 @@ from raydp_llm.core.tokenizer import (
 from raydp_llm.data.chat import CHATML_SPECIALS, strip_marks
 from raydp_llm.data.corpus import decode
 from raydp_llm.data.etl.formats import reader_for
-from raydp_llm.data.etl.plan import EtlPlan
-from raydp_llm.data.etl.scan import FileStats
+from raydp_llm.data.etl.records import EtlPlan, FileStats
 
 
 def build_tokenizer(lines: DataFrame, files: dict[str, FileStats], plan: EtlPlan) -> Tokenizer:

@@ -25,7 +25,7 @@ from pyspark import Broadcast
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from raydp_llm.data import ngrams
+from raydp_llm.data.etl.curation import ngrams
 from raydp_llm.engines.spark import detached
 
 PLACED_SCHEMA = "src string, doc long, start long, end long, val boolean"
@@ -44,7 +44,7 @@ HITS = "id binary, seen binary"
 def placements(encoded: DataFrame, placed: dict, segments_of) -> DataFrame:
     """``src, doc, start, end, tokens, val``: each document's tokens in the stream (``[start,
     end)``, end-of-document tokens aside) and whether any lies in the validation split.
-    ``placed`` and ``segments_of`` are the ``etl.chunks.StreamLayout``'s: each piece's offset, the
+    ``placed`` and ``segments_of`` are the ``records.StreamLayout``'s: each piece's offset, the
     splits' segments."""
 
     def place(batches):

@@ -1,0 +1,99 @@
+"""The ETL's two hand-offs, side by side: its chunks written from the executors as a cache entry's
+Parquet files (``to_parquet``: a row group per chunk, staged under a temporary name for
+``cache.commit`` to seal and put in place), or handed to Ray's object store (``to_object_store``:
+``ray.data.from_spark``, a block per chunk). Either way the chunks are sorted by start and
+counted against the chunk arithmetic before anyone trains on them."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+
+from raydp_llm.data import cache, stream
+from raydp_llm.data.etl.records import EtlOutput
+from raydp_llm.data.stream import BlockChunks, ChunkIndex
+from raydp_llm.engines import raydp_fixes
+
+CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
+
+
+def to_parquet(out: EtlOutput, cache_dir: Path, key: str) -> Path:
+    """Write the chunks from the executors (sorted, a row group per chunk), then their index, the
+    tokenizer and the manifest, under a temporary name; ``cache.commit`` puts it in place. Hold
+    ``cache.locked(cache_dir, key)``."""
+    tmp = cache.temporary_entry(cache_dir, key)
+    row_group = out.manifest.chunk_tokens * np.dtype(out.manifest.token_dtype).itemsize
+    try:
+        for name, df in out.chunks.items():
+            # parquet-mr closes a row group once it holds parquet.block.size bytes, checked after
+            # every row (page.size.row.check.min=1): a worker reads its chunks and no more
+            (sorted_chunks(df, len(out.index[name]), CHUNKS_PER_FILE).write
+             .option("parquet.block.size", row_group)
+             .option("parquet.page.size.row.check.min", 1)
+             .parquet(str(tmp / name)))
+            check_chunk_count(
+                name,
+                sum(pq.ParquetFile(f).metadata.num_rows for f in (tmp / name).glob("*.parquet")),
+                out.index[name],
+            )
+        stream.write_index(tmp, out.index)
+        write_documents(out, tmp)
+        out.tokenizer.save(tmp)
+        (tmp / cache.MANIFEST).write_text(json.dumps(out.manifest.to_json(), indent=2))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def write_documents(out: EtlOutput, entry: Path) -> None:
+    """Each document's place in the token stream (``documents/``: what ``evaluate
+    per_document=true`` scores), and what curation removed (``removed/``: path, document, bytes,
+    reason, the kept copy of a duplicate; ``removed_sample.json``: a few, with their text)."""
+    if out.documents is not None:
+        out.documents.withColumnRenamed("src", "path").orderBy("start").write.parquet(
+            str(entry / cache.DOCUMENTS))
+    if out.removed is not None:
+        out.removed.withColumnRenamed("src", "path").orderBy("path", "doc").write.parquet(
+            str(entry / cache.REMOVED))
+        (entry / cache.REMOVED_SAMPLE).write_text(json.dumps(out.removed_sample, indent=2))
+
+
+def to_object_store(out: EtlOutput) -> dict[str, BlockChunks]:
+    """Hand the chunks to Ray (``ray.data.from_spark``, a block per chunk), then release Spark's
+    cached copy. The blocks are materialized in the object store, owned by this driver, so they
+    outlive Spark; each worker later fetches only the blocks of its own chunks."""
+    import ray.data
+    from raydp.spark import release_spark_recoverable
+
+    raydp_fixes.install()
+    sources = {}
+    for name, df in out.chunks.items():
+        df = sorted_chunks(df, len(out.index[name]), per_partition=1)
+        dataset = ray.data.from_spark(df).materialize()
+        release_spark_recoverable(df)
+        check_chunk_count(name, dataset.count(), out.index[name])
+        sources[name] = BlockChunks(dataset.to_arrow_refs(), out.index[name])
+    out.encoded.unpersist()
+    return sources
+
+
+def sorted_chunks(df: DataFrame, chunks: int, per_partition: int) -> DataFrame:
+    """The chunk rows sorted by start, ``per_partition`` chunks to a partition (a Ray block, or a
+    Parquet file), partitions in stream order."""
+    parts = max(1, math.ceil(chunks / per_partition))
+    return df.repartitionByRange(parts, "start").sortWithinPartitions("start")
+
+
+def check_chunk_count(name: str, count: int, index: ChunkIndex) -> None:
+    """Spark's output against the chunk arithmetic: a mismatch is a bug, never silently trained
+    on."""
+    if count != len(index):
+        raise RuntimeError(f"chunk count mismatch in {name}: Spark cut {count}, the arithmetic "
+                           f"says {len(index)}")
