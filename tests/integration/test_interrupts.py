@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import NO_CHECK, start_like_a_terminal
+from helpers.configs import NO_CHECK
+from helpers.terminal import start_like_a_terminal
 
 ENGINE_PROCESSES = ("raylet", "gcs_server", "java", "ray::")
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import ray
 
-from conftest import make_config
+from helpers.configs import make_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

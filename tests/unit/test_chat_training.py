@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import chunked
+from helpers.chunks import chunked
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.core.model import IGNORE, build_model
 from raydp_llm.data import chat_tokens, windows

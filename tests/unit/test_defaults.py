@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_config
+from helpers.configs import make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.checks import validate
 from raydp_llm.core.config import OptimSettings, TrainSettings, nearest_multiple

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers.tiny_loop import BLOCK, VOCAB, tiny_data
+from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.core import integrity
 from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
@@ -27,12 +29,15 @@ from raydp_llm.training.checkpoint import SHARDS, STATE_JSON, check_resumable, l
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Placement, Worker
-from test_loop import BLOCK, VOCAB
-from test_loop import data as data  # noqa: F401 - the fixture
-from test_loop import spec as loop_spec
 
 STEPS = 40
 TOLERANCE = 2e-3  # the issue's: curves of equal runs on other layouts agree within it
+
+
+@pytest.fixture(scope="module")
+def data():
+    """test_loop's tiny corpus (helpers.tiny_loop.tiny_data)."""
+    return tiny_data()
 
 
 def spec(data, **train):

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.tiny_loop import CPU, Reports, tiny_data
+from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.cli.train_job import trainable_params
 from raydp_llm.core.config import HFConfig
 from raydp_llm.core.lora import ADAPTER_DIR
@@ -22,9 +24,12 @@ from raydp_llm.training.checkpoint import SHARDS
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.state import TrainState
 from raydp_llm.training.worker import Worker
-from test_loop import CPU, Reports
-from test_loop import data as data  # noqa: F401 - the fixture
-from test_loop import spec as loop_spec
+
+
+@pytest.fixture(scope="module")
+def data():
+    """test_loop's tiny corpus (helpers.tiny_loop.tiny_data)."""
+    return tiny_data()
 
 
 def spec(data, base: Path, **lora):
