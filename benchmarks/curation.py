@@ -106,7 +106,7 @@ def compare_spark_ml(corpus: Path, tables: int) -> None:
     from pyspark.sql import functions as F
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import make_config
+    from helpers.configs import make_config
     from raydp_llm.cli.inputs import check_inputs
     from raydp_llm.data.etl.curation import curate
     from raydp_llm.data.etl.records import EtlPlan

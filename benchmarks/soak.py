@@ -2,13 +2,13 @@
 
     python benchmarks/soak.py [--minutes 30] [--set key=value ...]
 
-Runs ``python -m raydp_llm.train`` (the default baby GPT, 2 DDP workers, dashboard on, checkpoints
-every 1000 steps) with enough steps to outlast ``--minutes``, samples every process below it every
-10 s, and after ``--minutes`` stops it with Ctrl-C (as a person would). The baseline is the same run
-after its first two minutes (start-up done, the dataset loaded, the first evaluation and checkpoint
-past): per role, the RSS of its largest process then, half-way and at the end, the change from start
-to end and over the second half (a role that grows early and then levels off grows little in the
-second half; a leak grows in both).
+Runs ``python -m raydp_llm.train`` (the default baby GPT, 2 DDP workers, dashboard on, a checkpoint
+at the evaluation nearest each 1000 steps) with enough steps to outlast ``--minutes``, samples every
+process below it every 10 s, and after ``--minutes`` stops it with Ctrl-C (as a person would). The
+baseline is the same run after its first two minutes (start-up done, the dataset loaded, the first
+evaluation and checkpoint past): per role, the RSS of its largest process then, half-way and at the
+end, the change from start to end and over the second half (a role that grows early and then levels
+off grows little in the second half; a leak grows in both).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ def main() -> None:
             "raydp_llm.train",
             "name=soak",
             "train.max_steps=1000000",
-            "train.checkpoint_interval=1000",
             "cluster.dashboard=true",
             f"hydra.run.dir={tmp}/run",
             *args.set,

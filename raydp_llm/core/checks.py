@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from raydp_llm.core.config import (
+    DEFAULT_CHECKPOINT_STEPS,
     ClusterSettings,
     DataSettings,
     FilterSettings,
@@ -40,9 +41,10 @@ def validate(settings: Settings) -> None:
                              f"{key}=...")
     check_fields(settings)
     t, o, c = settings.train, settings.optim, settings.cluster
-    if o.min_lr > o.lr:
+    if o.min_lr is not None and o.min_lr > o.lr:
         raise InputError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}; the decay ends at "
-                         "min_lr ≤ lr")
+                         "min_lr ≤ lr: lower optim.min_lr, or set it to null (lr / 10, at most "
+                         "1e-4)")
     _check_batch(t)
     _check_blocks(settings)
     _check_score_filter(settings.data.filters)
@@ -52,10 +54,7 @@ def validate(settings: Settings) -> None:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
                          f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
                          "ETL output serves; set data.halo_tokens to at least the block size")
-    if t.checkpoint_interval % t.eval_interval:
-        raise InputError(f"train.checkpoint_interval={t.checkpoint_interval} is not a multiple of "
-                         f"train.eval_interval={t.eval_interval}; checkpoints are taken at "
-                         "evaluations")
+    _check_checkpoints(t)
     # a joined cluster's CPUs are known once it is reached (engines/preflight.py)
     if c.address == "local":
         cpus = c.num_cpus or os.cpu_count()
@@ -63,6 +62,19 @@ def validate(settings: Settings) -> None:
         if need > cpus:
             raise InputError(f"the embedded Ray has {cpus:g} CPUs (cluster.num_cpus) but the job "
                              f"needs {need:g}: {formula}; lower them")
+
+
+def _check_checkpoints(t: TrainSettings) -> None:
+    """Checkpoints are taken at evaluations: a given ``checkpoint_interval`` is a multiple of
+    ``eval_interval`` (null follows it: ``TrainSettings.checkpoint_every``)."""
+    given = t.checkpoint_interval
+    if given is None or given % t.eval_interval == 0:
+        return
+    raise InputError(f"train.checkpoint_interval={given} is not a multiple of "
+                     f"train.eval_interval={t.eval_interval}; checkpoints are taken at "
+                     f"evaluations: set train.checkpoint_interval to a multiple of "
+                     f"{t.eval_interval} (e.g. {_multiples_near(given, t.eval_interval)}), or to "
+                     f"null (the evaluation nearest {DEFAULT_CHECKPOINT_STEPS} steps)")
 
 
 def _check_blocks(settings: Settings) -> None:
@@ -135,7 +147,16 @@ def _check_batch(t: TrainSettings) -> None:
                 workers = f"{world} workers (train.min_workers={t.min_workers})"
             raise InputError(f"train.batch_size={t.batch_size} is not divisible by {workers} × "
                              f"train.grad_accum={t.grad_accum}; it is the global batch, split "
-                             "evenly over the workers and accumulation steps")
+                             "evenly over the workers and accumulation steps: set "
+                             f"train.batch_size to a multiple of {world * t.grad_accum} "
+                             f"(e.g. {_multiples_near(t.batch_size, world * t.grad_accum)})")
+
+
+def _multiples_near(value: int, step: int) -> str:
+    """The multiples of ``step`` on either side of ``value`` (the first one only, when ``value`` is
+    below it), for an error line's suggestion."""
+    below = value // step * step
+    return " or ".join(str(n) for n in (below, below + step) if n > 0)
 
 
 def cpus_needed(c: ClusterSettings, t: TrainSettings) -> tuple[float, str]:

@@ -52,6 +52,11 @@ from raydp_llm.core.schema import (
     within,
 )
 
+# The defaults that follow other settings (a property beside each reads it): a value the user did
+# not give never refuses one the user gave (core/checks.py checks only given values).
+DEFAULT_MIN_LR = 1e-4  # optim.min_lr: a tenth of optim.lr, at most this (OptimSettings.end_lr)
+DEFAULT_CHECKPOINT_STEPS = 1000  # train.checkpoint_interval: the evaluation nearest this
+
 
 class TokenizerKind(Choice):
     char = "char"
@@ -104,14 +109,21 @@ class BPETokenizerSettings(CharTokenizerSettings):
 @dataclass(frozen=True)
 class OptimSettings:
     lr: float = setting(1e-3, "peak learning rate, > 0", check=POSITIVE)
-    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay, in [0, lr]",
-                            check=at_least(0))
+    min_lr: Optional[float] = setting(None, "learning rate at the end of the cosine decay, in "
+                                            "[0, lr]; null = lr / 10, at most 1e-4",
+                                      check=optional(at_least(0)))
     warmup_steps: int = setting(100, "optimizer steps of linear warmup", check=at_least(0))
     weight_decay: float = setting(0.1, "AdamW weight decay, applied to weight matrices only",
                                   check=at_least(0))
     beta1: float = setting(0.9, "AdamW beta1, in [0, 1)", check=within(0, 1))
     beta2: float = setting(0.99, "AdamW beta2, in [0, 1)", check=within(0, 1))
     grad_clip: float = setting(1.0, "max gradient norm; 0 = no clipping", check=at_least(0))
+
+    @property
+    def end_lr(self) -> float:
+        """The learning rate the decay ends at: ``min_lr`` when given, else a tenth of ``lr`` and at
+        most ``DEFAULT_MIN_LR`` (so any ``lr`` runs, and every ``lr`` ≥ 1e-3 ends at 1e-4)."""
+        return self.min_lr if self.min_lr is not None else min(DEFAULT_MIN_LR, self.lr / 10)
 
 
 @dataclass(frozen=True)
@@ -142,9 +154,11 @@ class TrainSettings:
     eval_batches: Optional[int] = setting(50, "validation micro-batches per worker per evaluation; "
                                               "null = the whole validation split",
                                           check=OPTIONAL_COUNT)
-    checkpoint_interval: int = setting(1000, "steps between checkpoints, a multiple of "
-                                             "eval_interval; 0 = only the final one",
-                                       check=at_least(0))
+    checkpoint_interval: Optional[int] = setting(
+        None, "steps between checkpoints, a multiple of eval_interval; 0 = only the final one; "
+              "null = the evaluation nearest 1000 steps (the multiple of eval_interval nearest "
+              "1000, the smaller on a tie, at least eval_interval)",
+        check=optional(at_least(0)))
     keep_checkpoints: int = setting(2, "checkpoints kept per run (the latest ones)", check=COUNT)
     resume: str = setting("auto", "auto = continue the latest unfinished checkpoint of an "
                                   "identical run | never | a checkpoint dir (local or s3://)")
@@ -162,6 +176,21 @@ class TrainSettings:
     peak_flops: Optional[float] = setting(None, "one worker's peak FLOP/s for MFU (e.g. 989e12 "
                                                 "for an H100's bf16); null = no MFU",
                                           check=optional(POSITIVE))
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Steps between checkpoints (0: only the final one): ``checkpoint_interval`` when given,
+        else the evaluation nearest ``DEFAULT_CHECKPOINT_STEPS`` steps (``nearest_multiple``)."""
+        if self.checkpoint_interval is not None:
+            return self.checkpoint_interval
+        return nearest_multiple(self.eval_interval, DEFAULT_CHECKPOINT_STEPS)
+
+
+def nearest_multiple(step: int, target: int) -> int:
+    """The multiple of ``step`` nearest ``target``, the smaller one on a tie, and at least ``step``
+    (``nearest_multiple(60, 1000)`` = 1020, ``nearest_multiple(400, 1000)`` = 800)."""
+    below, rest = divmod(target, step)
+    return step * max(1, below + int(2 * rest > step))
 
 
 @dataclass(frozen=True)

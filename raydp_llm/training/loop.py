@@ -108,7 +108,7 @@ class TrainLoop:
         if self.live:
             self.live.evaluation(metrics["val_loss"])
         step, spec = metrics["step"], self.spec
-        interval = spec.train.checkpoint_interval
+        interval = spec.train.checkpoint_every
         keep = step == spec.max_steps or bool(interval and step % interval == 0)
         if not keep or not self.worker.writes_checkpoints:
             self.report(metrics)

@@ -11,15 +11,14 @@ from raydp_llm.training.spec import TrainSpec
 
 
 def lr_at(step: int, spec: TrainSpec) -> float:
-    """Linear warmup to ``lr``, then cosine decay to ``min_lr`` at ``max_steps``."""
+    """Linear warmup to ``lr``, then cosine decay to ``min_lr`` (``end_lr``) at ``max_steps``."""
     if step < spec.optim.warmup_steps:
         return spec.optim.lr * (step + 1) / spec.optim.warmup_steps
     progress = min(
         1.0, (step - spec.optim.warmup_steps) / max(1, spec.max_steps - spec.optim.warmup_steps)
     )
-    return spec.optim.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (
-        spec.optim.lr - spec.optim.min_lr
-    )
+    end = spec.optim.end_lr
+    return end + 0.5 * (1 + math.cos(math.pi * progress)) * (spec.optim.lr - end)
 
 
 def make_optimizer(model: torch.nn.Module, spec: TrainSpec) -> torch.optim.AdamW:

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_etl import cut_windows
 
-from conftest import make_config
-from hf_models import CHAT_TEXTS, QWEN_CHAT, chat_tokenizer
+from helpers.configs import make_config
+from helpers.etl import cut_windows
+from helpers.hf_models import CHAT_TEXTS, QWEN_CHAT, chat_tokenizer
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache, chat_tokens

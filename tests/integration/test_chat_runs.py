@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config
+from helpers.configs import CACHE_DIR, NO_CHECK, make_config
+from helpers.paths import ROOT
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import make_config
+from helpers.configs import make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.data.etl.curation import contamination
 from raydp_llm.data.etl.curation.documents import document_keys

@@ -14,15 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_config, write_lines
+from helpers.configs import make_config
+from helpers.corpora import write_lines
+from helpers.etl import cut_windows
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
 from raydp_llm.data import windows
 from raydp_llm.data.etl.records import EtlPlan
 from raydp_llm.data.etl.run import run_etl
-from raydp_llm.data.stream import ChunkReader, EpochOrder
-from raydp_llm.training.spec import samplings, windows_of
+from raydp_llm.training.spec import windows_of
 
 pytestmark = pytest.mark.integration
 
@@ -37,29 +38,6 @@ def etl(spark, *overrides, block=BLOCK):
     out.windows = windows_of(cfg, out.index, out.manifest.to_json())
     out.settings = cfg
     return out
-
-
-class Rows:
-    """Chunk rows collected from Spark, as a chunk source."""
-
-    def __init__(self, df):
-        self.rows = {r.start: bytes(r.tokens) for r in df.collect()}
-
-    def fetch(self, c, start):
-        return self.rows[start]
-
-
-def cut_windows(out) -> dict[str, list[tuple[int, bytes]]]:
-    """Every window of each split, cut from the chunks Spark made, as (start, bytes)."""
-    cut, got = samplings(out.settings), {}
-    for name, df in out.chunks.items():
-        index = out.index[name]
-        order = EpochOrder(index, cut[name], seed=0, epoch=None)
-        positions = np.arange(order.total)
-        cut_here = ChunkReader(Rows(df), index, out.manifest.token_dtype, 2)
-        got[name] = sorted(zip(order.window_starts(positions).tolist(),
-                               (w.tobytes() for w in cut_here.windows(order, positions))))
-    return got
 
 
 def file_lines(path: Path) -> list[str]:

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import make_config
+from helpers.configs import make_config
+from helpers.etl import stream_of
 from raydp_llm.checkpoint.model_dir import load_model_dir, save_model_dir
 from raydp_llm.cli.evaluate import run
 from raydp_llm.core.config import GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer
-from raydp_llm.data.stream import read_index
 from raydp_llm.models.factory import build_model
 
 pytestmark = pytest.mark.integration
@@ -35,19 +35,6 @@ def model_dir(directory: Path, chars: str) -> Path:
         GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=1, n_head=2, n_embd=32)
     )
     return save_model_dir(directory, model, tokenizer)
-
-
-def stream_of(entry: Path, dtype: str) -> np.ndarray:
-    """The whole token stream, put together from the chunks the ETL stored (halos dropped)."""
-    index = read_index(entry)
-    parts = {}
-    for split in ("train", "val"):
-        own = dict(zip(index[split].start.tolist(), index[split].n.tolist()))
-        table = pq.read_table(entry / split)
-        for start, tokens in zip(table.column("start").to_pylist(),
-                                 table.column("tokens").to_pylist()):
-            parts[start] = np.frombuffer(tokens, dtype)[:own[start]]
-    return np.concatenate([parts[s] for s in sorted(parts)])
 
 
 @pytest.fixture(scope="module")

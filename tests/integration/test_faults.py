@@ -19,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import CACHE_DIR, NO_CHECK, ROOT, make_config, prepare
+from helpers.configs import CACHE_DIR, NO_CHECK, make_config
+from helpers.etl import prepare
+from helpers.paths import ROOT
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.core import integrity

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hf_models
-from conftest import BUCKET, HF_BIG_IDS, make_config
+from helpers import hf_models
+from helpers.configs import make_config
+from helpers.hf_models import HF_BIG_IDS
+from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data.etl.records import EtlPlan

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_evaluate import stream_of
 
-from conftest import CACHE_DIR, NO_CHECK, make_config
+from helpers.configs import CACHE_DIR, NO_CHECK, make_config
+from helpers.etl import stream_of
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.training.metrics import read_metrics

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import NO_CHECK, start_like_a_terminal
+from helpers.configs import NO_CHECK
+from helpers.terminal import start_like_a_terminal, wait_for
 
 ENGINE_PROCESSES = ("raylet", "gcs_server", "java", "ray::")
 
@@ -43,9 +44,7 @@ def test_ctrl_c_stops_spark_and_ray(corpus_dir, tmp_path, moment):
     )
     ready = {"spark starting": lambda: (tmp_path / "spark-driver.log").exists(),
              "hand-off": lambda: _logged(tmp_path / "train.log", "ETL: ")}[moment]
-    deadline = time.time() + 180
-    while not ready() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    wait_for(proc, ready, f"the moment to interrupt ({moment})", timeout_s=180)
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import ray
 
-from conftest import make_config
+from helpers.configs import make_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
@@ -157,7 +157,7 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, co
         dashboard, token, cfg.train.num_workers, tmp_path
     )
 
-    done.wait(300)
+    assert done.wait(300), "the run did not end within 300 s"
     assert not failure, failure
     jobs = json.loads(get(f"{dashboard}/api/jobs/", token)[1])
     assert any(

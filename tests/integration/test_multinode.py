@@ -1,7 +1,7 @@
 """The whole pipeline on a Ray cluster of two nodes: Spark executors and DDP workers on both, the
 same data.
 
-A helper process (``tests/integration/two_node_cluster.py``) runs a two-node Ray cluster on this
+A helper process (``tests/helpers/two_node_cluster.py``) runs a two-node Ray cluster on this
 machine, each node with its own raylet, object store and node id; the job is the real CLI joining it
 with ``cluster.address``. Each node has 3 logical CPUs: one executor (2 CPUs) and one training
 worker (2 CPUs) fit on a node, not two, so Ray's scheduler must use both nodes. Where everything ran
@@ -24,7 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUCKET, CACHE_DIR, ROOT, make_config, prepare
+from helpers.configs import CACHE_DIR, make_config
+from helpers.etl import prepare
+from helpers.paths import ROOT
+from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core import storage
 from raydp_llm.training.metrics import read_metrics
@@ -121,7 +124,7 @@ def two_nodes(tmp_path_factory):
         proc = subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "tests" / "integration" / "two_node_cluster.py"),
+                str(ROOT / "tests" / "helpers" / "two_node_cluster.py"),
                 str(CPUS_PER_NODE),
             ],
             cwd=ROOT,

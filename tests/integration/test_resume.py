@@ -9,7 +9,9 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import CACHE_DIR, NO_CHECK, make_config, prepare, start_like_a_terminal
+from helpers.configs import CACHE_DIR, NO_CHECK, make_config
+from helpers.etl import prepare
+from helpers.terminal import start_like_a_terminal
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.core.errors import InputError

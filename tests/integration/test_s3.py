@@ -1,6 +1,7 @@
-"""S3 without AWS: a local S3-compatible server (moto, bound to 127.0.0.1; conftest's ``s3``) stands
-in for it. The ETL reads ``s3://`` input in the executors, Ray Train writes checkpoints to
-``storage_path=s3://...``, runs resume from them, and text is generated from a model on S3."""
+"""S3 without AWS: a local S3-compatible server (moto, bound to 127.0.0.1; the ``s3`` fixture,
+tests/fixtures/s3.py) stands in for it. The ETL reads ``s3://`` input in the executors, Ray Train
+writes checkpoints to ``storage_path=s3://...``, runs resume from them, and text is generated from a
+model on S3."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import BUCKET, ROOT, make_config, prepare, write_lines
-from flaky_s3 import FlakyS3
+from helpers.configs import make_config
+from helpers.corpora import write_lines
+from helpers.etl import prepare
+from helpers.flaky_s3 import FlakyS3
+from helpers.paths import ROOT
+from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.core import integrity, storage

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers.paths import ROOT
 from raydp_llm.engines.ray_cluster import secure_token_file
 
 SUBMIT = ROOT / "launch" / "submit.sh"
@@ -23,7 +23,7 @@ def test_the_embedded_rays_token_file_is_private(tmp_path):
     real Ray)."""
     home = tmp_path / "home"
     home.mkdir()
-    code = ("import sys; sys.path.insert(0, 'tests'); from conftest import make_config; "
+    code = ("import sys; sys.path.insert(0, 'tests'); from helpers.configs import make_config; "
             "from raydp_llm.engines.ray_cluster import ray_session; import ray\n"
             "with ray_session(make_config('cluster.dashboard=false').cluster, 'token'):\n"
             "    assert ray.is_initialized()")

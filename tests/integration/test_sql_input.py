@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import CACHE_DIR, ROOT, make_config
+from helpers.configs import CACHE_DIR, make_config
+from helpers.paths import ROOT
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache

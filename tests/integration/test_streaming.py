@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import NO_CHECK
+from helpers.configs import NO_CHECK
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NO_CHECK, ROOT
+from helpers.configs import NO_CHECK
+from helpers.paths import ROOT
 from raydp_llm.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a sweep of three jobs

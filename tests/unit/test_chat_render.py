@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hf_models import CHAT_TEXTS as TEXTS
-from hf_models import QWEN_CHAT as QWEN
-from hf_models import chat_tokenizer
+from helpers.hf_models import CHAT_TEXTS as TEXTS
+from helpers.hf_models import QWEN_CHAT as QWEN
+from helpers.hf_models import chat_tokenizer
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
@@ -118,7 +118,7 @@ def test_unpacked_truncated_and_overlong_error():
 
 
 def test_cache_key_holds_the_record_and_template_for_chat_alone(tmp_path):
-    from conftest import make_config
+    from helpers.configs import make_config
     from raydp_llm.data.cache import cache_key
     from raydp_llm.data.corpus import Corpus
     from raydp_llm.data.prepare import chat_key, etl_tokenizer

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import chunked
+from helpers.chunks import chunked
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import chat_tokens, windows

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import ROOT
+from helpers.paths import ROOT
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.core.errors import InputError, RunFailure
 

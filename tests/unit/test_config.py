@@ -9,7 +9,8 @@ import sys
 import pytest
 from omegaconf import DictConfig
 
-from conftest import CONF_DIR, ROOT, compose_config, make_config
+from helpers.configs import compose_config, make_config
+from helpers.paths import CONF_DIR, ROOT
 from raydp_llm.cli.help import field_help
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.config import ClusterSettings, DataFormat, DataSettings

@@ -101,7 +101,7 @@ def test_remote_uris_go_to_spark_unfingerprinted(tmp_path):
 
 
 def test_data_path_lists_keep_uris_and_resolve_local_paths(tmp_path, monkeypatch):
-    from conftest import make_config
+    from helpers.configs import make_config
     from raydp_llm.cli.inputs import check_inputs
 
     (tmp_path / "a.txt").write_text("x")

@@ -61,7 +61,7 @@ def test_gopher_measures_of_boilerplate_and_prose():
 
 
 def test_every_curation_setting_and_the_score_files_content_are_in_the_etl_cache_key(tmp_path):
-    from conftest import make_config
+    from helpers.configs import make_config
     from raydp_llm.data.cache import cache_key
     from raydp_llm.data.corpus import sample_corpus
 
@@ -144,7 +144,7 @@ def test_the_measure_pass_writes_one_schema_whatever_a_batch_holds():
     (a 100 MB ETL failed on "record batch with different schema")."""
     import pyarrow as pa
 
-    from conftest import make_config
+    from helpers.configs import make_config
     from raydp_llm.data.etl.curation.curate import Measure
 
     measure = Measure.of(make_config("data.filters.min_words=3", "data.dedup=near").data, 0)

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers.tiny_loop import BLOCK, VOCAB, tiny_data
+from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.checkpoint import sharded
 from raydp_llm.checkpoint.layout import SHARDS, STATE_JSON, TrainState
 from raydp_llm.checkpoint.model_dir import load_model_dir
@@ -29,12 +31,15 @@ from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
 from raydp_llm.training import runs
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.worker import Placement, Worker
-from test_loop import BLOCK, VOCAB
-from test_loop import data as data  # noqa: F401 - the fixture
-from test_loop import spec as loop_spec
 
 STEPS = 40
 TOLERANCE = 2e-3  # the issue's: curves of equal runs on other layouts agree within it
+
+
+@pytest.fixture(scope="module")
+def data():
+    """test_loop's tiny corpus (helpers.tiny_loop.tiny_data)."""
+    return tiny_data()
 
 
 def spec(data, **train):

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_config
+from helpers.configs import make_config
 from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.cli.export import main as export_main
 from raydp_llm.core.config import GPTConfig, LSTMConfig

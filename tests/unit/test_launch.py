@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BOOTSTRAP, CREATE, LAUNCH, SUBMIT, TEARDOWN, TUNNEL, lines, run
+from helpers.launch import BOOTSTRAP, CREATE, SUBMIT, TEARDOWN, TUNNEL, lines, run
+from helpers.paths import LAUNCH
 
 SCRIPTS = [BOOTSTRAP, CREATE, SUBMIT, TUNNEL, TEARDOWN]
 

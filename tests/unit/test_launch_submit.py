@@ -9,7 +9,7 @@ import os
 import socket
 from pathlib import Path
 
-from conftest import SUBMIT, TEARDOWN, TUNNEL, lines, run
+from helpers.launch import SUBMIT, TEARDOWN, TUNNEL, lines, run
 
 SSH_OPTS = ("-N -L 8265:127.0.0.1:8265 -o ExitOnForwardFailure=yes -o ServerAliveInterval=30 "
             "-o StrictHostKeyChecking=accept-new")

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.tiny_loop import CPU, Reports, tiny_data
+from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.checkpoint import sharded
 from raydp_llm.checkpoint.layout import SHARDS, TrainState
 from raydp_llm.core.config import HFConfig
@@ -21,9 +23,12 @@ from raydp_llm.models.lora import ADAPTER_DIR
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.run import trainable_params
 from raydp_llm.training.worker import Worker
-from test_loop import CPU, Reports
-from test_loop import data as data  # noqa: F401 - the fixture
-from test_loop import spec as loop_spec
+
+
+@pytest.fixture(scope="module")
+def data():
+    """test_loop's tiny corpus (helpers.tiny_loop.tiny_data)."""
+    return tiny_data()
 
 
 def spec(data, base: Path, **lora):

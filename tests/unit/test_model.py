@@ -7,7 +7,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conftest import CONF_DIR
+from helpers.paths import CONF_DIR
 from raydp_llm.checkpoint.model_dir import load_model_dir, save_model_dir
 from raydp_llm.cli.generate import main as generate_main
 from raydp_llm.core.config import GPTConfig, LSTMConfig, model_config
@@ -333,7 +333,7 @@ def test_generate_refuses_a_damaged_model_with_one_line(tmp_path, capsys):
 
 
 def test_init_embeddings_of_the_wrong_width_are_refused_before_any_engine(tmp_path):
-    from conftest import make_config
+    from helpers.configs import make_config
     from raydp_llm.cli.inputs import check_inputs
 
     vectors = tmp_path / "vectors.csv"

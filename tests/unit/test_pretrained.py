@@ -17,8 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-import hf_models
-from conftest import HF_BIG_IDS, ROOT, chunked, make_config
+from helpers import hf_models
+from helpers.chunks import chunked
+from helpers.configs import make_config
+from helpers.hf_models import HF_BIG_IDS
+from helpers.paths import ROOT
+from helpers.tiny_loop import Reports
 from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.checkpoint.model_dir import export_model_dir, load_model_dir
 from raydp_llm.cli.inputs import check_inputs
@@ -36,7 +40,6 @@ from raydp_llm.models.hf import read_hf_config, resolved
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.spec import TrainSpec
 from raydp_llm.training.worker import Placement, Worker
-from test_loop import Reports
 
 CPU = Placement(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 BLOCK = 16

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from conftest import chunked
+from helpers.chunks import chunked
 from raydp_llm.data import windows
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, Sampling
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import make_config
+from helpers.configs import make_config
 from raydp_llm.core.errors import InputError
 from raydp_llm.training import tracking
 from raydp_llm.training.runs import RECORD, RunRecord

@@ -8,7 +8,7 @@ import functools
 import numpy as np
 import pytest
 
-from conftest import chunked
+from helpers.chunks import chunked
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, steps_per_epoch

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+HF_BIG_IDS = 66_000  # the Qwen2 checkpoint's ids all lie above 65,535
 FAMILIES = ("llama", "llama_untied", "qwen2", "mistral", "gpt2")
 SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}

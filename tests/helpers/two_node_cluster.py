@@ -1,5 +1,5 @@
 """A Ray cluster of two nodes on this machine, for tests/integration/test_multinode.py: ``python
-tests/integration/two_node_cluster.py CPUS``.
+tests/helpers/two_node_cluster.py CPUS``.
 
 It starts a head node and a worker node (``ray.cluster_utils.Cluster``: two raylets, each with
 ``CPUS`` logical CPUs, its own object store and its own node id; no dashboard), then prints one JSON

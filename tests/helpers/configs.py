@@ -1,0 +1,38 @@
+"""Configs composed with Hydra from ``conf/``, as an entry point gets them: the composed config
+(``compose_config``) and the typed settings made of it at the entry point's door
+(``make_config``). Tests never touch the user's ETL cache: ``CACHE_DIR`` is a temp dir."""
+
+from __future__ import annotations
+
+import tempfile
+
+from hydra import compose, initialize_config_dir
+
+from helpers.paths import CONF_DIR
+from raydp_llm.cli.inputs import typed_settings
+from raydp_llm.core.registry import register_configs
+
+register_configs()  # the schemas every composed config (compose_config) stands on
+
+CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")
+
+# The contamination check costs about 5 s an ETL: the tests of other things leave it off (the
+# curated ETL tests and the two-node run keep it).
+NO_CHECK = "data.decontaminate=off"
+
+
+def compose_config(*overrides: str, config_name: str = "config"):
+    """An entry point's composed config (``config``, ``evaluate``) with Hydra overrides (ETL cache
+    in a temp dir), as Hydra hands it to the entry point."""
+    if not any(o.startswith("data.cache_dir=") for o in overrides):
+        overrides = (f"data.cache_dir={CACHE_DIR}", *overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def make_config(*overrides: str, config_name: str = "config"):
+    """The typed settings an entry point makes of that config at its door
+    (``cli.inputs.typed_settings``), the contamination check off unless an override sets it."""
+    if not any(o.startswith("data.decontaminate=") for o in overrides):
+        overrides = (NO_CHECK, *overrides)
+    return typed_settings(compose_config(*overrides, config_name=config_name), overrides)
