@@ -22,7 +22,7 @@ def check_resumable(location: str, model: ModelConfig, shown_as: str,
     """``location`` (local or s3://) must be a complete training checkpoint (``integrity``) whose
     config and tokenizer fit together, whose model has the shape ``model`` asks for (block size,
     layers, widths): its weights would not load into another, and which is ``sharded`` as the
-    run's are (training/sharded.py). One line, named ``shown_as``, when not."""
+    run's are (checkpoint/sharded.py). One line, named ``shown_as``, when not."""
     try:
         _check_layout(location, shown_as, s3, sharded)
         if not storage.exists(storage.join(location, STATE_JSON), s3):
