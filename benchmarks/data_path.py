@@ -60,7 +60,7 @@ def bytes_per_token(cfg, data) -> list[dict]:
 
     disk = sum(f.stat().st_size for split in ("train", "val")
                for f in (data.entry / split).glob("*.parquet"))
-    tokens, block = data.manifest["tokens"], cfg.model.block_size
+    tokens, block = data.manifest.tokens, cfg.model.block_size
     rows = []
     for stride in (1, 16, block):
         windows = sum(int(Sampling(block, stride).counts(data.index[s]).sum())
@@ -74,8 +74,8 @@ def spec_of(cfg, data, stride: int):
     from raydp_llm.training.spec import build_spec, samplings, windows_of
 
     cfg = replace(cfg, data=replace(cfg.data, stride=stride, sampling="stride"))
-    manifest = data.manifest | windows_of(cfg, data.index, data.manifest)
-    return build_spec(cfg, data.tokenizer, manifest, samplings(cfg))
+    windows = windows_of(cfg, data.index, data.manifest)
+    return build_spec(cfg, data.tokenizer, data.manifest, windows, samplings(cfg))
 
 
 def worker_data(spec, data, rank: int, world: int):
@@ -155,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cfg, data = prepare(args.corpus, args.block, Path(tmp))
-        print(f"\n{data.manifest['tokens']:,} tokens, {len(data.index['train'])} training chunks, "
+        print(f"\n{data.manifest.tokens:,} tokens, {len(data.index['train'])} training chunks, "
               f"block {args.block}\n\n| stride | chunks (B/token, on disk) | windows layout "
               "(B/token, ≥) | ratio |\n|---|---|---|---|")
         for r in bytes_per_token(cfg, data):

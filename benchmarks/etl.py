@@ -75,8 +75,8 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
     return {
         "start_s": start_s,
         "etl_s": etl_s,
-        "tokens": result.manifest["tokens"],
-        "chunks": result.manifest["chunks_train"] + result.manifest["chunks_val"],
+        "tokens": result.manifest.tokens,
+        "chunks": result.manifest.chunks_train + result.manifest.chunks_val,
         "rss_mb": peak_rss_mb(),
         "phase_s": {k: round(v, 1) for k, v in result.phase_s.items()},
     }

@@ -145,11 +145,11 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
             w
             for split in ("train", "val")
             for w in iter_windows(sources[split], data.index[split],
-                                  replace(cut[split], random=False), m["token_dtype"],
+                                  replace(cut[split], random=False), m.token_dtype,
                                   settings.eval_batch_size)
         )
-        collate = WindowBatch(torch.device("cpu"), chat="chat" in m)
-        result = metrics(score(model, batches, collate), m["chars_per_token"])
+        collate = WindowBatch(torch.device("cpu"), chat=m.chat is not None)
+        result = metrics(score(model, batches, collate), m.chars_per_token)
     timings["total_s"] = total.seconds()
     evaluation = {
         "model_dir": settings.model_dir,
@@ -157,7 +157,7 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
         "dataset": str(data.entry),
         "document_scores": str(scores) if scores else None,
         **{k: round(v, 2) for k, v in timings.items()},
-        "etl": m | {"cache_hit": data.cache_hit},
+        "etl": data.manifest_json() | {"cache_hit": data.cache_hit},
     }
     write_json(out_dir / "evaluation.json", evaluation)
     show(evaluation, result, timings, data.cache_hit, out_dir)

@@ -22,7 +22,8 @@ def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, total: Stopwa
     """The ETL on checked ``settings`` into the ETL cache (or ``out_dir``), what it made printed."""
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
         with session.prepared(corpus, out_dir) as data:
-            manifest = data.manifest | {"cache_hit": data.cache_hit, "dataset": str(data.entry)}
+            manifest = data.manifest_json() | {"cache_hit": data.cache_hit,
+                                               "dataset": str(data.entry)}
             write_json(out_dir / "manifest.json", manifest)
     removed = removed_documents(data.entry, out_dir)
     print(describe(data, manifest))

@@ -30,10 +30,10 @@ from raydp_llm.data.corpus import Corpus, check_unchanged
 from raydp_llm.data.etl.formats import chat_template
 from raydp_llm.data.etl.handoff import to_object_store, to_parquet
 from raydp_llm.data.etl.query import listed, query_corpus
-from raydp_llm.data.etl.records import EtlOutput, EtlPlan
+from raydp_llm.data.etl.records import EtlOutput, EtlPlan, Manifest
 from raydp_llm.data.etl.run import phase_names, run_etl
 from raydp_llm.data.spark_stats import read_event_log
-from raydp_llm.data.stream import ChunkIndex
+from raydp_llm.data.stream import ChunkIndex, RunWindows
 from raydp_llm.engines.dashboard import RunGauges
 from raydp_llm.engines.spark import EVENT_LOG_DIR, spark_session
 
@@ -45,14 +45,18 @@ STATS_FILE = cache.STATS_FILE
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    # the ETL's manifest.json (Manifest.to_json), with the run's windows (spec.windows_of)
-    manifest: dict
+    manifest: Manifest  # what the ETL made (manifest.json)
     entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
     cache_hit: bool
     index: dict[str, ChunkIndex]  # each split's chunks
     sources: dict | None = None  # where workers read each split's chunks, when asked for
     stats: dict = field(default_factory=dict)  # etl_stats.json: Spark's metrics and the phase times
     timings: dict = field(default_factory=dict)  # seconds: etl_s, and spark_start_s when Spark ran
+    windows: RunWindows | None = None  # the run's windows on the chunks (training/spec.windows_of)
+
+    def manifest_json(self) -> dict:
+        """The run's ``manifest.json``: the ETL's manifest, and the run's windows when known."""
+        return self.manifest.to_json() | (self.windows.to_json() if self.windows else {})
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ def _from_cache(entry: Path, out_dir: Path, to_ray: bool,
     index, tokenizer, manifest, stats = cache.read_entry(entry)
     sources = cache.parquet_sources(entry, index) if to_ray else None
     write_json(out_dir / STATS_FILE, stats)
-    return PreparedData(tokenizer, manifest.to_json(), entry, cache_hit=True, index=index,
+    return PreparedData(tokenizer, manifest, entry, cache_hit=True, index=index,
                         sources=sources, stats=stats, timings={"etl_s": clock.seconds()})
 
 
@@ -230,7 +234,7 @@ def _after_spark(job: Job, run: _SparkRun, timings: dict, to_ray: bool) -> Prepa
     entry = cache.commit(run.staged, stats) if run.staged else None
     if to_ray and entry:
         sources = cache.parquet_sources(entry, out.index)
-    return PreparedData(out.tokenizer, out.manifest.to_json(), entry, cache_hit=False,
+    return PreparedData(out.tokenizer, out.manifest, entry, cache_hit=False,
                         index=out.index, sources=sources, stats=stats, timings=timings)
 
 

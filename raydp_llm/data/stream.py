@@ -306,3 +306,27 @@ def iter_windows(source, index: ChunkIndex, sampling: Sampling, dtype: str,
     reader = ChunkReader(source, index, dtype, capacity=2)
     for lo in range(0, order.total, batch):
         yield reader.windows(order, np.arange(lo, min(lo + batch, order.total), dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class RunWindows:
+    """A run's windows on the ETL's chunks, as its ``manifest.json`` adds them: how they are cut
+    and how many each split has per epoch."""
+
+    block_size: int
+    sampling: str  # data.sampling
+    stride: int
+    val_stride: int
+    train: int  # training windows per epoch
+    val: int
+
+    def to_json(self) -> dict:
+        return {"block_size": self.block_size, "sampling": self.sampling, "stride": self.stride,
+                "val_stride": self.val_stride, "windows_train": self.train,
+                "windows_val": self.val}
+
+    @classmethod
+    def from_json(cls, content: dict) -> RunWindows:
+        """The windows of a run's ``manifest.json`` (the ETL's keys beside them are left)."""
+        return cls(content["block_size"], content["sampling"], content["stride"],
+                   content["val_stride"], content["windows_train"], content["windows_val"])

@@ -120,10 +120,10 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
 def specify(settings: Settings, data: PreparedData, job: Job) -> TrainSpec:
     """What the workers train, from the settings and the data (written as ``manifest.json``);
     where the run resumes from; the tracking run started."""
-    write_json(job.out_dir / "manifest.json", data.manifest)
-    spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
+    write_json(job.out_dir / "manifest.json", data.manifest_json())
+    spec = build_spec(settings, data.tokenizer, data.manifest, data.windows, samplings(settings))
     job.record.resumed_from = resume_checkpoint(settings, spec, job.out_dir)
-    job.tracker.start(settings, job.run_name, job.record, data.manifest.get("etl_key"),
+    job.tracker.start(settings, job.run_name, job.record, data.manifest.etl_key,
                       job.sweep_dir)
     return spec
 
@@ -210,7 +210,7 @@ def artifacts(settings: Settings, out_dir: Path, trained: Trained, total: Stopwa
         diverged=outcome.diverged,
         storage=trained.destination,
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
-        etl=data.manifest | {"cache_hit": data.cache_hit},
+        etl=data.manifest_json() | {"cache_hit": data.cache_hit},
         etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"},
     )
     return Outputs(sample, summary)

@@ -31,7 +31,7 @@ class JobSession:
         lifetime is this block's. The ETL's seconds join ``timings`` at its end."""
         settings = self.settings
         with prepared(settings, corpus, out_dir, to_ray=to_ray, store=self.store) as data:
-            data.manifest = data.manifest | windows_of(settings, data.index, data.manifest)
+            data.windows = windows_of(settings, data.index, data.manifest)
             yield data
             self.timings |= data.timings
 

@@ -12,7 +12,8 @@ from raydp_llm.core.config import ModelConfig, OptimSettings, Settings, TrainSet
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
-from raydp_llm.data.stream import ChunkIndex, Sampling, steps_per_epoch
+from raydp_llm.data.etl.records import Manifest
+from raydp_llm.data.stream import ChunkIndex, RunWindows, Sampling, steps_per_epoch
 from raydp_llm.models.embeddings import read_embeddings
 
 # Settings that change how a run is watched, how fast it goes or where it runs, not what it trains:
@@ -67,17 +68,17 @@ class TrainSpec:
         return self.train.batch_size // (world * self.train.grad_accum)
 
 
-def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,
-               sampling: dict[str, Sampling]) -> TrainSpec:
-    """The spec of a run on the ETL's output (its ``tokenizer``, and its ``manifest`` with the
-    run's windows, cut as ``sampling`` says). One line when the corpus holds fewer windows than a
+def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: Manifest,
+               windows: RunWindows, sampling: dict[str, Sampling]) -> TrainSpec:
+    """The spec of a run on the ETL's output (its ``tokenizer`` and ``manifest``) and the run's
+    ``windows`` on it, cut as ``sampling`` says. One line when the corpus holds fewer windows than a
     batch, or ``model.init_embeddings`` holds ids the vocabulary lacks (checked here, on the driver:
     in the workers Ray Train would retry the error)."""
     train = settings.train
-    per_epoch = steps_per_epoch(manifest["windows_train"], train.batch_size)
+    per_epoch = steps_per_epoch(windows.train, train.batch_size)
     if per_epoch == 0:
         raise InputError(f"train.batch_size={train.batch_size}: the corpus has only "
-                         f"{manifest['windows_train']} training windows, fewer than one batch; "
+                         f"{windows.train} training windows, fewer than one batch; "
                          "lower train.batch_size or use a larger corpus")
     # model=hf keeps its embedding's rows (cli/inputs.py checked the tokenizer's ids fit them)
     model = replace(settings.model, vocab_size=settings.model.vocab_size or tokenizer.vocab_size)
@@ -85,17 +86,18 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: dict,
         read_embeddings(model.init_embeddings, model.vocab_size, model.n_embd)
     max_steps = train.epochs * per_epoch if train.epochs else train.max_steps
     spec = TrainSpec(model=model, optim=settings.optim, train=train, seed=settings.seed,
-                     tokenizer_json=tokenizer.to_json(), token_dtype=manifest["token_dtype"],
-                     chars_per_token=manifest["chars_per_token"], sampling=sampling,
+                     tokenizer_json=tokenizer.to_json(), token_dtype=manifest.token_dtype,
+                     chars_per_token=manifest.chars_per_token, sampling=sampling,
                      steps_per_epoch=per_epoch,
                      max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3),
-                     chat_template=manifest.get("chat", {}).get("template_text"))
-    return replace(spec, fingerprint=fingerprint(spec, manifest))
+                     chat_template=(manifest.chat or {}).get("template_text"))
+    return replace(spec, fingerprint=fingerprint(spec, manifest.to_json() | windows.to_json()))
 
 
-def fingerprint(spec: TrainSpec, manifest: dict) -> str:
-    """Runs that may continue each other's checkpoints: the same training on the same data."""
-    identity = asdict(spec) | {"data": manifest, "fingerprint": None, "s3": None}
+def fingerprint(spec: TrainSpec, data: dict) -> str:
+    """Runs that may continue each other's checkpoints: the same training on the same data (the
+    run's ``manifest.json``)."""
+    identity = asdict(spec) | {"data": data, "fingerprint": None, "s3": None}
     identity["train"] = {k: v for k, v in identity["train"].items() if k not in NOT_IN_FINGERPRINT}
     text = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -115,20 +117,20 @@ def samplings(settings: Settings) -> dict[str, Sampling]:
             "val": Sampling(block, d.val_stride or block)}
 
 
-def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: dict) -> dict:
-    """The run's windows on the ETL's chunks (``index``, ``manifest``), for the run's manifest: how
-    they are cut and how many each split has per epoch. One line when a split has none (a corpus
+def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: Manifest
+               ) -> RunWindows:
+    """The run's windows on the ETL's chunks (``index``, ``manifest``): how they are cut and how
+    many each split has per epoch. One line when a split has none (a corpus
     too small for the block)."""
     cut = samplings(settings)
     counts = {name: cut[name].windows(index[name]) for name in cut}
     if not (counts["train"] and counts["val"]):
         b, d = settings.model.block_size, settings.data
         needed = -(-(b + 1) // min(d.val_fraction, 1 - d.val_fraction))
-        raise InputError(f"data.path: the corpus {manifest['corpus']} has "
-                         f"{manifest['tokens']} tokens, giving {counts['train']} training "
+        raise InputError(f"data.path: the corpus {manifest.corpus} has "
+                         f"{manifest.tokens} tokens, giving {counts['train']} training "
                          f"and {counts['val']} validation windows of {b + 1} tokens; at least "
                          f"{int(needed)} tokens are needed: use a larger corpus or a smaller "
                          "model.block_size")
-    return {"block_size": cut["train"].block_size, "sampling": settings.data.sampling,
-            "stride": cut["train"].stride, "val_stride": cut["val"].stride,
-            "windows_train": counts["train"], "windows_val": counts["val"]}
+    return RunWindows(cut["train"].block_size, settings.data.sampling, cut["train"].stride,
+                      cut["val"].stride, counts["train"], counts["val"])

@@ -38,7 +38,7 @@ def etl(spark, tmp_path, *overrides):
     cfg = make_config(f"model.block_size={BLOCK}", f"data.path={tmp_path}", "data.format=chat",
                       "data.val_fraction=0.25", *overrides)
     out = _run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)), lambda *_: None)
-    out.windows = windows_of(cfg, out.index, out.manifest.to_json())
+    out.windows = windows_of(cfg, out.index, out.manifest).to_json()
     out.settings = cfg
     return out
 

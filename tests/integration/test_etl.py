@@ -35,7 +35,7 @@ def etl(spark, *overrides, block=BLOCK):
     manifest)."""
     cfg = make_config(f"model.block_size={block}", *overrides)
     out = run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)))
-    out.windows = windows_of(cfg, out.index, out.manifest.to_json())
+    out.windows = windows_of(cfg, out.index, out.manifest).to_json()
     out.settings = cfg
     return out
 

@@ -235,7 +235,7 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
     cfg = make_config(*data)
     single = prepare(
         cfg, check_inputs(cfg), tmp_path / "single", to_ray=False, store=CACHE_DIR
-    ).manifest
+    ).manifest.to_json()
 
     run_dir = tmp_path / "run"
     runs = f"s3://{BUCKET}/multinode/runs"

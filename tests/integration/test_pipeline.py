@@ -225,7 +225,7 @@ def _assert_spark_and_its_executors_are_up(data) -> None:
     import ray
     from pyspark import SparkContext
 
-    assert len(data.sources["val"].where) == data.manifest["chunks_val"]
+    assert len(data.sources["val"].where) == data.manifest.chunks_val
     assert SparkContext._active_spark_context is not None  # Spark is still running
     ui = (
         SparkContext._active_spark_context.uiWebUrl
@@ -301,7 +301,7 @@ def _chunks_outlive_spark(cfg, data, tmp_path) -> None:
     from raydp_llm.training.spec import samplings, windows_of
 
     assert not data.cache_hit and data.entry is None
-    m = data.manifest | windows_of(cfg, data.index, data.manifest)
+    m = data.manifest.to_json() | windows_of(cfg, data.index, data.manifest).to_json()
     for name, cut in samplings(cfg).items():  # Spark is stopped by now
         source = data.sources[name]
         assert isinstance(source, BlockChunks) and len(source.where) == m[f"chunks_{name}"]
@@ -321,10 +321,10 @@ def _assert_the_entry_is_whole(miss, key: str, cache_dir) -> None:
     """The entry's files: a chunk per row, a row group per chunk, no temporary name left."""
     entry = miss.entry
     assert entry == cache_dir / "fresh" / key and (entry / "manifest.json").is_file()
-    assert pq.read_table(entry / "train").num_rows == miss.manifest["chunks_train"]
+    assert pq.read_table(entry / "train").num_rows == miss.manifest.chunks_train
     # a worker reads a row group per chunk it needs: one chunk, or several short ones that together
     # hold less than one full chunk
-    full = (miss.manifest["chunk_tokens"] + miss.manifest["halo_tokens"]) * 2
+    full = (miss.manifest.chunk_tokens + miss.manifest.halo_tokens) * 2
     for f in (entry / "train").glob("*.parquet"):
         meta = pq.ParquetFile(f).metadata
         groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
@@ -393,8 +393,8 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
                           f"model.block_size={BLOCK}")
     hit = prepare(cfg_hit, corpus, tmp_path, to_ray=True, store=None)
     assert hit.cache_hit and "spark_start_s" not in hit.timings
-    assert len(hit.sources["train"].where) == miss.manifest["chunks_train"]
-    assert hit.manifest == json.loads((entry / "manifest.json").read_text())
+    assert len(hit.sources["train"].where) == miss.manifest.chunks_train
+    assert hit.manifest.to_json() == json.loads((entry / "manifest.json").read_text())
     assert hit.tokenizer.to_json() == miss.tokenizer.to_json()
     assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
 

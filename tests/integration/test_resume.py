@@ -79,8 +79,8 @@ def _assert_the_mlflow_run_continued(client, killed, runs, rows: list[dict], sum
 
 def _assert_which_checkpoint_a_run_resumes(cfg, data, overrides: list, runs, found: str) -> None:
     # train.resume=never ignores the checkpoint that auto found; a path names one.
-    manifest = data.manifest | windows_of(cfg, data.index, data.manifest)  # as the run's
-    spec = build_spec(cfg, data.tokenizer, manifest, samplings(cfg))
+    windows = windows_of(cfg, data.index, data.manifest)  # as the run's
+    spec = build_spec(cfg, data.tokenizer, data.manifest, windows, samplings(cfg))
     assert (
         resume_checkpoint(make_config(*overrides, "train.resume=never"), spec, runs / "new") is None
     )

@@ -28,8 +28,9 @@ from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data import arrow_reader
-from raydp_llm.data.etl.records import EtlPlan
+from raydp_llm.data.etl.records import EtlPlan, Manifest
 from raydp_llm.data.etl.run import run_etl
+from raydp_llm.data.stream import RunWindows
 from raydp_llm.engines.spark import spark_session
 from raydp_llm.training.metrics import read_metrics
 from raydp_llm.training.run import resume_checkpoint
@@ -288,7 +289,8 @@ def test_train_to_s3_resume_from_it_and_generate_from_it(ray_cluster, s3, corpus
     # a run whose last checkpoint is gone (as if it had been stopped after step 2) is.
     cfg = make_config(*overrides)
     manifest = json.loads((tmp_path / "first" / "manifest.json").read_text())
-    spec = build_spec(cfg, load_tokenizer(tmp_path / "first" / "model"), manifest, samplings(cfg))
+    spec = build_spec(cfg, load_tokenizer(tmp_path / "first" / "model"),
+                      Manifest.from_json(manifest), RunWindows.from_json(manifest), samplings(cfg))
     assert resume_checkpoint(cfg, spec, tmp_path / "next") is None
     for uri in (resumed["storage"], states[4]):
         fs.delete_dir(storage.resolve(uri, s3)[1])

@@ -9,7 +9,7 @@ stage needs another to name what it receives."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -210,7 +210,9 @@ class Manifest:
 
     @classmethod
     def from_json(cls, content: dict) -> Manifest:
-        return cls(**content)
+        """The ETL's manifest from ``manifest.json`` (a run's adds its windows: left out here)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in content.items() if k in names})
 
     def chunks(self, split: str) -> int:
         """The chunks of ``split`` (train or val)."""
