@@ -80,6 +80,19 @@ def resolve_template(setting: str | None, model_dir: str | None) -> ChatTemplate
     return found or ChatTemplate("chatml", None, CHATML)
 
 
+def template_for(data, model_path: str | None, tokenizer: object) -> ChatTemplate | None:
+    """The chat template that renders a chat ETL's conversations (``data.format=chat``, else
+    None): ``data.chat_template``'s, or the model's own (``model_path``), else the tokenizer
+    directory's, else chatml. Resolved once per ETL (``EtlPlan.of``)."""
+    if not data.chat:
+        return None
+    at = model_path or getattr(tokenizer, "path", None)
+    if at and Path(at).is_file():  # a tokenizer.json: its model directory keeps the template
+        at = str(Path(at).parent)
+    model_dir = at if at and Path(at).is_dir() else None
+    return resolve_template(data.chat_template, model_dir)
+
+
 def model_template(directory: str | Path, s3: S3Options = S3Options()) -> ChatTemplate | None:
     """A model directory's own template (local or ``s3://``: two small files read, not the model),
     if it has one: chat_template.jinja (what transformers 5 writes, and what a chat run here saves

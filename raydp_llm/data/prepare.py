@@ -27,7 +27,6 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl.formats import chat_template
 from raydp_llm.data.etl.handoff import to_object_store, to_parquet
 from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan, Manifest
@@ -90,7 +89,8 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
     (``from_spark``). Spark's driver log goes to ``out_dir``. One run at a time checks or builds a
     key (``cache.locked``). A ``data.query``'s key needs its input files, which Spark lists once it
     has planned the query: Spark starts first, and a cache hit skips only the ETL."""
-    job = Job(settings, corpus, etl_tokenizer(settings.tokenizer), None, out_dir)
+    job = Job(settings, EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer)), None,
+              out_dir)
     with contextlib.ExitStack() as kept:  # Spark's lifetime when cluster.keep_executors
         if settings.data.query is not None:
             data = _spark_etl(job, to_ray, store, kept)
@@ -111,8 +111,8 @@ def keyed(job: Job, keyable: bool, why_not: str) -> Job:
     """The job with its cache key, and the cache directory when ``data.cache`` and the inputs are
     ``keyable`` (else one line: the cache is not used, ``why_not``)."""
     data = job.settings.data
-    key = cache.cache_key(job.corpus, data, job.tokenizer, job.settings.seed,
-                          chat_key(job.settings, job.corpus, job.tokenizer))
+    plan = job.plan
+    key = cache.cache_key(plan.corpus, data, plan.tokenizer, job.settings.seed, chat_key(plan))
     if data.cache and not keyable:
         log.info("ETL cache not used: %s", why_not)
     cache_dir = Path(data.cache_dir) if data.cache and keyable else None
@@ -137,8 +137,7 @@ class Job:
     not looked up)."""
 
     settings: Settings
-    corpus: Corpus
-    tokenizer: object
+    plan: EtlPlan  # its corpus, its tokenizer settings, its chat template (resolved once)
     key: str | None
     out_dir: Path
     cache_dir: Path | None = None
@@ -192,8 +191,9 @@ def query_job(spark, job: Job, store: Path | None, held: contextlib.ExitStack) -
     """A query's job once Spark has planned it: its corpus (the input files' fingerprints), its key,
     and its key's lock taken into ``held``."""
     corpus = query_corpus(spark, job.settings.data)
-    job = keyed(replace(job, corpus=corpus), listed(corpus), "Spark cannot list the files "
-                "data.query reads (a view of no files, or a source that is not files)")
+    job = keyed(replace(job, plan=replace(job.plan, corpus=corpus)), listed(corpus),
+                "Spark cannot list the files data.query reads (a view of no files, or a source "
+                "that is not files)")
     lock_dir = job.cache_dir or store
     if lock_dir:
         held.enter_context(cache.locked(lock_dir, job.key))
@@ -204,7 +204,7 @@ def _run_in_spark(spark, job: Job, to_ray: bool, store: Path | None,
                   progress: PhaseBar) -> _SparkRun:
     """The ETL, and its chunks staged in ``store`` or handed to Ray, while Spark runs."""
     etl_clock = Stopwatch()
-    plan = EtlPlan.of(job.settings, job.corpus, job.tokenizer)
+    plan = job.plan
     out = _run_etl(spark, plan, progress.done)
     # the data's fingerprint: its inputs and every setting the ETL read (the cache key); in
     # the cache entry's manifest too, where a cache hit reads it back
@@ -214,7 +214,7 @@ def _run_in_spark(spark, job: Job, to_ray: bool, store: Path | None,
         staged = _phase(out, "write", progress, lambda: to_parquet(out, store, job.key))
     if to_ray and not store:
         sources = _phase(out, "convert", progress, lambda: to_object_store(out))
-    check_unchanged(job.corpus, plan.s3)  # every pass read the same inputs
+    check_unchanged(plan.corpus, plan.s3)  # every pass read the same inputs
     return _SparkRun(out, staged, sources, etl_clock)
 
 
@@ -301,11 +301,10 @@ def input_error(err: Exception) -> InputError | None:
     return None if message is None else InputError(message)
 
 
-def chat_key(settings: Settings, corpus: Corpus, tokenizer: object) -> dict | None:
+def chat_key(plan: EtlPlan) -> dict | None:
     """What a chat ETL reads beyond ``data``: the record (``model.block_size + 1``) and the
     template's text (a model's, or a file's), for the cache key; None for other formats."""
-    plan = EtlPlan.of(settings, corpus, tokenizer)
-    template = chat_template(plan)
+    template = plan.chat_template
     if template is None:
         return None
     return {"block_size": plan.block_size, "template": template.text,

@@ -121,6 +121,7 @@ def test_cache_key_holds_the_record_and_template_for_chat_alone(tmp_path):
     from helpers.configs import make_config
     from raydp_llm.data.cache import cache_key
     from raydp_llm.data.corpus import Corpus
+    from raydp_llm.data.etl.records import EtlPlan
     from raydp_llm.data.prepare import chat_key, etl_tokenizer
 
     corpus = Corpus([], False, "chat")
@@ -128,10 +129,11 @@ def test_cache_key_holds_the_record_and_template_for_chat_alone(tmp_path):
     def key(*overrides):
         cfg = make_config(*overrides)
         tokenizer = etl_tokenizer(cfg.tokenizer)
-        return cache_key(corpus, cfg.data, tokenizer, cfg.seed, chat_key(cfg, corpus, tokenizer))
+        plan = EtlPlan.of(cfg, corpus, tokenizer)
+        return cache_key(corpus, cfg.data, tokenizer, cfg.seed, chat_key(plan))
 
     plain = make_config()
-    assert chat_key(plain, corpus, etl_tokenizer(plain.tokenizer)) is None
+    assert chat_key(EtlPlan.of(plain, corpus, etl_tokenizer(plain.tokenizer))) is None
     assert key("model.block_size=32") == key("model.block_size=64")  # text: windows when read
     chat = ("data.format=chat",)
     assert key(*chat, "model.block_size=32") != key(*chat, "model.block_size=64")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -14,10 +13,10 @@ from pyspark.sql import functions as F
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import jsonl
-from raydp_llm.data.chat import ChatTemplate, Renderer, resolve_template
+from raydp_llm.data.chat import ChatTemplate, Renderer
 from raydp_llm.data.corpus import hadoop_literal
 from raydp_llm.data.etl import query
-from raydp_llm.data.etl.records import EtlPlan, FileStats
+from raydp_llm.data.etl.records import FileStats
 
 log = logging.getLogger(__name__)
 
@@ -158,19 +157,6 @@ class ChatReader(TextReader):
             raise ValueError("the chat reader renders with a template: pass it to parse")
         render = Renderer(template, data.messages_column, data.prompt_column, data.response_column)
         return lines.mapInArrow(render, "src string, block long, text binary")
-
-
-def chat_template(plan: EtlPlan) -> ChatTemplate | None:
-    """The chat template that renders ``plan``'s conversations (``data.format=chat``): the model's
-    (``model_path``), else the tokenizer's directory's, else ``data.chat_template``'s; None for
-    other formats."""
-    if not reader_for(plan.data).chat:
-        return None
-    at = plan.model_path or getattr(plan.tokenizer, "path", None)
-    if at and Path(at).is_file():  # a tokenizer.json: its model directory keeps the template
-        at = str(Path(at).parent)
-    model_dir = at if at and Path(at).is_dir() else None
-    return resolve_template(plan.data.chat_template, model_dir)
 
 
 def chat_columns(columns: list[str], data: DataSettings, name: str) -> list[str]:

@@ -19,6 +19,7 @@ from raydp_llm.core.config import DataSettings, Settings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data import jsonl
+from raydp_llm.data.chat import ChatTemplate, template_for
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.stream import ChunkIndex
 
@@ -32,9 +33,8 @@ class EtlPlan:
     """What the ETL builds: the token stream of ``corpus`` in chunks, read and split as ``data``
     says, tokenized with ``tokenizer`` (settings, or a ``SavedTokenizer``), split with ``seed``;
     ``s3`` reaches ``s3://`` inputs. No window setting: windows are cut when read, but for chat
-    (``data.format=chat``), whose records are ``block_size + 1`` tokens; ``model_path``: the model
-    whose chat template renders the conversations (else the tokenizer's directory, else chatml:
-    ``formats.chat_template``)."""
+    (``data.format=chat``), whose records are ``block_size + 1`` tokens, rendered with
+    ``chat_template``."""
 
     corpus: Corpus
     data: DataSettings
@@ -42,14 +42,16 @@ class EtlPlan:
     seed: int
     s3: S3Options = S3Options()
     block_size: int | None = None
-    model_path: str | None = None
+    chat_template: ChatTemplate | None = None  # data.format=chat: what renders the conversations
 
     @classmethod
     def of(cls, settings: Settings, corpus: Corpus, tokenizer: object = None) -> EtlPlan:
-        """The plan a run's settings make (``tokenizer`` instead of ``settings.tokenizer``)."""
-        return cls(corpus, settings.data, tokenizer or settings.tokenizer, settings.seed,
-                   S3Options.of(settings.s3), getattr(settings.model, "block_size", None),
-                   getattr(settings.model, "path", None))
+        """The plan a run's settings make (``tokenizer`` instead of ``settings.tokenizer``), its
+        chat template resolved once (``chat.template_for``)."""
+        tokenizer = tokenizer or settings.tokenizer
+        template = template_for(settings.data, getattr(settings.model, "path", None), tokenizer)
+        return cls(corpus, settings.data, tokenizer, settings.seed, S3Options.of(settings.s3),
+                   getattr(settings.model, "block_size", None), template)
 
 
 @dataclass

@@ -38,7 +38,7 @@ from raydp_llm.data.etl.checks import check_scanned
 from raydp_llm.data.etl.chunks import cut_chunks, lay_out
 from raydp_llm.data.etl.curation import contamination, curate
 from raydp_llm.data.etl.encode import Encoding
-from raydp_llm.data.etl.formats import chat_template, reader_for
+from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.manifest import build_manifest
 from raydp_llm.data.etl.read import documents, read_lines
 from raydp_llm.data.etl.records import Encoded, EtlOutput, EtlPlan, Scanned
@@ -89,7 +89,7 @@ def read_and_check(spark: SparkSession, plan: EtlPlan) -> Scanned:
     corpus, data = plan.corpus, plan.data
     reader = reader_for(data)
     read = read_lines(spark, corpus, data, plan.s3)
-    lines = documents(read, corpus, data, chat_template(plan))
+    lines = documents(read, corpus, data, plan.chat_template)
     want_charset = plan.tokenizer.kind == "char" and not reader.token_ids
     files = scan_files(lines, want_charset=want_charset, id_file=reader.token_ids)
     return check_scanned(read, lines, files, plan)
@@ -109,7 +109,7 @@ def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:
     dropped for having none) and the flag bytes each stored token pays."""
     d = plan.data
     flags = chat_tokens.DTYPE.itemsize - encoding.tokenizer.token_dtype.itemsize
-    return {**chat_template(plan).manifest(), "train_on": d.train_on, "packing": d.packing,
+    return {**plan.chat_template.manifest(), "train_on": d.train_on, "packing": d.packing,
             "overlong": d.overlong, "record_tokens": plan.block_size + 1,
             **chat_counts(encoded.pieces), "flag_bytes_per_token": flags}
 
