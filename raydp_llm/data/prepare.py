@@ -89,7 +89,7 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
     (``from_spark``). Spark's driver log goes to ``out_dir``. One run at a time checks or builds a
     key (``cache.locked``). A ``data.query``'s key needs its input files, which Spark lists once it
     has planned the query: Spark starts first, and a cache hit skips only the ETL."""
-    job = Job(settings, EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer)), None,
+    job = EtlJob(settings, EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer)), None,
               out_dir)
     with contextlib.ExitStack() as kept:  # Spark's lifetime when cluster.keep_executors
         if settings.data.query is not None:
@@ -107,7 +107,7 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
         yield data
 
 
-def keyed(job: Job, keyable: bool, why_not: str) -> Job:
+def keyed(job: EtlJob, keyable: bool, why_not: str) -> EtlJob:
     """The job with its cache key, and the cache directory when ``data.cache`` and the inputs are
     ``keyable`` (else one line: the cache is not used, ``why_not``)."""
     data = job.settings.data
@@ -131,7 +131,7 @@ def _from_cache(entry: Path, out_dir: Path, to_ray: bool,
 
 
 @dataclass(frozen=True)
-class Job:
+class EtlJob:
     """What a Spark ETL runs on: the settings, the corpus, the tokenizer settings, the cache key
     (None for a query until Spark has planned it), the run directory, the cache directory (None:
     not looked up)."""
@@ -154,7 +154,7 @@ class _SparkRun:
 
 
 def _spark_etl(
-    job: Job, to_ray: bool, store: Path | None, kept: contextlib.ExitStack
+    job: EtlJob, to_ray: bool, store: Path | None, kept: contextlib.ExitStack
 ) -> PreparedData:
     """Spark's part of ``prepared``: start Spark, run the ETL, stage the cache entry or hand the
     chunks to Ray; then Spark's stats, and the entry committed with them. A query's cache lock is
@@ -187,7 +187,7 @@ def _phases(settings: Settings, to_ray: bool, store: Path | None) -> list[str]:
     return phases
 
 
-def query_job(spark, job: Job, store: Path | None, held: contextlib.ExitStack) -> Job:
+def query_job(spark, job: EtlJob, store: Path | None, held: contextlib.ExitStack) -> EtlJob:
     """A query's job once Spark has planned it: its corpus (the input files' fingerprints), its key,
     and its key's lock taken into ``held``."""
     corpus = query_corpus(spark, job.settings.data)
@@ -200,7 +200,7 @@ def query_job(spark, job: Job, store: Path | None, held: contextlib.ExitStack) -
     return job
 
 
-def _run_in_spark(spark, job: Job, to_ray: bool, store: Path | None,
+def _run_in_spark(spark, job: EtlJob, to_ray: bool, store: Path | None,
                   progress: PhaseBar) -> _SparkRun:
     """The ETL, and its chunks staged in ``store`` or handed to Ray, while Spark runs."""
     etl_clock = Stopwatch()
@@ -218,7 +218,7 @@ def _run_in_spark(spark, job: Job, to_ray: bool, store: Path | None,
     return _SparkRun(out, staged, sources, etl_clock)
 
 
-def _after_spark(job: Job, run: _SparkRun, timings: dict, to_ray: bool) -> PreparedData:
+def _after_spark(job: EtlJob, run: _SparkRun, timings: dict, to_ray: bool) -> PreparedData:
     """Once Spark has stopped: the ETL's report, Spark's stats (its event log), the cache entry
     committed with them."""
     out, sources = run.out, run.sources

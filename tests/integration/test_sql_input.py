@@ -22,7 +22,7 @@ from raydp_llm.data import cache
 from raydp_llm.data.etl.query import query_corpus
 from raydp_llm.data.etl.records import EtlPlan
 from raydp_llm.data.etl.run import run_etl
-from raydp_llm.data.prepare import Job, etl_tokenizer, query_job
+from raydp_llm.data.prepare import EtlJob, etl_tokenizer, query_job
 from raydp_llm.engines.spark import METASTORE_DIR, WAREHOUSE_DIR
 
 pytestmark = pytest.mark.integration
@@ -120,7 +120,7 @@ def test_the_cache_key_holds_the_query_and_its_input_files(spark, tmp_path):
 def test_a_query_without_files_to_list_is_not_cached_with_one_line(spark, tmp_path, caplog):
     cfg = make_config(*sql("SELECT concat('document ', id) AS text FROM range(50)"),
                       f"data.cache_dir={tmp_path}")
-    job = Job(cfg, EtlPlan.of(cfg, None, etl_tokenizer(cfg.tokenizer)), None, tmp_path)
+    job = EtlJob(cfg, EtlPlan.of(cfg, None, etl_tokenizer(cfg.tokenizer)), None, tmp_path)
     with caplog.at_level(logging.INFO), contextlib.ExitStack() as held:
         job = query_job(spark, job, None, held)
     assert job.cache_dir is None and job.key
