@@ -50,6 +50,11 @@ def ray_session(cfg: ClusterSettings, run_name: str) -> Iterator[None]:
     # Ray Train's controller polls its workers every 2 s by default: a run's end (and a lost
     # worker) is noticed up to 2 s late; 0.5 s took 4 s off each run's stop on 2 cores.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    if cfg.address == "local":
+        # Ray Train's preemption watcher (one more actor, over a second of CPU, started while the
+        # first steps run) waits for a cloud's notice that a node is going away: the embedded
+        # Ray's one node is this machine, which gets none.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     kwargs = dict(
         namespace=NAMESPACE,
         job_config=JobConfig(
