@@ -16,9 +16,10 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, samplings, write_json
+from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.training import runs, sharded, tracking
 from raydp_llm.training.checkpoint import export_model_dir, load_model_dir
-from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases
+from raydp_llm.training.fit import FitResult, Launch, started, startup_phases, startup_timeline
 from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
@@ -98,10 +99,17 @@ class Job:
 
 def train(settings: Settings, corpus, job: Job, session: JobSession) -> Trained:
     """The ETL (or its cache), then training, on the running Ray; the model into ``model/``;
-    seconds per phase into the session's ``timings``."""
+    seconds per phase into the session's ``timings``. Ray Train's worker group starts now, beside
+    Spark and the ETL, when the cluster holds both (``fits_beside_spark``), else once the data is
+    there; its workers wait for their spec and data (``StartedFit.train``)."""
     out_dir, record = job.out_dir, job.record
     run_storage = settings.train.storage_path or str(out_dir / "ray_results")
-    with session.prepared(corpus, out_dir, to_ray=True) as data:
+    launch = Launch(out_dir, run_storage, settings.cluster.placement,
+                    on_metrics=job.tracker.log_row)
+    with (started(settings.train, S3Options.of(settings.s3), job.run_name, launch,
+                  now=fits_beside_spark(settings.cluster, settings.train)) as run_fit,
+          session.prepared(corpus, out_dir, to_ray=True) as data):
+        run_fit.mark("data_ready")
         write_json(out_dir / "manifest.json", data.manifest)
         spec = build_spec(settings, data.tokenizer, data.manifest, samplings(settings))
         record.resumed_from = resume_checkpoint(settings, spec, out_dir)
@@ -113,13 +121,9 @@ def train(settings: Settings, corpus, job: Job, session: JobSession) -> Trained:
             spec.s3,
         )
         with timed(session.timings, "train_s"), keeper.beating():
-            outcome = fit(
-                spec,
-                RunContext(job.run_name, resume_from=record.resumed_from),
-                {name: (data.sources[name], data.index[name]) for name in data.index},
-                Launch(out_dir, run_storage, settings.cluster.placement,
-                       on_metrics=job.tracker.log_row),
-            )
+            outcome = run_fit.train(
+                spec, {name: (data.sources[name], data.index[name]) for name in data.index},
+                record.resumed_from)
             keeper.finish("diverged" if outcome.diverged else "finished")
         if outcome.diverged is None:
             storage.retried(lambda: _export(outcome.checkpoint, out_dir / "model", spec), spec.s3)
@@ -128,14 +132,32 @@ def train(settings: Settings, corpus, job: Job, session: JobSession) -> Trained:
 
 
 def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
-    """Where the seconds before the first step (and after the last) went, phase by phase."""
+    """Where the seconds before the first step (and after the last) went, phase by phase, and
+    ``timeline``: when each phase ran, ``[start, end]`` in seconds after the command's start (the
+    worker group's start runs beside Spark and the ETL: ``overlapped_s`` of it)."""
     phases = {"python_start_s": started["run"] - started["command"],
               "ray_start_s": timings["ray_start_s"], "spark_start_s": timings.get("spark_start_s"),
               "etl_s": timings["etl_s"]}
     phases |= startup_phases(outcome.marks)
     if "first_step" in outcome.marks:
         phases["command_to_first_step_s"] = outcome.marks["first_step"] - started["command"]
-    return {k: v if v is None else round(v, 2) for k, v in phases.items()}
+    phases = {k: v if v is None else round(v, 2) for k, v in phases.items()}
+    return phases | {"timeline": timeline(started, timings, outcome.marks)}
+
+
+def timeline(started: dict, timings: dict, marks: dict) -> dict:
+    """``[start, end]`` of each start-up phase, in seconds after the command's start: the
+    driver's from its timings (the ETL ends when the driver has the data, Spark's start precedes
+    it), Ray Train's from its marks (``fit.startup_timeline``)."""
+    origin, ray_up = started["command"], started["run"] + timings["ray_start_s"]
+    spans = {"python_start": [origin, started["run"]], "ray_start": [started["run"], ray_up]}
+    if "data_ready" in marks:
+        etl_start = marks["data_ready"] - timings["etl_s"]
+        if timings.get("spark_start_s") is not None:
+            spans["spark_start"] = [etl_start - timings["spark_start_s"], etl_start]
+        spans["etl"] = [etl_start, marks["data_ready"]]
+    spans = {name: [round(t - origin, 2) for t in span] for name, span in spans.items()}
+    return spans | startup_timeline(marks, origin)
 
 
 def _export(checkpoint, directory: Path, spec: TrainSpec) -> None:
