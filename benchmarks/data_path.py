@@ -173,7 +173,7 @@ def main() -> None:
                   f"{r['read_through_s']:.2f} |")
     if args.startup:
         rows = startup(args.corpus)
-        keys = [k for k in rows[0] if k != "run"]
+        keys = [k for k in rows[0] if k != "run" and not isinstance(rows[0][k], dict)]
         print("\n| run | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
         for r in rows:
             print(f"| {r['run']} | " + " | ".join(

@@ -20,14 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 
 from raydp_llm.checkpoint.layout import (
     SHARDS,
@@ -51,9 +43,19 @@ def _lora(model: LanguageModel) -> bool:
     return isinstance(model, HFModel) and has_adapters(model.net)
 
 
-def _options(model: LanguageModel) -> StateDictOptions:
+def _dcp():
+    """``torch.distributed.checkpoint`` and its state-dict helpers, imported when a sharded
+    checkpoint is written or read: they import FSDP and DTensor, over a second of CPU that every
+    worker and the driver would spend at start for runs that never shard."""
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.state_dict as state_dict
+
+    return dcp, state_dict
+
+
+def _options(model: LanguageModel):
     """LoRA: the frozen base is left out of the state (strict off: it is not loaded either)."""
-    return StateDictOptions(ignore_frozen_params=_lora(model), strict=not _lora(model))
+    return _dcp()[1].StateDictOptions(ignore_frozen_params=_lora(model), strict=not _lora(model))
 
 
 def _trained(model: LanguageModel, state: dict) -> dict:
@@ -74,7 +76,8 @@ def save(directory: Path, model: LanguageModel, tokenizer: Tokenizer, optimizer,
     """This worker's part of a sharded checkpoint at ``state`` into ``directory`` (every worker
     calls it at once: DCP plans the save together)."""
     directory = Path(directory)
-    model_state, optim_state = get_state_dict(model, optimizer, options=_options(model))
+    dcp, sd = _dcp()
+    model_state, optim_state = sd.get_state_dict(model, optimizer, options=_options(model))
     dcp.save({"model": _trained(model, model_state), "optim": optim_state},
              checkpoint_id=directory / SHARDS, no_dist=not dist.is_initialized())
     if _rank() == 0:
@@ -96,11 +99,11 @@ def load(directory: Path, model: LanguageModel, optimizer) -> TrainState:
     (resharded for this number of workers), and the RNG; returns its state."""
     directory = Path(directory)
     check_complete(directory)
-    options = _options(model)
-    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    options, (dcp, sd) = _options(model), _dcp()
+    model_state, optim_state = sd.get_state_dict(model, optimizer, options=options)
     both = {"model": _trained(model, model_state), "optim": optim_state}
     dcp.load(both, checkpoint_id=directory / SHARDS, no_dist=not dist.is_initialized())
-    set_state_dict(model, optimizer, model_state_dict=both["model"],
+    sd.set_state_dict(model, optimizer, model_state_dict=both["model"],
                    optim_state_dict=both["optim"], options=options)
     torch.set_rng_state(torch.load(directory / STATE_TENSORS, weights_only=True)["torch_rng"])
     return TrainState.from_json(json.loads((directory / STATE_JSON).read_text()))
@@ -114,10 +117,10 @@ def export(checkpoint_dir: Path, directory: Path, cfg: ModelConfig, tokenizer: T
     merge."""
     check_complete(checkpoint_dir)
     model = build_model(cfg, s3)
-    options = _options(model)
-    trained = {"model": _trained(model, get_model_state_dict(model, options=options))}
+    options, (dcp, sd) = _options(model), _dcp()
+    trained = {"model": _trained(model, sd.get_model_state_dict(model, options=options))}
     dcp.load(trained, checkpoint_id=Path(checkpoint_dir) / SHARDS, no_dist=True)
-    set_model_state_dict(model, trained["model"], options=options)
+    sd.set_model_state_dict(model, trained["model"], options=options)
     with whole_or_absent(directory) as tmp:
         if _lora(model):
             save_adapter(model.net, tmp / ADAPTER_DIR)

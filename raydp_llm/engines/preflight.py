@@ -8,6 +8,7 @@ embedded Ray before it starts.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -40,6 +41,16 @@ def check_cpus(cluster: ClusterSettings, train: TrainSettings) -> None:
         )
         raise InputError(f"the Ray cluster has {have:g} CPUs but the job needs {need:g}: "
                          f"{formula}; {fix}")
+
+
+def fits_beside_spark(cluster: ClusterSettings, train: TrainSettings) -> bool:
+    """Whether the running cluster holds the DDP workers while Spark's executors hold theirs, and a
+    CPU more: then Ray Train's worker group starts beside Spark and the ETL (training/fit.py,
+    ``started``), else once Spark has stopped (a group that cannot be placed would time out).
+    The CPU more is for the Ray tasks that run beside Spark (from_spark's fetches, Ray Data's
+    metadata tasks): the waiting workers hold theirs, and the hand-off must not wait for them."""
+    need, _ = cpus_needed(replace(cluster, keep_executors=True), train)
+    return ray.cluster_resources().get("CPU", 0) >= need + 1
 
 
 def check_workers_fit(t: TrainSettings) -> None:

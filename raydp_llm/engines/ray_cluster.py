@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import warnings
 from pathlib import Path
@@ -29,10 +30,11 @@ NAMESPACE = "raydp_llm"
 
 
 @contextlib.contextmanager
-def ray_session(cfg: ClusterSettings, run_name: str) -> Iterator[None]:
+def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) -> Iterator[None]:
     """Start an embedded Ray (``address: local``) or connect to ``address``; shut down on exit. The
     console gets the dashboard's URL and how to get in; the driver job carries ``run_name`` in its
-    metadata.
+    metadata. An embedded Ray counts ``waiting_cpus`` on top of the machine's cores
+    (``embedded_cpus``) unless ``cluster.num_cpus`` says how many.
 
     If Ray is already initialised in this process (tests, sweeps) it is reused and left running.
     """
@@ -50,6 +52,11 @@ def ray_session(cfg: ClusterSettings, run_name: str) -> Iterator[None]:
     # Ray Train's controller polls its workers every 2 s by default: a run's end (and a lost
     # worker) is noticed up to 2 s late; 0.5 s took 4 s off each run's stop on 2 cores.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    if cfg.address == "local":
+        # Ray Train's preemption watcher (one more actor, over a second of CPU, started while the
+        # first steps run) waits for a cloud's notice that a node is going away: the embedded
+        # Ray's one node is this machine, which gets none.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     kwargs = dict(
         namespace=NAMESPACE,
         job_config=JobConfig(
@@ -60,7 +67,7 @@ def ray_session(cfg: ClusterSettings, run_name: str) -> Iterator[None]:
     )
     if cfg.address == "local":
         kwargs.update(
-            num_cpus=cfg.num_cpus,
+            num_cpus=cfg.num_cpus or embedded_cpus(waiting_cpus),
             object_store_memory=cfg.object_store_mb * 1024 * 1024 if cfg.object_store_mb else None,
             include_dashboard=cfg.dashboard,
             dashboard_host=cfg.dashboard_host,
@@ -78,6 +85,18 @@ def ray_session(cfg: ClusterSettings, run_name: str) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def embedded_cpus(waiting_cpus: float) -> int:
+    """The embedded Ray's logical CPUs: the machine's cores (as Ray counts them: cgroup limits
+    too), plus ``waiting_cpus``, those of the DDP workers of a training job. The worker group
+    starts while Spark's executors hold their CPUs (training/fit.py, ``started``); until the ETL
+    is done its workers only wait for their data, so their CPUs are counted twice rather than
+    taken from Spark and the Ray tasks beside it, which keep the room they had. Once training
+    starts, Spark has stopped and given its CPUs back."""
+    from ray._private.utils import get_num_cpus
+
+    return get_num_cpus() + math.ceil(waiting_cpus)
 
 
 # Ray's helper processes (Python) that poll on a timer: the dashboard (its head and modules), the

@@ -47,7 +47,6 @@ def spark_session(
     ensure_java()
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
     _driver_environment(cfg, configs)
-    cpus_before = ray.available_resources().get("CPU", 0.0)
     placement = executor_placement_group(cfg)
     init = dict(
         app_name=app_name,
@@ -58,6 +57,7 @@ def spark_session(
         placement_group=placement,
         configs=configs,
     )
+    registered = False
     try:
         spark = _init_spark(init, cfg.verbose, log_dir)
         spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
@@ -67,10 +67,13 @@ def spark_session(
         # meanwhile the executors register.
         warm_up = _python_worker_job(spark, cfg.executors * cfg.executor_cores)
         _wait_for_executors(spark, cfg.executors)
+        registered = True
         warm_up.collect()  # one job; count() would add a shuffle and a second job
         warn_unknown_settings(spark, cfg.spark_conf or {})
         yield spark
     finally:
+        # executors that never all registered are not waited for: the job is failing anyway
+        cpus_after = _cpus_without_executors(cfg) if registered else 0.0
         try:
             raydp.stop_spark()
         except Exception as err:  # an interrupted py4j call can leave the gateway unusable
@@ -79,7 +82,7 @@ def spark_session(
         _stop_driver_jvm()
         if placement is not None:
             ray.util.remove_placement_group(placement)
-        _wait_for_cpus(cpus_before)
+        _wait_for_cpus(cpus_after)
 
 
 FETCH_MEMORY_KEY = "spark.ray.raydp_recoverable_fetch.task.resource.memory"
@@ -350,6 +353,15 @@ def _stop_driver_jvm() -> None:
             proc.kill()
     SparkContext._gateway = None
     SparkContext._jvm = None
+
+
+def _cpus_without_executors(cfg: ClusterSettings) -> float:
+    """The CPUs Ray will have free once the executors are gone: those free now and theirs. Counted
+    from now, not from before Spark started: Ray Train's workers may have taken CPUs since (they
+    start beside the ETL), and would never give them back to a wait for the earlier figure."""
+    total = ray.cluster_resources().get("CPU", 0.0)
+    free = ray.available_resources().get("CPU", 0.0)
+    return min(total, free + cfg.executors * cfg.executor_ray_cpus)
 
 
 def _wait_for_cpus(cpus: float, timeout_s: float = 60.0) -> None:

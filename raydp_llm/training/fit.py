@@ -1,21 +1,31 @@
 """Training, the driver's side: a Ray Train ``TorchTrainer`` runs ``loop.train_loop`` on every DDP
 worker, while the driver follows it (progress.py) and its callbacks write the run's metrics
-(metrics.py)."""
+(metrics.py).
+
+The worker group starts before its data exists (``started``): Ray Train's ``fit`` runs in a thread
+of the driver from when Ray is up, so that the group's start (Ray Train's actors, the workers'
+imports, the process group) runs beside Spark's start and the ETL; the workers then wait for their
+spec and data (handoff.py) until ``StartedFit.train`` delivers them. ``fit`` is the same, started
+once the data is there.
+"""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
+from ray.train.v2._internal.execution.callback import ControllerCallback
 
-from raydp_llm.core.storage import resolve
+from raydp_llm.core.config import TrainSettings
+from raydp_llm.core.storage import S3Options, resolve
+from raydp_llm.training.handoff import Delivery, Handoff
 from raydp_llm.training.loop import RunContext, train_loop
 from raydp_llm.training.metrics import MetricsWriter, RestartRecorder, read_divergence, read_events
 from raydp_llm.training.progress import ProgressBoard, TrainingProgress
@@ -26,7 +36,7 @@ from raydp_llm.training.spec import TrainSpec
 class Launch:
     """Where the driver runs the workers and keeps what they make: checkpoints in ``storage`` (a
     directory or s3://), metrics in ``out_dir``, workers placed by ``placement`` (PACK when None).
-    Their number, GPUs and how many losses a run survives are the spec's ``train`` settings."""
+    Their number, GPUs and how many losses a run survives are the ``train`` settings."""
 
     out_dir: Path
     storage: str
@@ -41,37 +51,68 @@ class FitResult:
         dict | None
     )  # {"step", "what", "last_checkpoint"} when the run diverged (metrics.read_divergence)
     restarts: int  # worker-group restarts after lost workers
-    resumed_from: str | None  # the checkpoint the run started from (RunContext.resume_from)
-    marks: dict  # when (time.time()) fit began and ended, and rank 0 reached each start-up mark
+    resumed_from: str | None  # the checkpoint the run started from (Delivery.resume_from)
+    # when (time.time()) the group was launched ("fit"), the driver had its data ("data_ready")
+    # and handed it over ("delivered"), rank 0 reached each start-up mark, and fit returned
+    marks: dict
+
+
+# Each start-up phase of Ray Train's, between two marks (FitResult.marks)
+STARTUP_SPANS = {
+    "train_group_start_s": ("fit", "loop_start"),  # Ray Train's actors, imports, process group
+    "data_wait_s": ("loop_start", "data"),  # the workers, started, wait for the ETL
+    "worker_setup_s": ("data", "worker_ready"),  # model, optimizer, checkpoint
+    "first_step_s": ("worker_ready", "first_step"),
+    "train_group_stop_s": ("last_step", "fit_end"),
+}
 
 
 def startup_phases(marks: dict) -> dict:
-    """Seconds of each phase of Ray Train's start and stop, from ``FitResult.marks``: the worker
-    group's start (fit called → train loop entered), the worker's set-up (model, optimizer,
-    checkpoint), the first step, and the stop (last step → fit returned)."""
-    spans = {"train_group_start_s": ("fit", "loop_start"),
-             "worker_setup_s": ("loop_start", "worker_ready"),
-             "first_step_s": ("worker_ready", "first_step"),
-             "train_group_stop_s": ("last_step", "fit_end")}
-    return {name: round(marks[b] - marks[a], 3) for name, (a, b) in spans.items()
-            if a in marks and b in marks}
+    """Seconds of each phase of Ray Train's start and stop, from ``FitResult.marks``
+    (``STARTUP_SPANS``; a phase that ended before it began, as the wait for data that came first,
+    is 0), and ``overlapped_s``: the seconds of the group's start that ran before the driver had
+    its data, beside Spark and the ETL."""
+    phases = {name: round(max(0.0, marks[b] - marks[a]), 3)
+              for name, (a, b) in STARTUP_SPANS.items() if a in marks and b in marks}
+    if {"fit", "loop_start", "data_ready"} <= marks.keys():
+        ahead = min(marks["loop_start"], marks["data_ready"]) - marks["fit"]
+        phases["overlapped_s"] = round(max(0.0, ahead), 3)
+    return phases
 
 
-def torch_trainer(spec: TrainSpec, run: RunContext, data: dict, launch: Launch,
+def startup_timeline(marks: dict, origin: float) -> dict:
+    """When each of Ray Train's start-up phases ran: ``[start, end]`` in seconds after
+    ``origin`` (a ``time.time()``: the command's start), for those whose marks were reached."""
+    return {name.removesuffix("_s"): [round(marks[a] - origin, 2), round(marks[b] - origin, 2)]
+            for name, (a, b) in STARTUP_SPANS.items() if a in marks and b in marks}
+
+
+class ControllerHandle(ControllerCallback):
+    """Ray Train's controller posts its own handle to the run's hand-off once it runs, for the
+    driver to abort the run (``StartedFit.abort``)."""
+
+    def __init__(self, handoff):
+        self.handoff = handoff
+
+    def after_controller_start(self, train_run_context) -> None:
+        self.handoff.set_controller.remote(ray.get_runtime_context().current_actor)
+
+
+def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: Launch,
                   recorder: MetricsWriter) -> TorchTrainer:
-    """Ray Train's trainer of ``train_loop``: the workers as the spec's ``train`` settings say,
-    checkpoints into ``launch.storage/<run>/``, ``recorder`` writing the metrics."""
-    filesystem, storage_path = resolve(launch.storage, spec.s3)
-    train = spec.train
+    """Ray Train's trainer of ``train_loop``: the workers as the ``train`` settings say,
+    checkpoints into ``launch.storage/<run>/``, ``recorder`` writing the metrics, the controller's
+    handle posted to the run's hand-off."""
+    filesystem, storage_path = resolve(launch.storage, s3)
     workers = (train.min_workers, train.num_workers) if train.min_workers else train.num_workers
     return TorchTrainer(
         train_loop,
-        train_loop_config={"spec": spec, "run": run, "data": data},
+        train_loop_config={"run": run},  # the spec and the data come through run.handoff
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=train.use_gpu,
             placement_strategy=launch.placement or "PACK",
-            resources_per_worker={"CPU": spec.train.cpus_per_worker},
+            resources_per_worker={"CPU": train.cpus_per_worker},
         ),
         run_config=RunConfig(
             name=run.run_name,
@@ -79,36 +120,122 @@ def torch_trainer(spec: TrainSpec, run: RunContext, data: dict, launch: Launch,
             storage_filesystem=filesystem,
             checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
             failure_config=FailureConfig(max_failures=train.max_failures),
-            callbacks=[recorder, RestartRecorder(recorder)],
+            callbacks=[recorder, RestartRecorder(recorder), ControllerHandle(run.handoff)],
         ),
     )
 
 
+class StartedFit:
+    """A Ray Train run whose workers wait for their data: ``start`` runs ``trainer.fit`` in a
+    thread (Ray Train installs its SIGINT handler from the main thread only, so the driver aborts
+    the run itself: ``abort``); ``train`` hands the workers their spec and data (starting the run
+    if it was not yet) and follows the run to its end."""
+
+    def __init__(self, train: TrainSettings, s3: S3Options, run_name: str, launch: Launch):
+        self.launch, self.aborted = launch, False
+        self.run = RunContext(run_name, ProgressBoard.remote(), handoff=Handoff.remote())
+        self.marks: dict = {}
+        self.trainer = torch_trainer(train, s3, self.run, launch, MetricsWriter(launch.out_dir))
+        self.outcome = None  # fit's Result, or what it raised
+        self.thread = threading.Thread(target=self._fit, name="ray-train-fit", daemon=True)
+
+    def start(self) -> None:
+        if "fit" not in self.marks:
+            self.mark("fit")
+            self.thread.start()
+
+    def _fit(self) -> None:
+        try:
+            self.outcome = self.trainer.fit()
+        except BaseException as err:  # noqa: BLE001 - the main thread raises it (``_result``)
+            self.outcome = err
+
+    def mark(self, name: str) -> None:
+        """That the driver reached ``name`` now (``FitResult.marks``)."""
+        self.marks[name] = time.time()
+
+    def train(self, spec: TrainSpec, data: dict, resume_from: str | None = None) -> FitResult:
+        """Train on ``data`` = ``{split: (chunk source, ChunkIndex)}`` as ``spec`` says (from
+        ``resume_from`` if set). The console follows it live (progress.py); ``metrics.csv``,
+        TensorBoard events and the restarts (``events.jsonl``) go to ``launch.out_dir``."""
+        run, launch = self.run, self.launch
+        self.start()
+        self.marks.setdefault("data_ready", time.time())
+        self.mark("delivered")
+        run.handoff.deliver.remote([ray.put(Delivery(spec, data, resume_from))])
+        progress = TrainingProgress(run.board, launch.out_dir, spec.max_steps,
+                                    spec.train.max_failures, on_row=launch.on_metrics)
+        progress.start()
+        try:
+            result = self._result()
+            self.marks |= ray.get(run.board.read_marks.remote()) | {"fit_end": time.time()}
+        finally:
+            progress.stop()
+        diverged = read_divergence(launch.out_dir)
+        if result.checkpoint is None and diverged is None:
+            raise RuntimeError("training finished without a checkpoint; see "
+                               f"{launch.storage}/{run.run_name}")
+        restarts = sum(1 for event in read_events(launch.out_dir) if event["event"] == "restart")
+        return FitResult(result.checkpoint, diverged, restarts, resume_from, self.marks)
+
+    def _result(self):
+        """fit's ``Result`` once its thread ends; Ctrl-C meanwhile aborts the run first."""
+        try:
+            self.thread.join()
+        except KeyboardInterrupt:
+            self.abort()
+            raise
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def abort(self, wait_s: float = 30.0) -> None:
+        """End the run, as Ray Train's SIGINT handler would: workers still waiting for their data
+        get none and return; the controller, once its handle is known, aborts the group (the
+        dashboard shows the run ABORTED). Waits up to ``wait_s`` for fit's thread; Ray's
+        shutdown ends whatever is left."""
+        if self.aborted or not self.thread.is_alive():
+            return
+        self.aborted = True
+        handoff, deadline = self.run.handoff, time.monotonic() + wait_s
+        handoff.deliver.remote(None)  # after a delivery, ignored: the workers have theirs
+        try:  # the controller posts its handle once it runs: seconds after the launch
+            controller = ray.get(handoff.controller.remote(), timeout=wait_s)
+            while controller is None and self.thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+                controller = ray.get(handoff.controller.remote(), timeout=wait_s)
+            if controller is not None:
+                ray.get(controller.abort.remote(), timeout=wait_s)
+        except (ray.exceptions.RayError, TimeoutError):  # abort ends the controller: expected
+            pass
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        for actor in (self.run.board, self.run.handoff):
+            ray.kill(actor)
+
+
+@contextmanager
+def started(train: TrainSettings, s3: S3Options, run_name: str, launch: Launch,
+            now: bool = True) -> Iterator[StartedFit]:
+    """Ray Train's run ``run_name``, launched now (else by ``StartedFit.train``), its workers
+    waiting for their data until ``StartedFit.train``; aborted if the block ends otherwise (the
+    ETL failed, Ctrl-C)."""
+    fit = StartedFit(train, s3, run_name, launch)
+    try:
+        if now:
+            fit.start()
+        yield fit
+    except BaseException:
+        fit.abort()
+        raise
+    finally:
+        fit.close()
+
+
 def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResult:
     """Train on ``data`` = ``{split: (chunk source, ChunkIndex)}`` (from ``run.resume_from`` if
-    set). Checkpoints go to ``launch.storage/<run>/`` (a directory or s3://). The console follows
-    it live (progress.py); ``metrics.csv``, TensorBoard events and the restarts (``events.jsonl``)
-    go to ``launch.out_dir``."""
-    run = RunContext(run.run_name, ProgressBoard.remote(), run.resume_from)
-    trainer = torch_trainer(spec, run, data, launch, MetricsWriter(launch.out_dir))
-    progress = TrainingProgress(run.board, launch.out_dir, spec.max_steps, spec.train.max_failures,
-                                on_row=launch.on_metrics)
-    progress.start()
-    sigint_handler = signal.getsignal(signal.SIGINT)
-    marks = {"fit": time.time()}
-    try:
-        result = trainer.fit()
-        marks |= ray.get(run.board.read_marks.remote()) | {"fit_end": time.time()}
-    except SystemExit as err:  # Ray Train's SIGINT handler aborts the run, then exits with status 0
-        raise KeyboardInterrupt from err
-    finally:
-        progress.stop()
-        ray.kill(run.board)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, sigint_handler)
-    diverged = read_divergence(launch.out_dir)
-    if result.checkpoint is None and diverged is None:
-        raise RuntimeError("training finished without a checkpoint; see "
-                           f"{launch.storage}/{run.run_name}")
-    restarts = sum(1 for event in read_events(launch.out_dir) if event["event"] == "restart")
-    return FitResult(result.checkpoint, diverged, restarts, run.resume_from, marks)
+    set), the worker group launched now. Checkpoints go to ``launch.storage/<run>/`` (a directory
+    or s3://)."""
+    with started(spec.train, spec.s3, run.run_name, launch) as run_fit:
+        return run_fit.train(spec, data, run.resume_from)

@@ -35,6 +35,7 @@ from ray.train import Checkpoint
 from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core.storage import resolve, write_tree
 from raydp_llm.core.timing import Stopwatch
+from raydp_llm.training.handoff import delivered
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.parallel import grad_stats, non_finite_weights
 from raydp_llm.training.progress import LivePosts
@@ -139,12 +140,14 @@ def divergence(metrics: dict, model) -> str | None:
 @dataclass(frozen=True)
 class RunContext:
     """What a run adds beside the spec: its Ray Train name (which tags its Ray metrics), the
-    driver's progress board (progress.py) that rank 0 posts to, and the checkpoint it starts from
-    (local or s3://), if any."""
+    driver's progress board (progress.py) that rank 0 posts to, the checkpoint it starts from
+    (local or s3://), if any (the driver's: ``fit.fit``), and the hand-off the workers take their
+    spec, data and checkpoint from (handoff.py)."""
 
     run_name: str
     board: object = None
     resume_from: str | None = None
+    handoff: object = None
 
 
 def ray_placement() -> Placement:
@@ -191,17 +194,26 @@ def restore(worker: Worker, resume_from: str | None) -> TrainState:
 
 
 def train_loop(config: dict) -> None:
-    """One DDP worker, as Ray Train starts it: placed where its context says, the model wrapped for
-    DDP (``prepare_model``), the state restored, then the loop. Rank 0 marks its start-up phases
-    on the driver's board (``FitResult.marks``)."""
-    spec, run = config["spec"], config["run"]
+    """One DDP worker, as Ray Train starts it: placed where its context says, the spec and the
+    data taken from the run's hand-off (the driver delivers them once the ETL is done; nothing, and
+    the worker returns, when it gave up), the model wrapped for DDP (``prepare_model``), the state
+    restored, then the loop. Rank 0 marks its start-up phases on the driver's board
+    (``FitResult.marks``)."""
+    run = config["run"]
     loop_start = time.time()
     placement = ray_placement()
-    worker = Worker(spec, config["data"], placement, prepare=ray.train.torch.prepare_model)
-    state = restore(worker, run.resume_from)
     live = LivePosts(run.board, run.run_name) if placement.rank == 0 else None
-    if live:  # start-up, phase by phase (FitResult.startup)
+    if live:  # start-up, phase by phase (fit.STARTUP_SPANS)
         live.mark("loop_start", loop_start)
+    delivery = delivered(run.handoff)
+    if delivery is None:  # the driver's error (or Ctrl-C) ends the run
+        return
+    if live:
+        live.mark("data")
+    spec = delivery.spec
+    worker = Worker(spec, delivery.data, placement, prepare=ray.train.torch.prepare_model)
+    state = restore(worker, delivery.resume_from)
+    if live:
         live.mark("worker_ready")
     finished = TrainLoop(worker, state, ray_report, live).run()
     if live and finished:

@@ -14,16 +14,36 @@ import contextlib
 import ctypes
 import functools
 import math
+import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from raydp_llm.models.hf import HFModel
+
+# FSDP and DTensor are imported by ``shard`` alone: over half a second of CPU that every DDP worker
+# would spend at start. Until then no module is an FSDPModule and no tensor a DTensor, so the
+# checks below ask only a loaded module (``_loaded``).
+
+
+def _loaded(module: str, name: str) -> type | None:
+    """The class ``module.name`` if ``module`` is imported, else None (nothing is an instance)."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _is(obj, module: str, name: str) -> bool:
+    cls = _loaded(module, name)
+    return cls is not None and isinstance(obj, cls)
+
+
+def _dtensor(t) -> bool:
+    return _is(t, "torch.distributed.tensor", "DTensor")
+
+
+def _fsdp(module: nn.Module) -> bool:
+    return _is(module, "torch.distributed.fsdp", "FSDPModule")
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
@@ -54,6 +74,9 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
     computed in bf16 and gradients reduced in fp32; the shards and AdamW stay fp32. The model may
     be on the CPU: each block's shard moves to ``device`` as it is sharded, never the whole
     model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy()
     if bf16_params(precision, device):
@@ -66,7 +89,7 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
         # gloo's AVG reduction has summed instead of averaging (pytorch issue 162338): reduce
         # with SUM, FSDP dividing by the world size itself
         for module in model.modules():
-            if isinstance(module, FSDPModule):
+            if _fsdp(module):
                 module.set_force_sum_reduction_for_comms(True)
     return model
 
@@ -85,7 +108,7 @@ def gradients_accumulated(model: nn.Module):
     """Backward passes whose gradients stay on this worker until a later one: DDP's ``no_sync``;
     FSDP2 keeps the unsharded gradients (a block's full size) instead of reduce-scattering after
     every micro-batch."""
-    if isinstance(model, FSDPModule):
+    if _fsdp(model):
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -99,17 +122,17 @@ def gradients_accumulated(model: nn.Module):
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    return any(_dtensor(p) for p in model.parameters())
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """This worker's part of ``t``: its shard of a sharded tensor, else all of it."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if _dtensor(t) else t
 
 
 def as_float(t: torch.Tensor) -> float:
     """A scalar, gathered when it is a distributed tensor (FSDP's gradient norm)."""
-    return (t.full_tensor() if isinstance(t, DTensor) else t).item()
+    return (t.full_tensor() if _dtensor(t) else t).item()
 
 
 def _reduced(values: torch.Tensor, op, sharded: bool) -> torch.Tensor:

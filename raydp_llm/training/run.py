@@ -17,9 +17,10 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, write_json
+from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.models import lora
-from raydp_llm.training import runs, tracking
-from raydp_llm.training.fit import FitResult, Launch, RunContext, fit, startup_phases
+from raydp_llm.training import fit, runs, tracking
+from raydp_llm.training.fit import FitResult, Launch, StartedFit, startup_phases, startup_timeline
 from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.plots import plot_loss, plot_throughput
@@ -94,20 +95,27 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
         sweep_dir: str | None = None) -> dict:
     """A train job on checked ``settings`` into ``out_dir``, phase by phase: the engines (Ray up,
     the cluster checked), the data (the ETL or its cache), the fit (Ray Train), the export
-    (``model/``), then the report (sample, plots, summary, published). Tracked as
+    (``model/``), then the report (sample, plots, summary, published); the worker group waits for
+    its spec and data while the ETL runs (``fit.started``). Tracked as
     ``settings.tracking`` says (a job of the sweep in ``sweep_dir`` nests under its parent run);
     returns the summary. ``started``: when the command began (its process) and when its Python was
     ready (imports done, input checked), in ``time.time()`` seconds."""
     total = Stopwatch()
     with tracking.tracked(tracking.tracker(settings.tracking), out_dir) as tracker:
         job = Job.new(settings, out_dir, tracker, sweep_dir)
-        # the directory is this run's alone (a run refused for its input gives it back)
+        launch = Launch(out_dir, job.run_storage, settings.cluster.placement,
+                        on_metrics=tracker.log_row)
+        # the directory is this run's alone (a run refused for its input gives it back); Ray
+        # Train's worker group starts beside Spark and the ETL when the cluster holds both
         with (runs.claimed(out_dir, job.record),
               job_session(settings, job.store, settings.train, clock=total) as session,
+              fit.started(settings.train, S3Options.of(settings.s3), job.run_name, launch,
+                          now=fits_beside_spark(settings.cluster, settings.train)) as group,
               session.prepared(corpus, out_dir, to_ray=True) as data):
+            group.mark("data_ready")
             spec = specify(settings, data, job)
             with timed(session.timings, "train_s"):
-                outcome = train(settings, spec, data, job)
+                outcome = train(spec, data, job, group)
             if outcome.diverged is None:
                 export(outcome, out_dir / "model", spec)
         trained = Trained(data, outcome, session.timings, job.destination)
@@ -128,35 +136,49 @@ def specify(settings: Settings, data: PreparedData, job: Job) -> TrainSpec:
     return spec
 
 
-def train(settings: Settings, spec: TrainSpec, data: PreparedData, job: Job) -> FitResult:
-    """Ray Train's fit on the prepared data, the run's record beating beside it (in the run
-    directory and the checkpoints' storage) and closed as finished or diverged."""
+def train(spec: TrainSpec, data: PreparedData, job: Job, group: StartedFit) -> FitResult:
+    """Ray Train's fit on the prepared data by the worker group started beside the ETL, the run's
+    record beating beside it (in the run directory and the checkpoints' storage) and closed as
+    finished or diverged."""
     keeper = runs.RecordKeeper(
         job.record,
         [str(job.out_dir / runs.RECORD), storage.join(job.run_storage, job.run_name, runs.RECORD)],
         spec.s3,
     )
     with keeper.beating():
-        outcome = fit(
-            spec,
-            RunContext(job.run_name, resume_from=job.record.resumed_from),
-            {name: (data.sources[name], data.index[name]) for name in data.index},
-            Launch(job.out_dir, job.run_storage, settings.cluster.placement,
-                   on_metrics=job.tracker.log_row),
-        )
+        outcome = group.train(spec, {name: (data.sources[name], data.index[name])
+                                     for name in data.index}, job.record.resumed_from)
         keeper.finish("diverged" if outcome.diverged else "finished")
     return outcome
 
 
 def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
-    """Where the seconds before the first step (and after the last) went, phase by phase."""
+    """Where the seconds before the first step (and after the last) went, phase by phase, and
+    ``timeline``: when each phase ran, ``[start, end]`` in seconds after the command's start (the
+    worker group's start runs beside Spark and the ETL: ``overlapped_s`` of it)."""
     phases = {"python_start_s": started["run"] - started["command"],
               "ray_start_s": timings["ray_start_s"], "spark_start_s": timings.get("spark_start_s"),
               "etl_s": timings["etl_s"]}
     phases |= startup_phases(outcome.marks)
     if "first_step" in outcome.marks:
         phases["command_to_first_step_s"] = outcome.marks["first_step"] - started["command"]
-    return {k: v if v is None else round(v, 2) for k, v in phases.items()}
+    phases = {k: v if v is None else round(v, 2) for k, v in phases.items()}
+    return phases | {"timeline": timeline(started, timings, outcome.marks)}
+
+
+def timeline(started: dict, timings: dict, marks: dict) -> dict:
+    """``[start, end]`` of each start-up phase, in seconds after the command's start: the
+    driver's from its timings (the ETL ends when the driver has the data, Spark's start precedes
+    it), Ray Train's from its marks (``fit.startup_timeline``)."""
+    origin, ray_up = started["command"], started["run"] + timings["ray_start_s"]
+    spans = {"python_start": [origin, started["run"]], "ray_start": [started["run"], ray_up]}
+    if "data_ready" in marks:
+        etl_start = marks["data_ready"] - timings["etl_s"]
+        if timings.get("spark_start_s") is not None:
+            spans["spark_start"] = [etl_start - timings["spark_start_s"], etl_start]
+        spans["etl"] = [etl_start, marks["data_ready"]]
+    spans = {name: [round(t - origin, 2) for t in span] for name, span in spans.items()}
+    return spans | startup_timeline(marks, origin)
 
 
 def export(outcome: FitResult, directory: Path, spec: TrainSpec) -> None:

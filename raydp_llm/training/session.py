@@ -47,8 +47,11 @@ def job_session(settings: Settings, store: Path | None, train: TrainSettings | N
                 clock: Stopwatch | None = None) -> Iterator[JobSession]:
     """Ray up for ``settings.name`` and the cluster checked for the job (for the DDP workers too
     when ``train`` is given; ``store``: where the ETL writes its dataset); Ray stops at the end.
-    With ``clock`` (started with the job), ``ray_start_s`` opens the timings."""
-    with ray_session(settings.cluster, settings.name):
+    With ``clock`` (started with the job), ``ray_start_s`` opens the timings. A training job's
+    embedded Ray counts its DDP workers' CPUs twice: they start while Spark runs
+    (``ray_cluster.embedded_cpus``)."""
+    waiting = train.num_workers * train.cpus_per_worker if train is not None else 0
+    with ray_session(settings.cluster, settings.name, waiting_cpus=waiting):
         timings = {"ray_start_s": clock.seconds()} if clock else {}
         preflight(settings.cluster, train, store)
         yield JobSession(settings, store, timings)

@@ -97,8 +97,23 @@ def test_learning_rate_warms_up_then_decays_to_min_lr(data):
 def test_start_up_phases_from_the_marks():
     from raydp_llm.training.fit import startup_phases
 
-    marks = {"fit": 100.0, "loop_start": 104.5, "worker_ready": 105.0, "first_step": 105.25,
-             "last_step": 130.0, "fit_end": 133.0}
-    assert startup_phases(marks) == {"train_group_start_s": 4.5, "worker_setup_s": 0.5,
-                                     "first_step_s": 0.25, "train_group_stop_s": 3.0}
+    # the group started beside the ETL: 4.5 s of its start ran before the driver had the data
+    marks = {"fit": 100.0, "loop_start": 104.5, "data_ready": 110.0, "data": 110.5,
+             "worker_ready": 111.0, "first_step": 111.25, "last_step": 130.0, "fit_end": 133.0}
+    assert startup_phases(marks) == {"train_group_start_s": 4.5, "data_wait_s": 6.0,
+                                     "worker_setup_s": 0.5, "first_step_s": 0.25,
+                                     "train_group_stop_s": 3.0, "overlapped_s": 4.5}
+    # started once the data was there (a cache hit, or no room beside Spark): nothing overlapped,
+    # and the data, there first, was not waited for
+    late = marks | {"data_ready": 99.0, "data": 104.0}
+    assert startup_phases(late) | {"overlapped_s": 0.0, "data_wait_s": 0.0} == startup_phases(late)
     assert startup_phases({"fit": 1.0, "fit_end": 2.0}) == {}  # nothing reached: nothing said
+
+
+def test_start_up_timeline_from_the_marks():
+    from raydp_llm.training.fit import startup_timeline
+
+    marks = {"fit": 100.0, "loop_start": 104.5, "data": 110.5, "worker_ready": 111.0}
+    assert startup_timeline(marks, origin=90.0) == {"train_group_start": [10.0, 14.5],
+                                                    "data_wait": [14.5, 20.5],
+                                                    "worker_setup": [20.5, 21.0]}

@@ -1,0 +1,67 @@
+"""How a worker group started before its data gets it: the driver launches Ray Train as soon as Ray
+is up (fit.py, ``started``), while Spark runs the ETL; each worker imports, joins the process group
+and warms up, then waits here for what only the ETL can tell (the spec: the vocabulary, the
+windows, the steps; the chunks; the checkpoint to resume), which the driver delivers once it has
+it. A restarted group finds it here at once.
+
+Ray Train's controller leaves its handle here too (``fit.ControllerHandle``): its own Ctrl-C
+handler is the main thread's, and the driver's main thread runs the ETL while the group starts, so
+the driver aborts the run itself (``Handoff.controller``).
+
+This module imports Ray alone: the actor's process imports it, and ray.train would cost it seconds
+of CPU while Spark starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import ray
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the workers wait for: the run's spec, its data (``{split: (source, ChunkIndex)}``) and
+    the checkpoint it starts from (local or s3://), if any."""
+
+    spec: object  # TrainSpec
+    data: dict
+    resume_from: str | None = None
+
+
+@ray.remote(num_cpus=0)
+class Handoff:
+    """The driver's delivery to the workers, and the controller's handle. The delivery comes as
+    ``[ObjectRef]`` of a ``Delivery``: inside a list Ray leaves the reference as it is, so this
+    actor never loads the spec and the data (nor imports what they are made of); None: the driver
+    gave up before training, and the workers return at once. Async: every worker waits on it at
+    once, and the driver still reaches it meanwhile."""
+
+    def __init__(self):
+        self.ready = asyncio.Event()
+        self.delivery: list | None = None
+        self.handle = None
+
+    async def deliver(self, delivery: list | None) -> None:
+        """The first delivery stands: a None after it (the driver aborting) changes nothing for
+        workers that have theirs already."""
+        if not self.ready.is_set():
+            self.delivery = delivery
+            self.ready.set()
+
+    async def wait(self) -> list | None:
+        await self.ready.wait()
+        return self.delivery
+
+    async def set_controller(self, handle) -> None:
+        self.handle = handle
+
+    async def controller(self):
+        return self.handle
+
+
+def delivered(handoff) -> Delivery | None:
+    """What the driver delivered through ``handoff``, once it has (None: nothing will come)."""
+    box = ray.get(handoff.wait.remote())
+    return None if box is None else ray.get(box[0])
