@@ -81,7 +81,7 @@ def spec_of(cfg, data, stride: int):
 def worker_data(spec, data, rank: int, world: int):
     from raydp_llm.training.worker import WorkerData
 
-    sources = {s: (data.sources[s], data.index[s]) for s in ("train", "val")}
+    sources = data.splits()
     return WorkerData(spec, sources, rank, world)
 
 

@@ -18,6 +18,7 @@ from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.core.config import Settings
 from raydp_llm.core.registry import CONF_DIR, register_configs
+from raydp_llm.core.timing import Started
 from raydp_llm.training import runs
 
 
@@ -27,7 +28,7 @@ def run(settings: Settings, out_dir: Path, sweep_dir: str | None = None) -> dict
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     from raydp_llm.training import run as train_run  # torch, Ray, Spark: seconds to import
 
-    started = {"command": psutil.Process().create_time(), "run": time.time()}
+    started = Started(command=psutil.Process().create_time(), ready=time.time())
     return train_run.run(settings, corpus, out_dir, started, sweep_dir)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 
 class Stopwatch:
@@ -16,6 +17,16 @@ class Stopwatch:
 
     def seconds(self) -> float:
         return time.perf_counter() - self.start
+
+
+@dataclass(frozen=True)
+class Started:
+    """When a command began (its process, ``command``) and when its Python was ready (imports
+    done, input checked: ``ready``), in ``time.time()`` seconds: where the start-up block of a
+    run's summary counts from."""
+
+    command: float
+    ready: float
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan, Manifest
 from raydp_llm.data.etl.run import phase_names, run_etl
 from raydp_llm.data.spark_stats import read_event_log
-from raydp_llm.data.stream import ChunkIndex, RunWindows
+from raydp_llm.data.stream import ChunkIndex, RunWindows, SplitChunks
 from raydp_llm.engines.dashboard import RunGauges
 from raydp_llm.engines.spark import EVENT_LOG_DIR, spark_session
 
@@ -52,6 +52,10 @@ class PreparedData:
     stats: dict = field(default_factory=dict)  # etl_stats.json: Spark's metrics and the phase times
     timings: dict = field(default_factory=dict)  # seconds: etl_s, and spark_start_s when Spark ran
     windows: RunWindows | None = None  # the run's windows on the chunks (training/spec.windows_of)
+
+    def splits(self) -> dict[str, SplitChunks]:
+        """Where the workers read each split's chunks (``sources``, asked for with ``to_ray``)."""
+        return {name: SplitChunks(self.sources[name], self.index[name]) for name in self.index}
 
     def manifest_json(self) -> dict:
         """The run's ``manifest.json``: the ETL's manifest, and the run's windows when known."""

@@ -308,6 +308,16 @@ def iter_windows(source, index: ChunkIndex, sampling: Sampling, dtype: str,
         yield reader.windows(order, np.arange(lo, min(lo + batch, order.total), dtype=np.int64))
 
 
+
+@dataclass(frozen=True)
+class SplitChunks:
+    """Where a worker reads one split's chunks: ``source`` (Parquet files or object-store blocks,
+    ``ChunkReader``) and their ``index``."""
+
+    source: object
+    index: ChunkIndex
+
+
 @dataclass(frozen=True)
 class RunWindows:
     """A run's windows on the ETL's chunks, as its ``manifest.json`` adds them: how they are cut

@@ -27,7 +27,13 @@ from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.storage import S3Options, resolve
 from raydp_llm.training.handoff import Delivery, Handoff
 from raydp_llm.training.loop import RunContext, train_loop
-from raydp_llm.training.metrics import MetricsWriter, RestartRecorder, read_divergence, read_events
+from raydp_llm.training.metrics import (
+    Divergence,
+    MetricsWriter,
+    RestartRecorder,
+    read_divergence,
+    read_events,
+)
 from raydp_llm.training.progress import ProgressBoard, TrainingProgress
 from raydp_llm.training.spec import TrainSpec
 
@@ -47,9 +53,7 @@ class Launch:
 @dataclass
 class FitResult:
     checkpoint: Checkpoint | None  # the last one Ray Train registered
-    diverged: (
-        dict | None
-    )  # {"step", "what", "last_checkpoint"} when the run diverged (metrics.read_divergence)
+    diverged: Divergence | None  # where the run diverged, if it did (metrics.read_divergence)
     restarts: int  # worker-group restarts after lost workers
     resumed_from: str | None  # the checkpoint the run started from (Delivery.resume_from)
     # when (time.time()) the group was launched ("fit"), the driver had its data ("data_ready")
@@ -155,7 +159,7 @@ class StartedFit:
         self.marks[name] = time.time()
 
     def train(self, spec: TrainSpec, data: dict, resume_from: str | None = None) -> FitResult:
-        """Train on ``data`` = ``{split: (chunk source, ChunkIndex)}`` as ``spec`` says (from
+        """Train on ``data`` = ``{split: SplitChunks}`` as ``spec`` says (from
         ``resume_from`` if set). The console follows it live (progress.py); ``metrics.csv``,
         TensorBoard events and the restarts (``events.jsonl``) go to ``launch.out_dir``."""
         run, launch = self.run, self.launch
@@ -234,7 +238,7 @@ def started(train: TrainSettings, s3: S3Options, run_name: str, launch: Launch,
 
 
 def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResult:
-    """Train on ``data`` = ``{split: (chunk source, ChunkIndex)}`` (from ``run.resume_from`` if
+    """Train on ``data`` = ``{split: SplitChunks}`` (from ``run.resume_from`` if
     set), the worker group launched now. Checkpoints go to ``launch.storage/<run>/`` (a directory
     or s3://)."""
     with started(spec.train, spec.s3, run.run_name, launch) as run_fit:

@@ -22,7 +22,7 @@ import ray
 
 @dataclass(frozen=True)
 class Delivery:
-    """What the workers wait for: the run's spec, its data (``{split: (source, ChunkIndex)}``) and
+    """What the workers wait for: the run's spec, its data (``{split: SplitChunks}``) and
     the checkpoint it starts from (local or s3://), if any."""
 
     spec: object  # TrainSpec

@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ray.train import UserCallback
@@ -198,10 +199,34 @@ def read_events(out_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def read_divergence(out_dir: Path) -> dict | None:
-    """``{"step", "what", "last_checkpoint"}`` when the run diverged, else None."""
+@dataclass(frozen=True)
+class Divergence:
+    """Where a run diverged: the step, what was not finite, and the last checkpoint Ray Train
+    registered before it (``{"step", "path"}``), if any. The controller's callback writes it
+    (``diverged.json``): it runs in another process than the driver that reads it."""
+
+    step: int
+    what: str
+    last_checkpoint: dict | None
+
+    def line(self, out_dir: Path) -> str:
+        """The run's one line: where it diverged, and what to do."""
+        last = self.last_checkpoint
+        if last:
+            where = (f"the last good checkpoint is {last['path']} (step {last['step']}): lower "
+                     "optim.lr or set optim.grad_clip, then continue from it with "
+                     f"train.resume={last['path']}")
+        else:
+            where = ("no checkpoint was taken before it: lower optim.lr or set optim.grad_clip "
+                     "and start again")
+        return (f"training diverged at step {self.step} ({self.what}); {where}; metrics in "
+                f"{out_dir}")
+
+
+def read_divergence(out_dir: Path) -> Divergence | None:
+    """The run's divergence, if it diverged."""
     path = Path(out_dir) / DIVERGED_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return Divergence(**json.loads(path.read_text())) if path.is_file() else None
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -4,7 +4,7 @@ report), once ``cli/train.py`` has checked its input."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from raydp_llm.checkpoint import checkpointer
@@ -13,7 +13,7 @@ from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
-from raydp_llm.core.timing import Stopwatch, timed
+from raydp_llm.core.timing import Started, Stopwatch, timed
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, write_json
@@ -91,7 +91,7 @@ class Job:
                    destination, store, tracker, sweep_dir)
 
 
-def run(settings: Settings, corpus: Corpus, out_dir: Path, started: dict,
+def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
         sweep_dir: str | None = None) -> dict:
     """A train job on checked ``settings`` into ``out_dir``, phase by phase: the engines (Ray up,
     the cluster checked), the data (the ETL or its cache), the fit (Ray Train), the export
@@ -146,32 +146,31 @@ def train(spec: TrainSpec, data: PreparedData, job: Job, group: StartedFit) -> F
         spec.s3,
     )
     with keeper.beating():
-        outcome = group.train(spec, {name: (data.sources[name], data.index[name])
-                                     for name in data.index}, job.record.resumed_from)
+        outcome = group.train(spec, data.splits(), job.record.resumed_from)
         keeper.finish("diverged" if outcome.diverged else "finished")
     return outcome
 
 
-def startup(started: dict, timings: dict, outcome: FitResult) -> dict:
+def startup(started: Started, timings: dict, outcome: FitResult) -> dict:
     """Where the seconds before the first step (and after the last) went, phase by phase, and
     ``timeline``: when each phase ran, ``[start, end]`` in seconds after the command's start (the
     worker group's start runs beside Spark and the ETL: ``overlapped_s`` of it)."""
-    phases = {"python_start_s": started["run"] - started["command"],
+    phases = {"python_start_s": started.ready - started.command,
               "ray_start_s": timings["ray_start_s"], "spark_start_s": timings.get("spark_start_s"),
               "etl_s": timings["etl_s"]}
     phases |= startup_phases(outcome.marks)
     if "first_step" in outcome.marks:
-        phases["command_to_first_step_s"] = outcome.marks["first_step"] - started["command"]
+        phases["command_to_first_step_s"] = outcome.marks["first_step"] - started.command
     phases = {k: v if v is None else round(v, 2) for k, v in phases.items()}
     return phases | {"timeline": timeline(started, timings, outcome.marks)}
 
 
-def timeline(started: dict, timings: dict, marks: dict) -> dict:
+def timeline(started: Started, timings: dict, marks: dict) -> dict:
     """``[start, end]`` of each start-up phase, in seconds after the command's start: the
     driver's from its timings (the ETL ends when the driver has the data, Spark's start precedes
     it), Ray Train's from its marks (``fit.startup_timeline``)."""
-    origin, ray_up = started["command"], started["run"] + timings["ray_start_s"]
-    spans = {"python_start": [origin, started["run"]], "ray_start": [started["run"], ray_up]}
+    origin, ray_up = started.command, started.ready + timings["ray_start_s"]
+    spans = {"python_start": [origin, started.ready], "ray_start": [started.ready, ray_up]}
     if "data_ready" in marks:
         etl_start = marks["data_ready"] - timings["etl_s"]
         if timings.get("spark_start_s") is not None:
@@ -229,7 +228,7 @@ def artifacts(settings: Settings, out_dir: Path, trained: Trained, total: Stopwa
         **sample.sizes,
         resumed_from=outcome.resumed_from,
         restarts=outcome.restarts,
-        diverged=outcome.diverged,
+        diverged=asdict(outcome.diverged) if outcome.diverged else None,
         storage=trained.destination,
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
         etl=data.manifest_json() | {"cache_hit": data.cache_hit},
@@ -278,7 +277,7 @@ def report(out_dir: Path, trained: Trained, outputs: Outputs) -> dict:
     logs its times, its validation loss and its sample. Returns the summary."""
     outcome, timings, summary = trained.outcome, trained.timings, outputs.summary
     if outcome.diverged:
-        raise RunFailure(divergence_line(outcome.diverged, out_dir))
+        raise RunFailure(outcome.diverged.line(out_dir))
     log.info(
         "done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): val loss %.4f → "
         "%.4f; outputs in %s",
@@ -293,19 +292,6 @@ def report(out_dir: Path, trained: Trained, outputs: Outputs) -> dict:
     )
     log.info("sample:\n%s", outputs.sample.text)
     return summary
-
-
-def divergence_line(diverged: dict, out_dir: Path) -> str:
-    last = diverged["last_checkpoint"]
-    if last:
-        where = (f"the last good checkpoint is {last['path']} (step {last['step']}): lower "
-                 "optim.lr or set optim.grad_clip, then continue from it with "
-                 f"train.resume={last['path']}")
-    else:
-        where = ("no checkpoint was taken before it: lower optim.lr or set optim.grad_clip and "
-                 "start again")
-    return (f"training diverged at step {diverged['step']} ({diverged['what']}); {where}; "
-            f"metrics in {out_dir}")
 
 
 def copy_outputs(out_dir: Path, destination: str, s3: S3Options) -> None:

@@ -26,7 +26,7 @@ from raydp_llm.checkpoint.checkpointer import Checkpointer
 from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
-from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, ordered_positions
+from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, SplitChunks, ordered_positions
 from raydp_llm.models import gpt2
 from raydp_llm.models.factory import build_model
 from raydp_llm.training import parallel
@@ -48,15 +48,15 @@ class Placement:
 
 class WorkerData:
     """One worker's windows: its lanes of each epoch's training sequence, and its share of the
-    validation windows. ``data`` = ``{split: (source, ChunkIndex)}`` (data/stream.py)."""
+    validation windows, from ``data``: each split's ``SplitChunks`` (data/stream.py)."""
 
-    def __init__(self, spec: TrainSpec, data: dict, rank: int, world: int):
+    def __init__(self, spec: TrainSpec, data: dict[str, SplitChunks], rank: int, world: int):
         self.spec, self.rank, self.world = spec, rank, world
         self.lanes = Lanes(spec.train.batch_size, rank, world)
         open_chunks = spec.train.batch_size // world + 2  # at most one per lane, and some slack
-        self.readers = {name: ChunkReader(source, index, spec.token_dtype, open_chunks)
-                        for name, (source, index) in data.items()}
-        self.val_order = EpochOrder(data["val"][1], spec.sampling["val"], spec.seed, epoch=None)
+        self.readers = {name: ChunkReader(split.source, split.index, spec.token_dtype, open_chunks)
+                        for name, split in data.items()}
+        self.val_order = EpochOrder(data["val"].index, spec.sampling["val"], spec.seed, epoch=None)
         self.epoch_reads = {"epoch": None, "windows": 0, "chunks": 0}
 
     def steps(self, epoch: int, first_step: int):

@@ -15,7 +15,7 @@ from helpers.chunks import chunked
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.core.tokenizer import IdsTokenizer
 from raydp_llm.data import windows
-from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.training.spec import TrainSpec
 from raydp_llm.training.worker import Placement
 
@@ -30,7 +30,7 @@ def tiny_data() -> dict:
                                     seed=0, segment_tokens=8192)
     stream = (np.arange(N) % VOCAB).astype(np.uint16)
     index, sources = chunked(stream, [120, 80], segments_of, 64, 16)
-    return {name: (sources[name], index[name]) for name in index}
+    return {name: SplitChunks(sources[name], index[name]) for name in index}
 
 
 def spec(data, max_steps: int = 6) -> TrainSpec:

@@ -16,7 +16,7 @@ from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import chat_tokens, windows
 from raydp_llm.data.batches import WindowBatch
-from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.models.base import IGNORE
 from raydp_llm.models.factory import build_model
 from raydp_llm.training.spec import TrainSpec
@@ -90,7 +90,7 @@ def worker_on(stream: np.ndarray, steps: int) -> Worker:
     segments_of = functools.partial(windows.segments, n=n, split="tail", val_fraction=0.25,
                                     seed=0, segment_tokens=8192)
     index, sources = chunked(stream, [n], segments_of, 16 * 20, 16)
-    data = {name: (sources[name], index[name]) for name in index}
+    data = {name: SplitChunks(sources[name], index[name]) for name in index}
     sampling = {name: Sampling(BLOCK, BLOCK + 1) for name in index}
     spec = TrainSpec(
         model=GPTConfig(vocab_size=64, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32),

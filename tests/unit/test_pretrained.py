@@ -35,7 +35,7 @@ from raydp_llm.core.tokenizer import (
     train_bpe,
 )
 from raydp_llm.data import windows
-from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.models.hf import read_hf_config, resolved
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.spec import TrainSpec
@@ -101,7 +101,7 @@ def stream_data(tokenizer, text: str) -> dict:
     segments_of = functools.partial(windows.segments, n=n, split="tail", val_fraction=0.25,
                                     seed=0, segment_tokens=8192)
     index, sources = chunked(stream, [n // 2, n - n // 2], segments_of, 256, 64)
-    return {name: (sources[name], index[name]) for name in index}
+    return {name: SplitChunks(sources[name], index[name]) for name in index}
 
 
 def fine_tune(cfg, tokenizer, text: str, out: Path) -> tuple[Worker, Path]:

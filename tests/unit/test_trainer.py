@@ -11,7 +11,7 @@ import pytest
 from helpers.chunks import chunked
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import windows
-from raydp_llm.data.stream import Sampling, steps_per_epoch
+from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.spec import TrainSpec
 from raydp_llm.training.worker import WorkerData
@@ -25,7 +25,7 @@ def data():
     segments_of = functools.partial(windows.segments, n=N, split="tail", val_fraction=100 / N,
                                     seed=0, segment_tokens=8192)
     index, sources = chunked(np.arange(N, dtype=np.uint16), [500, 1, 799], segments_of, 200, 32)
-    return {name: (sources[name], index[name]) for name in index}
+    return {name: SplitChunks(sources[name], index[name]) for name in index}
 
 
 def spec(data, seed: int = 7) -> TrainSpec:
