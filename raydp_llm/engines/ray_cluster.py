@@ -46,6 +46,22 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
         return
     secure_token_file()
     ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
+    set_ray_environment(cfg)
+    kwargs = init_options(cfg, run_name, waiting_cpus)
+    if not cfg.verbose:
+        quiet_python_logs()
+    context = ray.init(**kwargs)
+    try:
+        if cfg.address == "local":
+            lower_background_priority(context.address_info["session_dir"])
+        announce_dashboard(cfg, context.dashboard_url, context.address_info["gcs_address"])
+        yield
+    finally:
+        ray.shutdown()
+
+
+def set_ray_environment(cfg: ClusterSettings) -> None:
+    """The environment Ray and Ray Train read when they start (a value already set is kept)."""
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     # Ray Train's run-state API: the dashboard's Train page and /api/train/v2/runs/v1 list the run.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
@@ -57,6 +73,11 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
         # first steps run) waits for a cloud's notice that a node is going away: the embedded
         # Ray's one node is this machine, which gets none.
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
+
+def init_options(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> dict:
+    """``ray.init``'s arguments: the namespace, the JVM flags and the run's name for the job, and
+    an embedded Ray's resources and dashboard (or the address of the cluster to join)."""
     kwargs = dict(
         namespace=NAMESPACE,
         job_config=JobConfig(
@@ -65,26 +86,15 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
         log_to_driver=bool(cfg.verbose),
         logging_level=logging.INFO if cfg.verbose else logging.ERROR,
     )
-    if cfg.address == "local":
-        kwargs.update(
-            num_cpus=cfg.num_cpus or embedded_cpus(waiting_cpus),
-            object_store_memory=cfg.object_store_mb * 1024 * 1024 if cfg.object_store_mb else None,
-            include_dashboard=cfg.dashboard,
-            dashboard_host=cfg.dashboard_host,
-            dashboard_port=cfg.dashboard_port,
-        )
-    else:
-        kwargs["address"] = cfg.address
-    if not cfg.verbose:
-        quiet_python_logs()
-    context = ray.init(**kwargs)
-    try:
-        if cfg.address == "local":
-            lower_background_priority(context.address_info["session_dir"])
-        announce_dashboard(cfg, context.dashboard_url, context.address_info["gcs_address"])
-        yield
-    finally:
-        ray.shutdown()
+    if cfg.address != "local":
+        return kwargs | {"address": cfg.address}
+    return kwargs | dict(
+        num_cpus=cfg.num_cpus or embedded_cpus(waiting_cpus),
+        object_store_memory=cfg.object_store_mb * 1024 * 1024 if cfg.object_store_mb else None,
+        include_dashboard=cfg.dashboard,
+        dashboard_host=cfg.dashboard_host,
+        dashboard_port=cfg.dashboard_port,
+    )
 
 
 def embedded_cpus(waiting_cpus: float) -> int:

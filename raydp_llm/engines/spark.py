@@ -40,7 +40,6 @@ def spark_session(
     ``log_dir/spark-driver.log``; Spark's event log goes to ``log_dir/spark-events/``. With
     ``hive``, its catalog is Hive's (``hive_configs``: a ``data.query`` reads its tables).
     """
-    import raydp
 
     configs = spark_configs(cfg, log_dir, hive)
     configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
@@ -73,16 +72,24 @@ def spark_session(
         yield spark
     finally:
         # executors that never all registered are not waited for: the job is failing anyway
-        cpus_after = _cpus_without_executors(cfg) if registered else 0.0
-        try:
-            raydp.stop_spark()
-        except Exception as err:  # an interrupted py4j call can leave the gateway unusable
-            log.warning("Spark did not stop cleanly (%s); ending its driver "
-                        "JVM", type(err).__name__)
-        _stop_driver_jvm()
-        if placement is not None:
-            ray.util.remove_placement_group(placement)
-        _wait_for_cpus(cpus_after)
+        _stop(cfg, placement, wait_for_cpus=registered)
+
+
+def _stop(cfg: ClusterSettings, placement, wait_for_cpus: bool) -> None:
+    """Spark stopped, its driver JVM ended and its placement group removed; with
+    ``wait_for_cpus``, until Ray has the executors' CPUs back."""
+    import raydp
+
+    cpus_after = _cpus_without_executors(cfg) if wait_for_cpus else 0.0
+    try:
+        raydp.stop_spark()
+    except Exception as err:  # an interrupted py4j call can leave the gateway unusable
+        log.warning("Spark did not stop cleanly (%s); ending its driver "
+                    "JVM", type(err).__name__)
+    _stop_driver_jvm()
+    if placement is not None:
+        ray.util.remove_placement_group(placement)
+    _wait_for_cpus(cpus_after)
 
 
 FETCH_MEMORY_KEY = "spark.ray.raydp_recoverable_fetch.task.resource.memory"
