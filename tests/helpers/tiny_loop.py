@@ -46,7 +46,7 @@ def spec(data, max_steps: int = 6) -> TrainSpec:
         token_dtype="uint16",
         chars_per_token=2.0,
         sampling=sampling,
-        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"][1]), BATCH),
+        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"].index), BATCH),
         max_steps=max_steps,
         fingerprint="f" * 20,
     )

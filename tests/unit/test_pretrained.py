@@ -91,7 +91,7 @@ def spec_for(cfg, tokenizer, data, max_steps: int = 4) -> TrainSpec:
                             checkpoint_interval=4, cpus_per_worker=1),
         seed=3, tokenizer_json=tokenizer.to_json(), token_dtype=tokenizer.token_dtype.name,
         chars_per_token=2.0, sampling=sampling,
-        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"][1]), 4),
+        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"].index), 4),
         max_steps=max_steps, fingerprint="f" * 20)
 
 

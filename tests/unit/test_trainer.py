@@ -40,7 +40,7 @@ def spec(data, seed: int = 7) -> TrainSpec:
         token_dtype="uint16",
         chars_per_token=None,
         sampling=sampling,
-        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"][1]), 12),
+        steps_per_epoch=steps_per_epoch(sampling["train"].windows(data["train"].index), 12),
         max_steps=100,
         fingerprint="x",
     )
