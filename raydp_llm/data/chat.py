@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raydp_llm.core import storage
+from raydp_llm.core.data_config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import CHAT_TEMPLATE_FILE as TEMPLATE_FILE
@@ -80,7 +81,8 @@ def resolve_template(setting: str | None, model_dir: str | None) -> ChatTemplate
     return found or ChatTemplate("chatml", None, CHATML)
 
 
-def template_for(data, model_path: str | None, tokenizer: object) -> ChatTemplate | None:
+def template_for(data: DataSettings, model_path: str | None, tokenizer: object
+                 ) -> ChatTemplate | None:
     """The chat template that renders a chat ETL's conversations (``data.format=chat``, else
     None): ``data.chat_template``'s, or the model's own (``model_path``), else the tokenizer
     directory's, else chatml. Resolved once per ETL (``EtlPlan.of``)."""

@@ -330,6 +330,9 @@ class RunWindows:
     train: int  # training windows per epoch
     val: int
 
+    # the keys a run's manifest.json adds to the ETL's
+    KEYS = ("block_size", "sampling", "stride", "val_stride", "windows_train", "windows_val")
+
     def to_json(self) -> dict:
         return {"block_size": self.block_size, "sampling": self.sampling, "stride": self.stride,
                 "val_stride": self.val_stride, "windows_train": self.train,

@@ -1,6 +1,6 @@
-"""The house plan: wings import one way (cli → training → data → engines → checkpoint → models →
-core), no module takes part in an import circle, and the package installs with its console scripts
-and configuration."""
+"""The house plan: wings import one way (cli → training → data → engines → checkpoint
+→ models → core), no module takes part in an import circle, and the package installs with its
+console scripts and configuration."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ stage needs another to name what it receives."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -21,7 +21,7 @@ from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data import jsonl
 from raydp_llm.data.chat import ChatTemplate, template_for
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.stream import ChunkIndex
+from raydp_llm.data.stream import ChunkIndex, RunWindows
 
 # FileStats' counters, summed over the executors' rows (scan.py's schema holds them too)
 FILE_COUNTS = ("lines", "chars", "nonblank", "nul_lines", "replaced", "ids", *jsonl.BAD_KINDS)
@@ -212,9 +212,9 @@ class Manifest:
 
     @classmethod
     def from_json(cls, content: dict) -> Manifest:
-        """The ETL's manifest from ``manifest.json`` (a run's adds its windows: left out here)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in content.items() if k in names})
+        """The ETL's manifest from ``manifest.json`` (a run's adds its windows: left out here;
+        any other key is not the ETL's, and fails as before)."""
+        return cls(**{k: v for k, v in content.items() if k not in RunWindows.KEYS})
 
     def chunks(self, split: str) -> int:
         """The chunks of ``split`` (train or val)."""
