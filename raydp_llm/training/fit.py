@@ -5,8 +5,8 @@ worker, while the driver follows it (progress.py) and its callbacks write the ru
 The worker group starts before its data exists (``started``): Ray Train's ``fit`` runs in a thread
 of the driver from when Ray is up, so that the group's start (Ray Train's actors, the workers'
 imports, the process group) runs beside Spark's start and the ETL; the workers then wait for their
-spec and data (handoff.py) until ``StartedFit.train`` delivers them. ``fit`` is the same, started
-once the data is there.
+spec and data (handoff.py) until ``StartedFit.train`` delivers them; where the cluster cannot hold
+the group beside Spark, it is started by ``StartedFit.train`` once the data is there.
 """
 
 from __future__ import annotations
@@ -235,11 +235,3 @@ def started(train: TrainSettings, s3: S3Options, run_name: str, launch: Launch,
         raise
     finally:
         fit.close()
-
-
-def fit(spec: TrainSpec, run: RunContext, data: dict, launch: Launch) -> FitResult:
-    """Train on ``data`` = ``{split: SplitChunks}`` (from ``run.resume_from`` if
-    set), the worker group launched now. Checkpoints go to ``launch.storage/<run>/`` (a directory
-    or s3://)."""
-    with started(spec.train, spec.s3, run.run_name, launch) as run_fit:
-        return run_fit.train(spec, data, run.resume_from)

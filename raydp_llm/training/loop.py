@@ -140,13 +140,11 @@ def divergence(metrics: dict, model) -> str | None:
 @dataclass(frozen=True)
 class RunContext:
     """What a run adds beside the spec: its Ray Train name (which tags its Ray metrics), the
-    driver's progress board (progress.py) that rank 0 posts to, the checkpoint it starts from
-    (local or s3://), if any (the driver's: ``fit.fit``), and the hand-off the workers take their
-    spec, data and checkpoint from (handoff.py)."""
+    driver's progress board (progress.py) that rank 0 posts to, and the hand-off the workers take
+    their spec, data and checkpoint (local or s3://, if any) from (handoff.py)."""
 
     run_name: str
     board: object = None
-    resume_from: str | None = None
     handoff: object = None
 
 
