@@ -79,7 +79,8 @@ def write_corpus(text: str, mb: float, path: Path, seed: int = 0) -> int:
 
 def run_prepare(setting: str, corpus: Path, out: Path) -> dict:
     cmd = [sys.executable, "-m", "raydp_llm.prepare", f"data.path={corpus}", "data.format=jsonl",
-           "data.cache=false", "tokenizer=char", f"hydra.run.dir={out}", *SETTINGS[setting]]
+           "data.cache=false", "tokenizer=char", f"hydra.run.dir={out}",
+           "cluster.executors=2", "cluster.executor_cores=1", *SETTINGS[setting]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT)
     sampler = Sampler(proc.pid, interval_s=0.2)

@@ -56,6 +56,7 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
                 f"tokenizer.sample_mb={SAMPLE_MB}",
                 f"model.block_size={BLOCK}",
                 f"cluster.executors={executors}",
+                "cluster.executor_cores=1",  # etl-1 and etl-2: 1 and 2 cores
                 "cluster.executor_memory=3g",
                 "data.decontaminate=off",  # the ETL's own phases (the check: contamination.py)
             ],

@@ -30,6 +30,7 @@ FILES = 8
 def measure(corpus: Path, out: Path) -> dict:
     args = [sys.executable, "-m", "raydp_llm.prepare", f"data.path={corpus}", "data.cache=false",
             "model.block_size=256", "cluster.dashboard=false", f"hydra.run.dir={out}",
+            "cluster.executors=2", "cluster.executor_cores=1",
             "data.decontaminate=off"]  # the ETL's own phases (the check: contamination.py)
     t = time.perf_counter()
     proc = subprocess.Popen(

@@ -62,7 +62,7 @@ def run_prepare(kind: str, folder: Path, out: Path) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "raydp_llm.prepare", f"data.path={folder}", *fmt, "data.cache=false",
          "data.max_files=null", "tokenizer=char", f"hydra.run.dir={out}",
-         "data.decontaminate=off"],
+         "data.decontaminate=off", "cluster.executors=2", "cluster.executor_cores=1"],
         capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         raise RuntimeError(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")

@@ -21,6 +21,7 @@ import ray
 
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
+from raydp_llm.engines.class_archive import ClassArchive
 from raydp_llm.engines.java import JVM_FLAGS, QUICK_START_FLAGS, ensure_java
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,9 @@ def spark_session(
     ``hive``, its catalog is Hive's (``hive_configs``: a ``data.query`` reads its tables).
     """
 
-    configs = spark_configs(cfg, log_dir, hive)
+    archive = driver_archive(cfg, ensure_java())
+    configs = spark_configs(cfg, log_dir, hive, archive.flags() if archive else [])
     configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
-    ensure_java()
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
     _driver_environment(cfg, configs)
     placement = executor_placement_group(cfg)
@@ -72,12 +73,22 @@ def spark_session(
         yield spark
     finally:
         # executors that never all registered are not waited for: the job is failing anyway
-        _stop(cfg, placement, wait_for_cpus=registered)
+        _stop(cfg, placement, wait_for_cpus=registered, archive=archive)
 
 
-def _stop(cfg: ClusterSettings, placement, wait_for_cpus: bool) -> None:
-    """Spark stopped, its driver JVM ended and its placement group removed; with
-    ``wait_for_cpus``, until Ray has the executors' CPUs back."""
+def driver_archive(cfg: ClusterSettings, java_home: Path) -> ClassArchive | None:
+    """With ``cluster.quick_jvm``, the driver JVM's class archive for this JDK and class path."""
+    if not cfg.quick_jvm:
+        return None
+    class_path = sorted(f"{k}={v}" for k, v in (cfg.spark_conf or {}).items()
+                        if any(word in k.lower() for word in ("classpath", "jars", "packages")))
+    return ClassArchive.for_driver(java_home, " ".join(class_path))
+
+
+def _stop(cfg: ClusterSettings, placement, wait_for_cpus: bool,
+          archive: ClassArchive | None = None) -> None:
+    """Spark stopped, its driver JVM ended (the class ``archive`` it wrote sealed) and its
+    placement group removed; with ``wait_for_cpus``, until Ray has the executors' CPUs back."""
     import raydp
 
     cpus_after = _cpus_without_executors(cfg) if wait_for_cpus else 0.0
@@ -86,7 +97,9 @@ def _stop(cfg: ClusterSettings, placement, wait_for_cpus: bool) -> None:
     except Exception as err:  # an interrupted py4j call can leave the gateway unusable
         log.warning("Spark did not stop cleanly (%s); ending its driver "
                     "JVM", type(err).__name__)
-    _stop_driver_jvm()
+    exit_code = _stop_driver_jvm()
+    if archive is not None:
+        archive.seal(exit_code)
     if placement is not None:
         ray.util.remove_placement_group(placement)
     _wait_for_cpus(cpus_after)
@@ -118,15 +131,18 @@ JAVA_OPTION_KEYS = frozenset({
 })
 
 
-def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False) -> dict[str, str]:
+def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
+                  driver_flags: list[str] | tuple = ()) -> dict[str, str]:
     """The Spark settings every session gets (and Hive's catalog with ``hive``), then
-    ``cfg.spark_conf`` over them (its Java options follow ours in the same setting)."""
+    ``cfg.spark_conf`` over them (its Java options follow ours in the same setting).
+    ``driver_flags``: more for the driver's JVM (its class archive)."""
     level = "info" if cfg.verbose else "warn"
     java_opts = " ".join(JVM_FLAGS + (QUICK_START_FLAGS if cfg.quick_jvm else []))
+    driver_opts = " ".join([java_opts, *driver_flags, f"-Draydp_llm.log.level={level}"])
     configs = {
         # The Spark driver's log4j2 file (RayDP passes it as -Dlog4j2.configurationFile).
         "spark.log4j.config.file.name": str(LOG4J_FILE),
-        "spark.driver.extraJavaOptions": f"{java_opts} -Draydp_llm.log.level={level}",
+        "spark.driver.extraJavaOptions": driver_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.ray.raydp_app_master.extraJavaOptions": java_opts,
         # Ray CPUs each executor actor reserves; below executor_cores leaves room for the Ray
@@ -340,8 +356,9 @@ def _output_to(path: Path) -> Iterator[None]:
             os.close(copy)
 
 
-def _stop_driver_jvm() -> None:
-    """End PySpark's gateway JVM, which outlives ``stop_spark`` and keeps using CPU and memory.
+def _stop_driver_jvm() -> int | None:
+    """End PySpark's gateway JVM, which outlives ``stop_spark`` and keeps using CPU and memory;
+    its exit code (None: there was none, or it had to be killed).
 
     The next Spark session in this process starts a fresh one.
     """
@@ -349,17 +366,19 @@ def _stop_driver_jvm() -> None:
 
     gateway = SparkContext._gateway
     if gateway is None:
-        return
+        return None
     gateway.shutdown()
     proc = getattr(gateway, "proc", None)
+    exit_code = None
     if proc is not None:
         proc.terminate()
-        try:
-            proc.wait(timeout=30)
+        try:  # a JVM writing its class archive takes a second or two more
+            exit_code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
     SparkContext._gateway = None
     SparkContext._jvm = None
+    return exit_code
 
 
 def _cpus_without_executors(cfg: ClusterSettings) -> float:

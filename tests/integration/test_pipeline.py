@@ -253,12 +253,12 @@ def _assert_greedy_workers_are_refused_before_the_etl(corpus_dir) -> None:
         "train.cpus_per_worker=64",
     )
     with pytest.raises(InputError, match=r"the embedded Ray has \d+ CPUs \(cluster.num_cpus\) but "
-                                         r"the job needs 129"):
+                                         r"the job needs 128\.5"):
         check_inputs(greedy)  # before any engine starts
     # A joined cluster's CPUs are known once it is reached: checked again before the ETL, by the
     # same formula.
-    with pytest.raises(InputError, match=r"the Ray cluster has \d+ CPUs but the job needs 129: "
-                                         r"cluster.executors=2 × cluster.executor_ray_cpus=0.5 \+ "
+    with pytest.raises(InputError, match=r"the Ray cluster has \d+ CPUs but the job needs 128\.5: "
+                                         r"cluster.executors=1 × cluster.executor_ray_cpus=0.5 \+ "
                                          r"train.num_workers=2 × train.cpus_per_worker=64; set "
                                          r"cluster.keep_executors=false or lower"):
         preflight(greedy.cluster, greedy.train, None)

@@ -102,13 +102,13 @@ BAD_SETTINGS = [
     (
         "train.cpus_per_worker=64",
         "CPUs (cluster.num_cpus) but the job needs 128: "
-        "cluster.executors=2 × cluster.executor_ray_cpus=0.5 and "
+        "cluster.executors=1 × cluster.executor_ray_cpus=0.5 and "
         "train.num_workers=2 × train.cpus_per_worker=64; lower them",
     ),
     (
         "cluster.keep_executors=true cluster.num_cpus=2",
-        "the embedded Ray has 2 CPUs (cluster.num_cpus) but the job needs 3: "
-        "cluster.executors=2 × cluster.executor_ray_cpus=0.5 + "
+        "the embedded Ray has 2 CPUs (cluster.num_cpus) but the job needs 2.5: "
+        "cluster.executors=1 × cluster.executor_ray_cpus=0.5 + "
         "train.num_workers=2 × train.cpus_per_worker=1; lower them",
     ),
     (

@@ -1,0 +1,51 @@
+"""The Spark driver JVM's class archive on the real engines (engines/class_archive.py): the first
+session's driver writes it as it exits, the next one maps it, and a truncated archive (which a JVM
+that maps it dies of) is deleted and written again rather than mapped."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.configs import make_config
+
+pytestmark = pytest.mark.integration
+
+
+def _driver_jvm(spark) -> tuple[int, list[str]]:
+    """The driver JVM's pid and its arguments."""
+    bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    return int(bean.getPid()), list(bean.getInputArguments())
+
+
+def _mapped(pid: int, path) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return str(path) in f.read()
+
+
+def test_the_driver_writes_then_maps_its_archive_and_never_maps_a_truncated_one(
+        ray_cluster, tmp_path, monkeypatch):
+    from raydp_llm.engines.class_archive import CACHE_DIR_ENV, ClassArchive
+    from raydp_llm.engines.spark import spark_session
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "jvm"))
+    cluster = make_config().cluster
+
+    def session(name: str):
+        return spark_session(cluster, app_name=name, log_dir=tmp_path / name)
+
+    with session("first") as spark:  # no archive yet: this driver writes one at its exit
+        _, args = _driver_jvm(spark)
+        assert any(a.startswith("-XX:ArchiveClassesAtExit=") for a in args), args
+    (path,) = (tmp_path / "jvm").glob("driver-*.jsa")
+    assert path.stat().st_size > 10_000_000  # Spark's classes: over 100 MB
+
+    with session("second") as spark:
+        pid, args = _driver_jvm(spark)
+        assert f"-XX:SharedArchiveFile={path}" in args and _mapped(pid, path)
+        assert spark.range(10).count() == 10
+
+    with open(path, "r+b") as f:  # truncated: a JVM that mapped it would die of SIGBUS
+        f.truncate(path.stat().st_size // 2)
+    archive = ClassArchive(path)
+    assert not archive.usable() and not path.exists()  # deleted before any JVM maps it
+    assert archive.flags()[-1].startswith("-XX:ArchiveClassesAtExit=")  # the next one writes

@@ -1,0 +1,72 @@
+"""The Spark driver's class archive (engines/class_archive.py): sealed only when the JVM that wrote
+it ran its exit sequence and it is an archive; a sealed one used only at its recorded size (a JVM
+that maps a truncated archive dies of SIGBUS)."""
+
+from __future__ import annotations
+
+import os
+
+from raydp_llm.engines.class_archive import CACHE_DIR_ENV, DYNAMIC_MAGIC, ClassArchive
+from raydp_llm.engines.java import ensure_java
+
+ARCHIVE_BYTES = DYNAMIC_MAGIC.to_bytes(4, "little") + b"\0" * 4092
+
+
+def _archive(tmp_path, monkeypatch) -> ClassArchive:
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "jvm"))
+    archive = ClassArchive.for_driver(ensure_java())
+    assert archive is not None and archive.path.parent == tmp_path / "jvm"
+    return archive
+
+
+def _written(archive: ClassArchive, content: bytes = ARCHIVE_BYTES) -> str:
+    """What the driver JVM does at exit: the archive written to the file its flag names."""
+    flag = archive.flags()[-1]
+    assert flag.startswith("-XX:ArchiveClassesAtExit=")
+    path = flag.split("=", 1)[1]
+    with open(path, "wb") as f:
+        f.write(content)
+    return path
+
+
+def test_a_whole_archive_is_sealed_then_mapped(tmp_path, monkeypatch):
+    archive = _archive(tmp_path, monkeypatch)
+    pending = _written(archive)
+    archive.seal(143)  # the JVM handled SIGTERM and ran its exit sequence
+    assert not os.path.exists(pending) and archive.usable()
+    assert archive.flags()[-1] == f"-XX:SharedArchiveFile={archive.path}"
+    assert "-XX:+AllowArchivingWithJavaAgent" in archive.flags()  # RayDP's agent is in the JVM
+
+
+def test_an_archive_of_a_killed_jvm_or_not_an_archive_is_dropped(tmp_path, monkeypatch):
+    archive = _archive(tmp_path, monkeypatch)
+    for exit_code, content in ((None, ARCHIVE_BYTES), (-9, ARCHIVE_BYTES), (0, b"junk" * 100)):
+        pending = _written(archive, content)
+        archive.seal(exit_code)
+        assert not os.path.exists(pending) and not archive.path.exists(), exit_code
+    archive.seal(0)  # nothing written: nothing to do
+
+
+def test_a_truncated_archive_is_deleted_and_written_again(tmp_path, monkeypatch):
+    archive = _archive(tmp_path, monkeypatch)
+    _written(archive)
+    archive.seal(0)
+    with open(archive.path, "r+b") as f:
+        f.truncate(1000)
+    assert not archive.usable()  # mapped, it would kill the JVM
+    assert not archive.path.exists()
+    assert archive.flags()[-1].startswith("-XX:ArchiveClassesAtExit=")
+
+
+def test_another_class_path_gets_another_archive(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "jvm"))
+    home = ensure_java()
+    plain = ClassArchive.for_driver(home)
+    assert plain == ClassArchive.for_driver(home)
+    assert plain != ClassArchive.for_driver(home, "spark.jars=/opt/extra.jar")
+
+
+def test_an_unwritable_cache_means_no_archive(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "file" / "jvm"))
+    assert ClassArchive.for_driver(ensure_java()) is None
