@@ -85,6 +85,23 @@ class TrackingKind(Choice):
     mlflow = "mlflow"
 
 
+class Objective(Choice):
+    lm = "lm", "next-token cross-entropy (pre-training, continued pre-training, instruction tuning)"
+    dpo = "dpo", "direct preference optimisation on data.format=preference pairs (the dpo group)"
+
+
+class DpoLoss(Choice):
+    sigmoid = "sigmoid", "the paper's -log σ(β·h), with dpo.label_smoothing (cDPO)"
+    ipo = "ipo", "IPO's (h - 1/(2β))², on log-probabilities per answer token"
+
+
+class DpoReference(Choice):
+    model = "model", ("the starting weights, frozen: with LoRA the base with the adapters off (no "
+                      "second copy), else a frozen copy sharded like the policy")
+    precomputed = "precomputed", ("its log-probabilities computed once, over the workers, before "
+                                  "training; stored with the data and reused by a resumed run")
+
+
 
 
 @dataclass(frozen=True)
@@ -168,6 +185,7 @@ class TrainSettings:
                                                 "s3://bucket/prefix; null = ray_results/ in the "
                                                 "run directory")
     strategy: str = setting(Strategy.ddp, Strategy.listed(), check=one_of(Strategy))
+    objective: str = setting(Objective.lm, Objective.listed(), check=one_of(Objective))
     precision: str = setting(Precision.auto, Precision.listed(), check=one_of(Precision))
     activation_checkpointing: bool = setting(
         False, "recompute each block's activations in the backward pass: less memory, ~1/3 more "
@@ -191,6 +209,21 @@ def nearest_multiple(step: int, target: int) -> int:
     (``nearest_multiple(60, 1000)`` = 1020, ``nearest_multiple(400, 1000)`` = 800)."""
     below, rest = divmod(target, step)
     return step * max(1, below + int(2 * rest > step))
+
+
+@dataclass(frozen=True)
+class DpoSettings:
+    """Preference tuning (``train.objective=dpo``): the loss, and the reference the policy's
+    rewards are measured against (training/dpo.py)."""
+
+    beta: float = setting(0.1, "β: the weight of the policy's divergence from the reference; "
+                               "smaller lets it move further", check=POSITIVE)
+    loss: str = setting(DpoLoss.sigmoid, DpoLoss.listed(), check=one_of(DpoLoss))
+    label_smoothing: float = setting(0.0, "sigmoid: the share of pairs taken to be mislabelled "
+                                          "(cDPO), in [0, 0.5)",
+                                     check=Check(lambda v: 0 <= v < 0.5, "a number in [0, 0.5)"))
+    reference: str = setting(DpoReference.model, DpoReference.listed(),
+                             check=one_of(DpoReference))
 
 
 @dataclass(frozen=True)
@@ -296,6 +329,8 @@ class Settings:
     optim: OptimSettings = setting(OptimSettings(), "AdamW with linear warmup and cosine decay")
     train: TrainSettings = setting(TrainSettings(), "Ray Train: DDP workers, batches, steps, "
                                                     "evaluation, checkpoints")
+    dpo: DpoSettings = setting(DpoSettings(), "preference tuning (train.objective=dpo): the "
+                                              "loss and the reference model")
     cluster: ClusterSettings = setting(ClusterSettings(), "Ray, and Spark on it with RayDP")
     sample: SampleSettings = setting(SampleSettings(), "text generated into samples.txt after "
                                                        "training")

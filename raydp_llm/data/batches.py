@@ -31,12 +31,17 @@ class Batch:
 class WindowBatch:
     """Windows, (B, block_size + 1) stored tokens → a ``Batch`` on ``device``. A chat stream's
     words carry flags (data/chat_tokens.py): a target counts only where its token is trained,
-    and positions restart where a conversation starts."""
+    and positions restart where a conversation starts. A preference stream's window is a pair,
+    two such records, the chosen answer's then the rejected one's (``pairs``): the batch holds
+    the B chosen records' rows, then the B rejected ones' (2B rows), as training/dpo.py reads
+    them."""
 
-    def __init__(self, device: torch.device, chat: bool = False):
-        self.device, self.chat = device, chat
+    def __init__(self, device: torch.device, chat: bool = False, pairs: bool = False):
+        self.device, self.chat, self.pairs = device, chat or pairs, pairs
 
     def __call__(self, windows: np.ndarray) -> Batch:
+        if self.pairs:  # (B, 2R) → (2B, R)
+            windows = np.concatenate(np.split(windows, 2, axis=1))
         if not self.chat:
             w = self._tensor(windows)
             return Batch(w[:, :-1], w[:, 1:], None)

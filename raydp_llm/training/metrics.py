@@ -27,11 +27,16 @@ from ray.train.v2._internal.execution.controller.state import (
 from raydp_llm.core.errors import first_line
 
 # One row per evaluation. Losses are mean cross-entropy per token (nats); ppl = exp(val_loss); bpc =
-# bits per character (val_loss / ln 2 / characters per token); acc = top-1 next-token accuracy;
+# bits per character (val_loss / ln 2 / characters per token); acc = top-1 next-token accuracy.
+# With train.objective=dpo the losses are DPO's, per pair; acc is the reward accuracy (the share of
+# pairs whose chosen answer has the higher reward); the *_reward, *_margin and *_logp columns are
+# per-pair means (training/dpo.py), empty otherwise; ppl and bpc are empty.
 # grad_norm = mean total gradient norm before clipping; grad_abs_* = magnitudes of all gradient
 # entries at the reporting step; step_time_s = mean wall time of an optimizer step; mfu = model
 # FLOPs utilization against train.peak_flops; memory in MiB; CPU load in percent (process: of one
 # core; sys: of all cores); workers = DDP workers training.
+# the per-pair figures a DPO run reports, train_* and val_* each (training/dpo.py, DpoLoss.sums)
+DPO_FIGURES = ("reward_margin", "chosen_reward", "rejected_reward", "chosen_logp", "rejected_logp")
 COLUMNS = [
     "step",
     "epoch",
@@ -61,6 +66,7 @@ COLUMNS = [
     "workers",
     "windows_read",
     "chunks_read",
+    *(f"{split}_{figure}" for figure in DPO_FIGURES for split in ("train", "val")),
 ]
 METRICS_FILE, EVENTS_FILE, DIVERGED_FILE = "metrics.csv", "events.jsonl", "diverged.json"
 LOST = (

@@ -8,7 +8,13 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 
-from raydp_llm.core.config import ModelConfig, OptimSettings, Settings, TrainSettings
+from raydp_llm.core.config import (
+    DpoSettings,
+    ModelConfig,
+    OptimSettings,
+    Settings,
+    TrainSettings,
+)
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
@@ -56,6 +62,12 @@ class TrainSpec:
     # chat data (data.format=chat): its template, saved beside the model; the windows' tokens
     # carry the loss mask and the conversations' starts (data/chat_tokens.py)
     chat_template: str | None = None
+    dpo: DpoSettings = DpoSettings()  # train.objective=dpo: the loss and its reference
+
+    @property
+    def pairs(self) -> bool:
+        """Whether each window is a preference pair (two records: data/batches.py)."""
+        return self.train.objective == "dpo"
 
     def tokenizer(self) -> Tokenizer:
         """The run's tokenizer, with the chat template its saved models carry."""
@@ -90,7 +102,8 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: Manifest,
                      chars_per_token=manifest.chars_per_token, sampling=sampling,
                      steps_per_epoch=per_epoch,
                      max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3),
-                     chat_template=(manifest.chat or {}).get("template_text"))
+                     chat_template=(manifest.chat or {}).get("template_text"),
+                     dpo=settings.dpo)
     return replace(spec, fingerprint=fingerprint(spec, manifest.to_json() | windows.to_json()))
 
 

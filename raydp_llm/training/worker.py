@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +28,17 @@ from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, SplitChunks, ordered_positions
 from raydp_llm.models import gpt2
+from raydp_llm.models.base import IGNORE
 from raydp_llm.models.factory import build_model
 from raydp_llm.training import parallel
 from raydp_llm.training.metrics import bits_per_char
+from raydp_llm.training.objectives import (
+    LanguageModeling,
+    Preference,
+    frozen_copy,
+    reference_of,
+    without_dropout,
+)
 from raydp_llm.training.optim import make_optimizer
 from raydp_llm.training.spec import TrainSpec
 
@@ -108,39 +116,33 @@ def all_reduce_max(*values: float) -> list[float]:
     return t.tolist()
 
 
-@dataclass
-class Scored:
-    loss: torch.Tensor  # the mean loss over the counted targets
-    hits: int  # counted targets predicted right (top-1)
-    count: int  # counted targets
-
-
-def _scored(model, batch: Batch, autocast) -> Scored:
-    with autocast():
-        logits, loss = model(batch.inputs, **batch.model_args())
-    counted = batch.counted
-    hits = int(((logits.argmax(dim=-1) == batch.targets) & counted).sum())
-    return Scored(loss, hits, int(counted.sum()))
+def idle_batch(block_size: int, device: torch.device) -> Batch:
+    """A batch of one pair of rows whose targets all are ``IGNORE``: a forward that counts
+    nothing (a sharded model's workers run as many forwards each)."""
+    inputs = torch.zeros((2, block_size), dtype=torch.long, device=device)
+    return Batch(inputs, torch.full_like(inputs, IGNORE), None)
 
 
 @torch.no_grad()
 def validation_pass(model: torch.nn.Module, data: WorkerData, collate: WindowBatch,
-                    autocast) -> list[float]:
-    """Over this worker's share of the validation windows: the summed loss (nats), the correct
-    top-1 predictions and the predicted tokens."""
+                    autocast, objective=LanguageModeling()) -> list[float]:
+    """Over this worker's share of the validation windows: the summed loss, the hits and what
+    they count (lm: nats, top-1 predictions right, predicted tokens; dpo: per pair, pairs ranked
+    right, pairs), then the sums of the objective's ``figures``."""
     model.eval()
     loss_sum = hits = count = 0
+    figures = dict.fromkeys(objective.figures, 0.0)
     for windows in data.val_batches():
-        scored = _scored(model, collate(windows), autocast)
+        scored = objective.score(model, collate(windows), autocast)
         loss_sum += scored.loss.item() * scored.count
         hits, count = hits + scored.hits, count + scored.count
+        figures = {k: v + scored.sums[k] for k, v in figures.items()}
     if parallel.is_sharded(model):  # each forward gathers parameters: as many on every worker
         mine = data.val_batch_count()
-        idle = torch.zeros((1, model.config.block_size), dtype=torch.long, device=collate.device)
-        for _ in range(int(all_reduce_max(mine)[0]) - mine):
-            model(idle)  # not counted
+        for _ in range(int(all_reduce_max(mine)[0]) - mine):  # not counted: no target counts
+            objective.score(model, idle_batch(model.config.block_size, collate.device), autocast)
     model.train()
-    return [loss_sum, hits, count]
+    return [loss_sum, hits, count, *figures.values()]
 
 
 @dataclass
@@ -149,19 +151,23 @@ class StepResult:
     hits: int  # correct top-1 predictions
     count: int  # predicted tokens the loss counts
     grad_norm: float  # total gradient norm before clipping: the same on every rank
+    sums: dict[str, float] = field(default_factory=dict)  # the objective's figures, summed
 
 
 class Interval:
-    """What happens between two reports: losses, hits, gradient norms, step times."""
+    """What happens between two reports: losses, hits, gradient norms, step times, the
+    objective's figures."""
 
     def __init__(self):
         self.loss = self.hits = self.count = self.grad_norm = self.step_s = 0.0
         self.steps, self.clock = 0, Stopwatch()
+        self.sums: dict[str, float] = {}
 
     def add(self, step: StepResult, step_s: float) -> None:
         self.loss += step.loss
         self.hits += step.hits
         self.count += step.count
+        self.sums = {k: self.sums.get(k, 0.0) + v for k, v in step.sums.items()}
         self.grad_norm += step.grad_norm
         self.step_s += step_s
         self.steps += 1
@@ -209,24 +215,53 @@ class Worker:
         self.data = WorkerData(spec, data, placement.rank, placement.world_size)
         train = spec.train
         self.autocast = autocast_for(train.precision, self.device, train.strategy)
-        self.model = build_model(spec.model, spec.s3)
-        if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (models/gpt2.py)
-            gpt2.load_gpt2_weights(self.model, gpt2.read_gpt2_tensors(spec.model.init_from),
-                                 spec.model.init_from)
-        if train.activation_checkpointing:
-            parallel.checkpoint_activations(self.model)
-        if train.strategy == "fsdp":  # sharded in place: ddp_model is model
-            self.ddp_model = parallel.shard(self.model, self.device, train.precision)
-        else:
-            prepare = prepare or (lambda model: model.to(self.device))
-            self.ddp_model = prepare(self.model)  # on the device; DDP when world > 1
+        self.model = self._built()
+        self.objective = self._objective(self.model)  # before the model is wrapped or sharded
+        self.ddp_model = self._placed(self.model, prepare)
         self.checkpoints = Checkpointer.for_run(train, spec.model)
         self.optimizer = make_optimizer(self.model, spec)
         self.forward = torch.compile(self.ddp_model) if spec.train.compile else self.ddp_model
-        self.collate = WindowBatch(self.device, chat=spec.chat_template is not None)
-        self.tokens_per_step = spec.train.batch_size * self.model.config.block_size
+        self.collate = WindowBatch(self.device, chat=spec.chat_template is not None,
+                                   pairs=spec.pairs)
+        # a pair is two rows of the block
+        rows = 2 if spec.pairs else 1
+        self.tokens_per_step = spec.train.batch_size * rows * self.model.config.block_size
         self.process = psutil.Process()
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
+
+    def _built(self) -> torch.nn.Module:
+        """The model as the spec builds or loads it (with a GPT-2 checkpoint's weights for
+        ``model.init_from``); for DPO without dropout (``objectives.without_dropout``)."""
+        spec = self.spec
+        model = build_model(spec.model, spec.s3)
+        if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (models/gpt2.py)
+            gpt2.load_gpt2_weights(model, gpt2.read_gpt2_tensors(spec.model.init_from),
+                                   spec.model.init_from)
+        return without_dropout(model) if spec.pairs else model
+
+    def _objective(self, model: torch.nn.Module) -> LanguageModeling | Preference:
+        """lm; or DPO against the starting weights: with LoRA, ``model`` with its adapters off;
+        else a frozen copy of it, taken before it is wrapped or sharded, and placed as it is."""
+        spec = self.spec
+        if not spec.pairs:
+            return LanguageModeling()
+        if getattr(getattr(spec.model, "lora", None), "r", 0):
+            return Preference(spec.dpo, reference_of(model))
+        copy_ = frozen_copy(model)
+        if spec.train.strategy == "fsdp":
+            copy_ = parallel.shard(copy_, self.device, spec.train.precision)
+        return Preference(spec.dpo, reference_of(model, copy_.to(self.device)))
+
+    def _placed(self, model: torch.nn.Module, prepare) -> torch.nn.Module:
+        """``model`` on the device: sharded in place (fsdp: the result is ``model``), or as
+        ``prepare`` wraps it (DDP when world > 1)."""
+        train = self.spec.train
+        if train.activation_checkpointing:
+            parallel.checkpoint_activations(model)
+        if train.strategy == "fsdp":
+            return parallel.shard(model, self.device, train.precision)
+        prepare = prepare or (lambda m: m.to(self.device))
+        return prepare(model)
 
     @property
     def writes_checkpoints(self) -> bool:
@@ -251,34 +286,39 @@ class Worker:
         the gradient norm is not finite."""
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        loss_sum, hits, count = 0.0, 0, 0
+        loss_sum, hits, count, sums = 0.0, 0, 0, {}
         for i, windows in enumerate(group):
             last = i == len(group) - 1
             with contextlib.nullcontext() if last else parallel.gradients_accumulated(
                     self.ddp_model):
-                scored = _scored(self.forward, self.collate(windows), self.autocast)
+                scored = self.objective.score(self.forward, self.collate(windows),
+                                              self.autocast)
                 (scored.loss / self.spec.train.grad_accum).backward()
             loss_sum, hits = loss_sum + scored.loss.item(), hits + scored.hits
             count += scored.count
+            sums = {k: sums.get(k, 0.0) + v for k, v in scored.sums.items()}
         max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
         grad_norm = parallel.as_float(
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
-        return StepResult(loss_sum / len(group), hits, count, grad_norm)
+        return StepResult(loss_sum / len(group), hits, count, grad_norm, sums)
 
     def metrics(self, interval: Interval, state: TrainState, lr: float) -> dict:
         """The metrics.csv row of an evaluation at ``state``: the interval's training figures and a
         validation pass, each summed over the workers, the most windows and chunks a worker read
         this epoch, and system load. Three collectives, in this order on every rank."""
         spec, world = self.spec, self.placement.world_size
-        train_loss, train_hits, train_count = all_reduce_sum(interval.loss, interval.hits,
-                                                             interval.count)
-        val_sum, val_hits, val_count = all_reduce_sum(
-            *validation_pass(self.model, self.data, self.collate, self.autocast))
+        names = self.objective.figures
+        train_loss, train_hits, train_count, *train_figures = all_reduce_sum(
+            interval.loss, interval.hits, interval.count, *(interval.sums[k] for k in names))
+        val_sum, val_hits, val_count, *val_figures = all_reduce_sum(*validation_pass(
+            self.model, self.data, self.collate, self.autocast, self.objective))
         windows_read, chunks_read = all_reduce_max(self.data.epoch_reads["windows"],
                                                    self.data.epoch_reads["chunks"])
         val_loss = val_sum / max(val_count, 1)
+        per_pair = {f"train_{k}": v / max(train_count, 1) for k, v in zip(names, train_figures)}
+        per_pair |= {f"val_{k}": v / max(val_count, 1) for k, v in zip(names, val_figures)}
         tokens_per_s = interval.tokens_per_s(self.tokens_per_step)
         flops_per_token = self.model.flops_per_token()
         return {
@@ -288,8 +328,7 @@ class Worker:
             "lr": lr,
             "train_loss": train_loss / world / interval.steps,
             "val_loss": val_loss,
-            "val_ppl": math.exp(min(val_loss, 700)) if math.isfinite(val_loss) else val_loss,
-            "val_bpc": bits_per_char(val_loss, spec.chars_per_token),
+            **self._scales(val_loss),
             "train_acc": train_hits / max(train_count, 1),
             "val_acc": val_hits / max(val_count, 1),
             "grad_norm": interval.grad_norm / interval.steps,
@@ -303,4 +342,12 @@ class Worker:
             "workers": world,
             "windows_read": int(windows_read),  # this epoch, the most any worker read
             "chunks_read": int(chunks_read),
+            **per_pair,  # dpo: rewards, their margin and the log-probabilities, per pair
         }
+
+    def _scales(self, val_loss: float) -> dict:
+        """Perplexity and bits per character of a language-modelling loss (none for DPO's)."""
+        if self.spec.pairs:
+            return {"val_ppl": None, "val_bpc": None}
+        return {"val_ppl": math.exp(min(val_loss, 700)) if math.isfinite(val_loss) else val_loss,
+                "val_bpc": bits_per_char(val_loss, self.spec.chars_per_token)}

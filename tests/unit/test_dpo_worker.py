@@ -1,0 +1,87 @@
+"""DPO in the worker, plain torch, no Ray (one CPU process of world size 1): windows that are
+preference pairs (two flagged records, as the ETL stores them) into the objective, its loss ln 2
+at the start, a planted preference learned through the loop's metrics rows, and the reference
+(a frozen copy) never moving."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from helpers.pairs import ANSWER, BATCH, BLOCK, pair_data, pair_spec
+from helpers.tiny_loop import CPU, Reports
+from raydp_llm.checkpoint.layout import TrainState
+from raydp_llm.training.dpo import LN2
+from raydp_llm.training.loop import TrainLoop
+from raydp_llm.training.metrics import COLUMNS, DPO_FIGURES
+from raydp_llm.training.worker import Worker
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:
+    """Planted-preference pairs (helpers/pairs.py)."""
+    return pair_data()
+
+
+def test_at_the_start_the_policy_is_the_reference_loss_ln2(data):
+    """Dropout is off for DPO (0.2 in the config), so the policy's first forward is exactly the
+    frozen copy's: the loss is ln 2 and every reward 0."""
+    worker = Worker(pair_spec(data), data, CPU)
+    (windows_,) = next(worker.data.steps(epoch=0, first_step=0))
+    batch = worker.collate(windows_)
+    assert batch.inputs.shape == (2 * BATCH, BLOCK)  # the chosen rows, then the rejected
+    assert int(batch.counted.sum()) == 2 * BATCH * ANSWER  # only the answers' tokens count
+    scored = worker.objective.score(worker.forward, batch, worker.autocast)
+    assert abs(scored.loss.item() - LN2) < 1e-6 and scored.count == BATCH
+    assert scored.sums["chosen_reward"] == 0 and scored.sums["rejected_reward"] == 0
+    assert scored.sums["chosen_logp"] < 0
+
+
+def test_a_planted_preference_is_learned_and_the_reference_stays(data, tmp_path):
+    s = pair_spec(data)
+    worker = Worker(s, data, CPU)
+    reference = worker.objective.reference
+    probe = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
+    before = reference(probe).detach().clone()
+    reports = Reports(tmp_path)
+    assert TrainLoop(worker, TrainState(), reports).run()
+    first, last = reports.rows[0], reports.rows[-1]
+    assert [r["step"] for r in reports.rows] == [40, 80]
+    assert last["val_acc"] > 0.9  # the held-out pairs' reward accuracy; chance is 0.5
+    assert last["val_loss"] < 0.5 * LN2 and last["val_reward_margin"] > 0
+    assert last["val_chosen_reward"] > last["val_rejected_reward"]
+    assert last["val_ppl"] is None and last["val_bpc"] is None
+    assert last["tokens"] == 80 * BATCH * 2 * BLOCK  # a pair is two rows of the block
+    assert all(f"{split}_{k}" in COLUMNS for k in DPO_FIGURES for split in ("train", "val"))
+    assert all(math.isfinite(first[f"train_{k}"]) for k in DPO_FIGURES)
+    assert torch.equal(reference(probe), before)  # the frozen copy never trained
+
+
+def test_with_lora_the_reference_is_the_base_with_its_adapters_off(data, hf_families, tmp_path):
+    """No second model: the reference is the policy's own base (its adapters switched off), so
+    at the start the loss is ln 2 (the adapters add nothing yet), training moves only the
+    adapters, and the reference's logits stay those of the base."""
+    from raydp_llm.core.config import HFConfig
+    from raydp_llm.core.model_config import LoraSettings
+    from raydp_llm.core.tokenizer import load_tokenizer
+
+    model = HFConfig(path=str(hf_families["llama"]), block_size=BLOCK, vocab_size=None,
+                     lora=LoraSettings(r=4, alpha=8.0))
+    s = replace(pair_spec(data, max_steps=40), model=model,
+                tokenizer_json=load_tokenizer(hf_families["llama"]).to_json())
+    worker = Worker(s, data, CPU)
+    batch = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
+    first = worker.objective.score(worker.forward, batch, worker.autocast)
+    assert abs(first.loss.item() - LN2) < 1e-6
+    before = worker.objective.reference(batch).detach().clone()
+    trainable = sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in worker.model.parameters())
+    assert trainable < total / 4  # the adapters alone: the reference is no copy of the base
+    reports = Reports(tmp_path)
+    assert TrainLoop(worker, TrainState(), reports).run()
+    assert reports.rows[-1]["train_loss"] < LN2
+    assert torch.allclose(worker.objective.reference(batch), before)
+    assert worker.model.training  # the reference's switch to eval mode was undone
