@@ -22,6 +22,7 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data.corpus import Corpus, resolve_corpus
 from raydp_llm.data.sample_chat import sample_chat_corpus
+from raydp_llm.data.sample_preference import sample_preference_corpus
 
 RESUME_WORDS = ("auto", "never")
 
@@ -157,7 +158,9 @@ def check_inputs(settings: Settings) -> Corpus:
                          "tokenizer.json")
     if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
         return Corpus(files=[], markdown=False, name="query")
-    if d.path is None and d.chat:  # the sample conversations
+    if d.path is None and d.pairs:  # the sample preference pairs
+        corpus = sample_preference_corpus()
+    elif d.path is None and d.chat:  # the sample conversations
         corpus = sample_chat_corpus()
     else:
         corpus = resolve_corpus(d.path, markdown=d.markdown, s3=s3)

@@ -49,6 +49,7 @@ def validate(settings: Settings) -> None:
     _check_blocks(settings)
     _check_score_filter(settings.data.filters)
     _check_chat(settings)
+    _check_objective(settings)
     _check_query(settings.data)
     if settings.model.block_size > settings.data.halo_tokens:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
@@ -97,10 +98,22 @@ def _check_chat(settings: Settings) -> None:
         raise InputError("data.sampling=random: data.format=chat cuts a window per record of "
                          "packed conversations, never at random offsets; set "
                          "data.sampling=stride")
-    if d.chat and d.packing and settings.model.kind == "lstm":
+    if d.chat and not d.pairs and d.packing and settings.model.kind == "lstm":
         raise InputError("data.packing=true packs conversations that model=lstm would read as one "
                          "(its state crosses them); set data.packing=false (one conversation per "
                          "window) or use a transformer (model=gpt, model=llama, model=hf)")
+
+
+def _check_objective(settings: Settings) -> None:
+    """DPO trains on preference pairs, and preference pairs train only with DPO."""
+    objective, fmt = settings.train.objective, settings.data.format
+    if objective == "dpo" and fmt != "preference":
+        raise InputError(f"train.objective=dpo needs preference pairs and data.format={fmt} has "
+                         "none; set data.format=preference (rows of prompt, chosen, rejected), "
+                         "or train.objective=lm")
+    if fmt == "preference" and objective != "dpo":
+        raise InputError(f"data.format=preference: train.objective={objective} does not train on "
+                         "pairs; set train.objective=dpo (or +experiment=dpo)")
 
 
 def _check_score_filter(f: FilterSettings) -> None:

@@ -46,6 +46,10 @@ class DataFormat(Choice):
     chat = "chat", ("conversations, a JSON Lines or Parquet row each (or data.query's rows), "
                     "rendered with a chat template; docs/instruction-tuning.md")
     sql = "sql", "the rows of data.query, a Spark SQL query: data.text_column is a document"
+    preference = "preference", ("pairs of answers to a prompt, the chosen and the rejected, a "
+                                "JSON Lines or Parquet row each (or data.query's rows), rendered "
+                                "with a chat template; train.objective=dpo; "
+                                "docs/preference-tuning.md")
 
 
 class TrainOn(Choice):
@@ -171,8 +175,14 @@ class DataSettings:
     messages_column: str = setting("messages", "chat: the column or field holding a list of "
                                                "{role, content} messages")
     prompt_column: str = setting("prompt", "chat: without a messages column, a user turn from "
-                                           "this column ...")
+                                           "this column ...; preference: the prompt (a string, "
+                                           "or its messages)")
     response_column: str = setting("response", "... and an assistant turn from this one")
+    chosen_column: str = setting("chosen", "preference: the preferred answer (a string, or its "
+                                           "messages; without a prompt, the whole conversation, "
+                                           "whose first messages shared with the rejected one "
+                                           "are the prompt)")
+    rejected_column: str = setting("rejected", "preference: the other answer, alike")
     chat_template: Optional[str] = setting(None, "chat: a Jinja chat template file, or chatml "
                                                  "(built in); null = the model's own (model.path: "
                                                  "tokenizer_config.json or chat_template.jinja), "
@@ -182,11 +192,13 @@ class DataSettings:
     packing: bool = setting(True, "chat: several conversations per window, each attending only "
                                   "to itself (positions restart); false = one per window, padded")
     overlong: str = setting(Overlong.drop, "chat: a conversation longer than model.block_size + "
-                            f"1 tokens: {Overlong.listed()}", check=one_of(Overlong))
+                            f"1 tokens (preference: a pair with such a side): "
+                            f"{Overlong.listed()}", check=one_of(Overlong))
     strict_json: bool = setting(False, "jsonl: fail on the first bad line (not JSON, no "
                                        "data.text_column, not a string), naming its file and line, "
                                        "instead of skipping it (bad lines are counted in "
-                                       "manifest.json)")
+                                       "manifest.json); preference: the same for a pair missing "
+                                       "an answer")
     vocab_size: Optional[int] = setting(None, "ids: the vocabulary size; null = the largest id + 1",
                                         check=OPTIONAL_COUNT)
     dedup: str = setting(Dedup.none, Dedup.listed(), check=one_of(Dedup))
@@ -209,6 +221,13 @@ class DataSettings:
 
     @property
     def chat(self) -> bool:
-        """Conversations (``data.format=chat``): rendered with a template, masked, packed. The one
-        place that answers "is this chat data"."""
-        return self.format == DataFormat.chat
+        """Conversations (``data.format=chat``: rendered with a template, masked, packed) or
+        preference pairs (``pairs``: rendered and masked alike, never packed). The one place that
+        answers "is this chat data"."""
+        return self.format in (DataFormat.chat, DataFormat.preference)
+
+    @property
+    def pairs(self) -> bool:
+        """Preference pairs (``data.format=preference``): rendered as chat is, each pair two
+        records, the chosen side's then the rejected side's, a window."""
+        return self.format == DataFormat.preference

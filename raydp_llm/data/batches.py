@@ -47,8 +47,9 @@ class WindowBatch:
             return Batch(w[:, :-1], w[:, 1:], None)
         ids, train, start = chat_tokens.unpack(windows)
         targets = np.where(train[:, 1:], ids[:, 1:], IGNORE)
-        return Batch(self._tensor(ids[:, :-1]), self._tensor(targets),
-                     self._tensor(positions(start[:, :-1])))
+        # a pair's record is one sequence (its padding after it): plain causal attention
+        where = None if self.pairs else self._tensor(positions(start[:, :-1]))
+        return Batch(self._tensor(ids[:, :-1]), self._tensor(targets), where)
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.int64)).to(self.device, non_blocking=True)

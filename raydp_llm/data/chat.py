@@ -24,7 +24,8 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import CHAT_TEMPLATE_FILE as TEMPLATE_FILE
 
 OPEN, CLOSE = "\ue000", "\ue001"  # an assistant turn's span starts, ends (private-use characters)
-MARKS = re.compile(f"[{OPEN}{CLOSE}]")
+PAIR = "\ue003"  # between a preference pair's two sides (data/preference.py)
+MARKS = re.compile(f"[{OPEN}{CLOSE}{PAIR}]")
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -146,7 +147,7 @@ def marked(template: ChatTemplate, messages: list[dict], where: str) -> str:
     first turns is not the start of the whole (no spans can be found)."""
     from jinja2 import TemplateError
 
-    _check(messages, where)
+    check_messages(messages, where)
     try:
         text = template.render(messages)
         spans = [_span(template, messages, i, text, where)
@@ -160,7 +161,7 @@ def marked(template: ChatTemplate, messages: list[dict], where: str) -> str:
     return text
 
 
-def _check(messages: list[dict], where: str) -> None:
+def check_messages(messages: list[dict], where: str) -> None:
     """Messages that are dicts with string role and content; no marks; no empty assistant turn."""
     for m in messages:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str)
@@ -168,8 +169,9 @@ def _check(messages: list[dict], where: str) -> None:
             raise InputError(f"{where}: a message is not a {{role, content}} pair of strings "
                              f"({str(m)[:60]!r}); fix the row")
         if MARKS.search(m["content"]):
-            raise InputError(f"{where}: a message holds the private-use characters U+E000/U+E001 "
-                             "the ETL marks spans with; remove them from the row")
+            raise InputError(f"{where}: a message holds the private-use characters U+E000, "
+                             "U+E001 or U+E003 the ETL marks spans with; remove them from the "
+                             "row")
         if m["role"] == "assistant" and not m["content"].strip():
             raise InputError(f"{where}: an assistant turn is empty; remove the row or give the "
                              "turn its content")
@@ -195,7 +197,7 @@ def unmarked(text: str) -> tuple[str, list[tuple[int, int]]]:
         length += len(piece)
         if mark == OPEN:
             start = length
-        else:
+        elif mark == CLOSE:
             spans.append((start, length))
     return plain, spans
 

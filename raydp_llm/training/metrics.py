@@ -258,6 +258,7 @@ def write_summary(path: Path, rows: list[dict], status: str = "finished", **tota
         "first_val_loss": val[0] if val else None,
         "final_val_bpc": last.get("val_bpc"),
         "final_val_acc": last.get("val_acc"),
+        **_dpo_finals(last),
         "final_train_loss": last.get("train_loss"),
         "steps": int(rows[-1]["step"]) if rows else 0,
         "tokens": int(rows[-1]["tokens"]) if rows else 0,
@@ -271,3 +272,12 @@ def write_summary(path: Path, rows: list[dict], status: str = "finished", **tota
     }
     Path(path).write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _dpo_finals(last: dict) -> dict:
+    """A DPO run's last evaluation: its reward accuracy and margin (its loss is final_val_loss);
+    nothing for a language-modelling run."""
+    if last.get("val_reward_margin") is None:
+        return {}
+    return {"final_val_reward_accuracy": last.get("val_acc"),
+            "final_val_reward_margin": last.get("val_reward_margin")}

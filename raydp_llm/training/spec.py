@@ -124,6 +124,8 @@ def samplings(settings: Settings) -> dict[str, Sampling]:
     validation always every ``data.val_stride`` tokens. Chat: each window is a record (stride
     ``block_size + 1``), in both splits (random offsets are refused: ``core/checks.py``)."""
     block, d = settings.model.block_size, settings.data
+    if d.pairs:  # a window is a pair: two records
+        return {name: Sampling(2 * block + 1, 2 * (block + 1)) for name in ("train", "val")}
     if d.chat:
         return {name: Sampling(block, block + 1) for name in ("train", "val")}
     return {"train": Sampling(block, d.stride or block, random=d.sampling == "random"),

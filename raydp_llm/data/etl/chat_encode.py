@@ -30,11 +30,18 @@ from raydp_llm.data.etl.scan import decode_column
 PIECE_TOKENS = 1 << 22  # a piece closes past ~4M tokens (whole records)
 CHAT_COUNTS = ("conversations", "turns", "tokens_trained", "tokens_masked", "padding_tokens",
                "dropped", "truncated", "no_assistant")
-CHAT_PIECE_SCHEMA = pa.schema(
-    [("src", pa.string()), ("block", pa.int64()), ("part", pa.int64()), ("docs", pa.int64()),
-     ("n", pa.int64()), ("tokens", pa.binary()), ("doc", pa.list_(pa.int64())),
-     ("doc_start", pa.list_(pa.int64())), ("doc_end", pa.list_(pa.int64()))]
-    + [(name, pa.int64()) for name in CHAT_COUNTS])
+
+
+def piece_schema(counts: tuple[str, ...]) -> pa.Schema:
+    """A piece of flagged records: the line encoder's columns, then its ``counts``."""
+    return pa.schema(
+        [("src", pa.string()), ("block", pa.int64()), ("part", pa.int64()), ("docs", pa.int64()),
+         ("n", pa.int64()), ("tokens", pa.binary()), ("doc", pa.list_(pa.int64())),
+         ("doc_start", pa.list_(pa.int64())), ("doc_end", pa.list_(pa.int64()))]
+        + [(name, pa.int64()) for name in counts])
+
+
+CHAT_PIECE_SCHEMA = piece_schema(CHAT_COUNTS)
 
 
 def token_starts(tok: Tokenizer, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -63,6 +70,8 @@ class ChatEncoder:
     """The chat encode step of one Spark task (``mapInArrow``): marked conversations in, records of
     ``block_size + 1`` flagged tokens out (``CHAT_PIECE_SCHEMA``), a piece per input split (more
     past ``PIECE_TOKENS``)."""
+
+    counted, schema = CHAT_COUNTS, CHAT_PIECE_SCHEMA
 
     def __init__(self, tokenizer: Tokenizer, block_size: int, data: DataSettings):
         self.tokenizer_json, self.record = tokenizer.to_json(), block_size + 1
@@ -96,7 +105,7 @@ class ChatEncoder:
         self.fill = 0  # tokens in the open record
         self.done = 0  # tokens in self.records
         self.spans: list[list[int]] = []  # [doc, start, end] in the piece, in order
-        self.counts = dict.fromkeys(CHAT_COUNTS, 0)
+        self.counts = dict.fromkeys(self.counted, 0)
 
     def _add(self, ids: np.ndarray, train: np.ndarray, turns: int, doc: int) -> None:
         """One conversation into the open record (or the next), or counted as dropped."""
@@ -159,8 +168,8 @@ class ChatEncoder:
         row |= {name: [n] for name, n in self.counts.items()}
         self.part += 1
         self.spans = [[d, a - self.done, b - self.done] for d, a, b in self.spans[len(inside):]]
-        self.records, self.done, self.counts = [], 0, dict.fromkeys(CHAT_COUNTS, 0)
-        return pa.RecordBatch.from_pydict(row, schema=CHAT_PIECE_SCHEMA)
+        self.records, self.done, self.counts = [], 0, dict.fromkeys(self.counted, 0)
+        return pa.RecordBatch.from_pydict(row, schema=self.schema)
 
     def _close(self):
         """The input split's last piece, its open record padded."""
@@ -176,7 +185,7 @@ def encode_chat(lines: DataFrame, tokenizer: Tokenizer, block_size: int,
     return lines.mapInArrow(encoder, from_arrow_schema(CHAT_PIECE_SCHEMA))
 
 
-def chat_counts(encoded: DataFrame) -> dict[str, int]:
-    """The pieces' ``CHAT_COUNTS``, summed."""
-    row = encoded.agg(*(F.sum(c).alias(c) for c in CHAT_COUNTS)).collect()[0]
-    return {name: int(row[name] or 0) for name in CHAT_COUNTS}
+def chat_counts(encoded: DataFrame, counted: tuple[str, ...] = CHAT_COUNTS) -> dict[str, int]:
+    """The pieces' ``counted`` (``CHAT_COUNTS``, or a preference stream's), summed."""
+    row = encoded.agg(*(F.sum(c).alias(c) for c in counted)).collect()[0]
+    return {name: int(row[name] or 0) for name in counted}

@@ -18,6 +18,7 @@ from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
 from raydp_llm.data import chat_tokens
 from raydp_llm.data.etl.chat_encode import encode_chat
 from raydp_llm.data.etl.formats import reader_for
+from raydp_llm.data.etl.pair_encode import encode_pairs
 from raydp_llm.data.etl.records import Piece
 from raydp_llm.data.etl.scan import decode_column
 
@@ -207,7 +208,7 @@ class Encoding:
     document_split: str
     data: DataSettings
     seed: int
-    block_size: int | None = None  # chat: its records are block_size + 1 tokens
+    block_size: int | None = None  # chat: its records are block_size + 1 tokens (a pair: two)
 
     @property
     def chat(self) -> bool:
@@ -219,13 +220,22 @@ class Encoding:
         return chat_tokens.DTYPE if self.chat else self.tokenizer.token_dtype
 
     @property
+    def pairs(self) -> bool:
+        return reader_for(self.data).pairs
+
+    @property
     def record(self) -> int:
-        """Tokens the stream's segments are counted in: chat's records, else one."""
-        return self.block_size + 1 if self.chat else 1
+        """Tokens the stream's segments are counted in: chat's records (a preference pair's two),
+        else one."""
+        if not self.chat:
+            return 1
+        return (self.block_size + 1) * (2 if self.pairs else 1)
 
     def run(self, lines: DataFrame) -> tuple[DataFrame, list[Piece]]:
         """The pieces (cached) and what the driver collects of each (``Piece``), in stream order."""
-        if self.chat:
+        if self.pairs:
+            encoded = encode_pairs(lines, self.tokenizer, self.block_size, self.data).cache()
+        elif self.chat:
             encoded = encode_chat(lines, self.tokenizer, self.block_size, self.data).cache()
         else:
             encoded = encode_lines(lines, self.tokenizer, self.document_split).cache()

@@ -17,6 +17,7 @@ from raydp_llm.data.chat import ChatTemplate, Renderer
 from raydp_llm.data.corpus import hadoop_literal
 from raydp_llm.data.etl import query
 from raydp_llm.data.etl.records import FileStats
+from raydp_llm.data.preference import PairRenderer
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class TextReader:
     rows_are_documents = False  # a Parquet row or a JSON line is a document
     token_ids = False  # the lines hold token ids: no tokenizer to build, no text to check
     chat = False  # rows are rendered conversations: encoded, masked and packed into records
+    pairs = False  # rows are rendered preference pairs: each two records
     verdicts: tuple[str, ...] = ()  # columns the parse adds for the scan to count
 
     def spark_read(self, spark: SparkSession, files: list[str], data: DataSettings,
@@ -141,15 +143,19 @@ class ChatReader(TextReader):
         columns (Spark's ``to_json``), so all render alike."""
         if data.query is not None:
             return query.read_query(spark, data, lambda rows: F.to_json(F.struct(
-                *chat_columns(rows.columns, data, "data.query's result"))))
+                *self.columns(rows.columns, data, "data.query's result"))))
         parquet = [f for f in files if f.lower().endswith(".parquet")]
         lines = [f for f in files if f not in parquet]
         parts = [tagged(spark.read.text([hadoop_literal(f) for f in lines]), F.col("value"))]
         parts = parts if lines else []
         if parquet:
             df = spark.read.parquet(*map(hadoop_literal, parquet))
-            parts.append(tagged(df, F.to_json(F.struct(*chat_columns(df.columns, data, name)))))
+            parts.append(tagged(df, F.to_json(F.struct(*self.columns(df.columns, data, name)))))
         return functools.reduce(DataFrame.unionByName, parts)
+
+    def columns(self, columns: list[str], data: DataSettings, name: str) -> list[str]:
+        """The columns a table's rows are rendered from (``chat_columns``)."""
+        return chat_columns(columns, data, name)
 
     def parse(self, lines: DataFrame, data: DataSettings,
               template: ChatTemplate | None = None) -> DataFrame:
@@ -157,6 +163,37 @@ class ChatReader(TextReader):
             raise ValueError("the chat reader renders with a template: pass it to parse")
         render = Renderer(template, data.messages_column, data.prompt_column, data.response_column)
         return lines.mapInArrow(render, "src string, block long, text binary")
+
+
+class PreferenceReader(ChatReader):
+    """``data.format=preference``: each row a prompt and two answers (a JSON line, or a Parquet
+    row), rendered with the chat template in the executors (``preference.PairRenderer``): ``text``
+    is the pair, its sides marked."""
+
+    pairs = True
+
+    def columns(self, columns: list[str], data: DataSettings, name: str) -> list[str]:
+        return preference_columns(columns, data, name)
+
+    def parse(self, lines: DataFrame, data: DataSettings,
+              template: ChatTemplate | None = None) -> DataFrame:
+        if template is None:  # the ETL resolves it (chat_template); a caller forgot
+            raise ValueError("the preference reader renders with a template: pass it to parse")
+        render = PairRenderer(template, data.prompt_column, data.chosen_column,
+                              data.rejected_column, strict=data.strict_json)
+        return lines.mapInArrow(render, "src string, block long, text binary")
+
+
+def preference_columns(columns: list[str], data: DataSettings, name: str) -> list[str]:
+    """The columns a preference table's rows are rendered from: the chosen and rejected columns,
+    and the prompt column when there is one; one line naming the columns found when not."""
+    if data.chosen_column in columns and data.rejected_column in columns:
+        prompt = [data.prompt_column] if data.prompt_column in columns else []
+        return prompt + [data.chosen_column, data.rejected_column]
+    raise InputError(f"data.chosen_column={data.chosen_column} and data.rejected_column="
+                     f"{data.rejected_column}: {name} lacks them; its columns are "
+                     f"{', '.join(columns)}; name the preference columns with those settings "
+                     "(and data.prompt_column)")
 
 
 def chat_columns(columns: list[str], data: DataSettings, name: str) -> list[str]:
@@ -173,7 +210,8 @@ def chat_columns(columns: list[str], data: DataSettings, name: str) -> list[str]
 
 
 READERS = {"text": TextReader(), "ids": IdsReader(), "parquet": ParquetReader(),
-           "jsonl": JsonLinesReader(), "chat": ChatReader(), "sql": SqlReader()}
+           "jsonl": JsonLinesReader(), "chat": ChatReader(), "sql": SqlReader(),
+           "preference": PreferenceReader()}
 
 
 def reader_for(data: DataSettings) -> TextReader:

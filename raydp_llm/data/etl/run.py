@@ -33,13 +33,14 @@ from pyspark.sql import SparkSession
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.timing import timed
 from raydp_llm.data import chat_tokens
-from raydp_llm.data.etl.chat_encode import chat_counts
+from raydp_llm.data.etl.chat_encode import CHAT_COUNTS, chat_counts
 from raydp_llm.data.etl.checks import check_scanned
 from raydp_llm.data.etl.chunks import cut_chunks, lay_out
 from raydp_llm.data.etl.curation import contamination, curate
 from raydp_llm.data.etl.encode import Encoding
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.manifest import build_manifest
+from raydp_llm.data.etl.pair_encode import PAIR_COUNTS
 from raydp_llm.data.etl.read import documents, read_lines
 from raydp_llm.data.etl.records import Encoded, EtlOutput, EtlPlan, Scanned
 from raydp_llm.data.etl.scan import scan_files
@@ -109,9 +110,14 @@ def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:
     dropped for having none) and the flag bytes each stored token pays."""
     d = plan.data
     flags = chat_tokens.DTYPE.itemsize - encoding.tokenizer.token_dtype.itemsize
-    return {**plan.chat_template.manifest(), "train_on": d.train_on, "packing": d.packing,
-            "overlong": d.overlong, "record_tokens": plan.block_size + 1,
-            **chat_counts(encoded.pieces), "flag_bytes_per_token": flags}
+    settings = {"train_on": d.train_on, "packing": d.packing}
+    counts = chat_counts(encoded.pieces, PAIR_COUNTS if encoding.pairs else CHAT_COUNTS)
+    if encoding.pairs:  # each pair two records, only the answers counted, never packed
+        settings = {"pairs": True}
+        counts |= {f"{side}_tokens_per_pair": counts[f"{side}_tokens"] / max(counts["pairs"], 1)
+                   for side in ("chosen", "rejected")}
+    return {**plan.chat_template.manifest(), **settings, "overlong": d.overlong,
+            "record_tokens": plan.block_size + 1, **counts, "flag_bytes_per_token": flags}
 
 
 def _encode(phases: Phases, phase: str, encoding: Encoding, curated: curate.Curated) -> Encoded:
