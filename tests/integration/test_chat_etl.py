@@ -138,3 +138,52 @@ def test_a_tokenizer_whose_offsets_miss_the_text_is_one_line(spark, tmp_path, hf
     with pytest.raises(InputError, match=r"chat\.jsonl: row 1: no token of the assistant's turns"):
         etl(spark, tmp_path, "tokenizer=bpe", f"tokenizer.path={hf_families['llama']}",
             "data.chat_template=chatml")
+
+
+def test_preference_pairs_are_two_records_of_transformers_ids(spark, tmp_path):
+    """``data.format=preference`` through Spark: each kept pair two records (the chosen side, then
+    the rejected), one window; each side the model tokenizer's ids of the prompt rendered with the
+    generation prompt, then of the answer (as TRL cuts them), only the answer's tokens counted;
+    the pairs skipped are counted; a Parquet file's columns render alike."""
+    from transformers import AutoTokenizer
+
+    model = chat_tokenizer(tmp_path / "model", CHAT_TEXTS, QWEN_CHAT)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = [{"prompt": f"q{i}?", "chosen": f"yes, number {i}", "rejected": f"no, {i}"}
+            for i in range(12)]
+    skipped = [{"prompt": "same?", "chosen": "a", "rejected": "a"},
+               {"prompt": "none?", "chosen": "x"}]
+    (corpus / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + skipped))
+    more = [{"prompt": f"p{i}?", "chosen": f"sure {i}", "rejected": "never"} for i in range(4)]
+    pq.write_table(pa.Table.from_pylist(more), corpus / "more.parquet")
+    cfg = make_config(f"model.block_size={BLOCK}", f"data.path={corpus}",
+                      "data.format=preference", "train.objective=dpo", "data.val_fraction=0.25",
+                      "tokenizer=bpe", f"tokenizer.path={model}")
+    out = _run_etl(spark, EtlPlan.of(cfg, check_inputs(cfg)), lambda *_: None)
+    out.windows = windows_of(cfg, out.index, out.manifest).to_json()
+    out.settings = cfg
+    chat = out.manifest.to_json()["chat"]
+    assert (chat["pairs"], chat["identical"], chat["incomplete"]) == (16, 1, 1)
+    assert chat["pairs"] and out.manifest.tokens == 16 * 2 * (BLOCK + 1)
+    assert out.windows["stride"] == out.windows["val_stride"] == 2 * (BLOCK + 1)
+    auto = AutoTokenizer.from_pretrained(str(model))
+    by_prompt = {r["prompt"]: r for r in rows + more}
+    windows = cut_windows(out)
+    assert sum(len(w) for w in windows.values()) == 16 and windows["val"]
+    for _, window in windows["train"] + windows["val"]:
+        words = np.frombuffer(window, chat_tokens.DTYPE)
+        sides = [chat_tokens.unpack(half) for half in np.split(words, 2)]
+        prompt = auto.decode(sides[0].ids[:int(np.argmax(sides[0].train))])  # before the answer
+        row = by_prompt[prompt.split("user\n")[1].split("<|im_end|>")[0]]
+        for side, answer in zip(sides, (row["chosen"], row["rejected"])):
+            messages = [{"role": "user", "content": row["prompt"]}]
+            head = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            whole = auto.apply_chat_template(messages + [{"role": "assistant", "content": answer}],
+                                             tokenize=False)
+            expected = auto(head, add_special_tokens=False)["input_ids"]
+            tail = auto(whole[len(head):], add_special_tokens=False)["input_ids"]
+            n = len(expected) + len(tail)
+            assert side.ids[:n].tolist() == expected + tail
+            assert side.train.tolist() == [False] * len(expected) + [True] * len(tail) + \
+                [False] * (BLOCK + 1 - n)

@@ -121,6 +121,17 @@ BAD_SETTINGS = [
         "workers of an elastic group",
     ),
     (
+        "train.objective=dpo",
+        "train.objective=dpo needs preference pairs and data.format=text has none; set "
+        "data.format=preference",
+    ),
+    (
+        "data.format=preference",
+        "data.format=preference: train.objective=lm does not train on pairs; set "
+        "train.objective=dpo",
+    ),
+    ("dpo.beta=0", "dpo.beta=0.0 is not allowed: use a number > 0"),
+    (
         "train.num_workers=4 train.min_workers=1 train.batch_size=8",
         "train.batch_size=8 is not divisible by 3 workers (train.min_workers=1) × "
         "train.grad_accum=1",

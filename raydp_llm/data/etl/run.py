@@ -113,7 +113,7 @@ def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:
     settings = {"train_on": d.train_on, "packing": d.packing}
     counts = chat_counts(encoded.pieces, PAIR_COUNTS if encoding.pairs else CHAT_COUNTS)
     if encoding.pairs:  # each pair two records, only the answers counted, never packed
-        settings = {"pairs": True}
+        settings = {}
         counts |= {f"{side}_tokens_per_pair": counts[f"{side}_tokens"] / max(counts["pairs"], 1)
                    for side in ("chosen", "rejected")}
     return {**plan.chat_template.manifest(), **settings, "overlong": d.overlong,
