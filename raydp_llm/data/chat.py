@@ -206,17 +206,16 @@ def strip_marks(text: str) -> str:
     return MARKS.sub("", text)
 
 
-class Renderer:
-    """The chat reader's step of one Spark task (``mapInArrow``): ``src, block, text`` rows (a JSON
-    object each: a JSON line, or a Parquet row as Spark's ``to_json`` writes it) in, the same rows
-    with ``text`` the marked, rendered conversation out (blank lines stay blank). One line names
-    the file and the row for a row that is no JSON object, has no messages (nor prompt and
-    response), or that the template refuses (``marked``)."""
+class RowRenderer:
+    """A reader's step of one Spark task (``mapInArrow``): ``src, block, text`` rows (a JSON object
+    each: a JSON line, or a Parquet row as Spark's ``to_json`` writes it) in, the same rows with
+    ``text`` as ``render_row`` renders it out (blank lines stay blank). One line names the file and
+    the row that is no JSON."""
 
-    def __init__(self, template: ChatTemplate, messages_column: str, prompt_column: str,
-                 response_column: str):
-        self.template = template
-        self.columns = (messages_column, prompt_column, response_column)
+    corpus = "chat"  # what the one line calls the corpus
+
+    def render_row(self, row, where: str) -> str:
+        raise NotImplementedError
 
     def __call__(self, batches):
         import pyarrow as pa
@@ -236,8 +235,22 @@ class Renderer:
         try:
             row = json.loads(line)
         except ValueError:
-            raise InputError(f"{where} is not JSON; fix the line (a chat corpus holds a JSON "
-                             "object a line)") from None
+            raise InputError(f"{where} is not JSON; fix the line (a {self.corpus} corpus holds a "
+                             "JSON object a line)") from None
+        return self.render_row(row, where)
+
+
+class Renderer(RowRenderer):
+    """The chat reader's renderer: ``text`` the marked, rendered conversation. One line names the
+    file and the row that has no messages (nor prompt and response), or that the template refuses
+    (``marked``)."""
+
+    def __init__(self, template: ChatTemplate, messages_column: str, prompt_column: str,
+                 response_column: str):
+        self.template = template
+        self.columns = (messages_column, prompt_column, response_column)
+
+    def render_row(self, row, where: str) -> str:
         messages = messages_of(row, *self.columns) if isinstance(row, dict) else None
         if not isinstance(messages, list):
             messages_column, prompt_column, response_column = self.columns

@@ -13,11 +13,18 @@ an answer (or with an empty one) becomes ``PAIR`` alone, which the encoder count
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.data.chat import CLOSE, OPEN, PAIR, ChatTemplate, check_messages, unmarked
+from raydp_llm.data.chat import (
+    CLOSE,
+    OPEN,
+    PAIR,
+    ChatTemplate,
+    RowRenderer,
+    check_messages,
+    unmarked,
+)
 
 
 class Side(NamedTuple):
@@ -79,37 +86,19 @@ def _side(marked: str) -> Side:
     return Side(plain[:start], plain[start:])
 
 
-class PairRenderer:
-    """The preference reader's step of one Spark task (``mapInArrow``): ``src, block, text`` rows
-    (a JSON object each) in, the same rows with ``text`` the rendered pair out. One line names the
-    file and the row that is no JSON object, lacks the columns, or that the template refuses; a
-    row with a missing or empty answer only with ``strict``."""
+class PairRenderer(RowRenderer):
+    """The preference reader's renderer: ``text`` the rendered pair. One line names the file and
+    the row that lacks the columns or that the template refuses; a row with a missing or empty
+    answer only with ``strict``."""
+
+    corpus = "preference"
 
     def __init__(self, template: ChatTemplate, prompt_column: str, chosen_column: str,
                  rejected_column: str, strict: bool):
         self.template, self.strict = template, strict
         self.columns = (prompt_column, chosen_column, rejected_column)
 
-    def __call__(self, batches):
-        import pyarrow as pa
-
-        for batch in batches:
-            texts = [self._render(src, (raw or b"").decode("utf-8", "replace"))
-                     for src, raw in zip(batch.column("src").to_pylist(),
-                                         batch.column("text").to_pylist())]
-            yield pa.RecordBatch.from_pydict(
-                {"src": batch.column("src"), "block": batch.column("block"),
-                 "text": pa.array([t.encode() for t in texts], pa.binary())})
-
-    def _render(self, src: str, line: str) -> str:
-        if not line.strip():
-            return ""
-        where = f"{src}: the row {line[:60]!r}"
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise InputError(f"{where} is not JSON; fix the line (a preference corpus holds a "
-                             "JSON object a line)") from None
+    def render_row(self, row, where: str) -> str:
         parts = split_prompt(row, *self.columns) if isinstance(row, dict) else None
         if parts is None:
             if self.strict or not isinstance(row, dict):

@@ -77,14 +77,23 @@ class ChatEncoder:
         self.tokenizer_json, self.record = tokenizer.to_json(), block_size + 1
         self.train_on, self.packing, self.overlong = data.train_on, data.packing, data.overlong
 
-    def __call__(self, batches):
-        self.tok = tokenizer_from_json(self.tokenizer_json)  # once per task, in the executor
+    def _start(self) -> None:
+        """The task's tokenizer (once per task, in the executor), its padding id, no piece open."""
+        self.tok = tokenizer_from_json(self.tokenizer_json)
         separator = self.tok.separator()
         self.pad = separator[0] if separator else 0  # a tokenizer without one: id 0, never trained
         self.key = None
+
+    @staticmethod
+    def _rows(batch):
+        """A batch's ``src, block, doc, text`` rows."""
+        return zip(*(batch.column(c).to_pylist() for c in ("src", "block", "doc")),
+                   decode_column(batch.column("raw"))[0].to_pylist())
+
+    def __call__(self, batches):
+        self._start()
         for batch in batches:
-            rows = zip(*(batch.column(c).to_pylist() for c in ("src", "block", "doc")),
-                       decode_column(batch.column("raw"))[0].to_pylist())
+            rows = self._rows(batch)
             # blank rows hold no conversation; the marks come out before the text is encoded
             kept = [(src, block, doc, *unmarked(text)) for src, block, doc, text in rows
                     if doc >= 0 and text.strip()]

@@ -161,8 +161,12 @@ class ChatReader(TextReader):
               template: ChatTemplate | None = None) -> DataFrame:
         if template is None:  # the ETL resolves it (chat_template); a caller forgot
             raise ValueError("the chat reader renders with a template: pass it to parse")
-        render = Renderer(template, data.messages_column, data.prompt_column, data.response_column)
-        return lines.mapInArrow(render, "src string, block long, text binary")
+        return lines.mapInArrow(self.renderer(data, template),
+                                "src string, block long, text binary")
+
+    def renderer(self, data: DataSettings, template: ChatTemplate):
+        """What renders each row in the executors."""
+        return Renderer(template, data.messages_column, data.prompt_column, data.response_column)
 
 
 class PreferenceReader(ChatReader):
@@ -175,13 +179,9 @@ class PreferenceReader(ChatReader):
     def columns(self, columns: list[str], data: DataSettings, name: str) -> list[str]:
         return preference_columns(columns, data, name)
 
-    def parse(self, lines: DataFrame, data: DataSettings,
-              template: ChatTemplate | None = None) -> DataFrame:
-        if template is None:  # the ETL resolves it (chat_template); a caller forgot
-            raise ValueError("the preference reader renders with a template: pass it to parse")
-        render = PairRenderer(template, data.prompt_column, data.chosen_column,
-                              data.rejected_column, strict=data.strict_json)
-        return lines.mapInArrow(render, "src string, block long, text binary")
+    def renderer(self, data: DataSettings, template: ChatTemplate):
+        return PairRenderer(template, data.prompt_column, data.chosen_column,
+                            data.rejected_column, strict=data.strict_json)
 
 
 def preference_columns(columns: list[str], data: DataSettings, name: str) -> list[str]:

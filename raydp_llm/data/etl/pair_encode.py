@@ -18,10 +18,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
+from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data import chat_tokens
 from raydp_llm.data.etl.chat_encode import PIECE_TOKENS, ChatEncoder, piece_schema, token_starts
-from raydp_llm.data.etl.scan import decode_column
 from raydp_llm.data.preference import pair_sides
 
 PAIR_COUNTS = ("pairs", "incomplete", "identical", "dropped", "truncated", "chosen_tokens",
@@ -36,15 +35,10 @@ class PairEncoder(ChatEncoder):
     counted, schema = PAIR_COUNTS, PAIR_PIECE_SCHEMA
 
     def __call__(self, batches):
-        self.tok = tokenizer_from_json(self.tokenizer_json)  # once per task, in the executor
-        separator = self.tok.separator()
-        self.pad = separator[0] if separator else 0  # a tokenizer without one: id 0, never trained
-        self.key = None
+        self._start()
         for batch in batches:
-            rows = zip(*(batch.column(c).to_pylist() for c in ("src", "block", "doc")),
-                       decode_column(batch.column("raw"))[0].to_pylist())
-            kept = [(src, block, doc, pair_sides(text)) for src, block, doc, text in rows
-                    if doc >= 0 and text.strip()]
+            kept = [(src, block, doc, pair_sides(text)) for src, block, doc, text in
+                    self._rows(batch) if doc >= 0 and text.strip()]
             # every side's prompt and answer, tokenized apart in one call
             parts = [part for *_, sides in kept for side in sides or () for part in side]
             ids = iter([found for found, _ in token_starts(self.tok, parts)])
