@@ -7,6 +7,11 @@ The first run has none: its driver JVM writes one as it exits (``-XX:ArchiveClas
 file of its own that ``ClassArchive.seal`` renames into place once the JVM has ended; later runs
 map it. Only the driver: RayDP's app master and executors are killed, never exit, so never write.
 
+RayDP's Java agent runs in the driver JVM, so the archive is written and mapped with
+``AllowArchivingWithJavaAgent`` (the JVM logs that such an archive is meant for testing: it holds
+the classes as the agent handed them over). The same agent is there at every start, and a new
+RayDP (its agent's jar among the jars) gets a new archive.
+
 Why the care: a JVM maps an archive shorter than its header says and dies of SIGBUS. So an archive
 is used only while its size is the one recorded when it was sealed; otherwise it is deleted and the
 run writes a new one. The file's name holds what makes it valid (the JDK and the jars: a new
