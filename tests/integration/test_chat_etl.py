@@ -154,7 +154,9 @@ def test_preference_pairs_are_two_records_of_transformers_ids(spark, tmp_path):
             for i in range(12)]
     skipped = [{"prompt": "same?", "chosen": "a", "rejected": "a"},
                {"prompt": "none?", "chosen": "x"}]
-    (corpus / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + skipped))
+    again = [{"prompt": "q0?", "chosen": "yes, zero", "rejected": "no"}]  # a prompt seen before
+    (corpus / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                for r in rows + skipped + again))
     more = [{"prompt": f"p{i}?", "chosen": f"sure {i}", "rejected": "never"} for i in range(4)]
     pq.write_table(pa.Table.from_pylist(more), corpus / "more.parquet")
     cfg = make_config(f"model.block_size={BLOCK}", f"data.path={corpus}",
@@ -164,18 +166,20 @@ def test_preference_pairs_are_two_records_of_transformers_ids(spark, tmp_path):
     out.windows = windows_of(cfg, out.index, out.manifest).to_json()
     out.settings = cfg
     chat = out.manifest.to_json()["chat"]
-    assert (chat["pairs"], chat["identical"], chat["incomplete"]) == (16, 1, 1)
-    assert chat["pairs"] and out.manifest.tokens == 16 * 2 * (BLOCK + 1)
+    assert (chat["pairs"], chat["identical"], chat["incomplete"]) == (17, 1, 1)
+    assert chat["prompts"] == 16 and out.manifest.tokens == 17 * 2 * (BLOCK + 1)
     assert out.windows["stride"] == out.windows["val_stride"] == 2 * (BLOCK + 1)
     auto = AutoTokenizer.from_pretrained(str(model))
-    by_prompt = {r["prompt"]: r for r in rows + more}
+    by_pair = {(r["prompt"], r["chosen"]): r for r in rows + more + again}
     windows = cut_windows(out)
-    assert sum(len(w) for w in windows.values()) == 16 and windows["val"]
+    assert sum(len(w) for w in windows.values()) == 17 and windows["val"]
     for _, window in windows["train"] + windows["val"]:
         words = np.frombuffer(window, chat_tokens.DTYPE)
         sides = [chat_tokens.unpack(half) for half in np.split(words, 2)]
         prompt = auto.decode(sides[0].ids[:int(np.argmax(sides[0].train))])  # before the answer
-        row = by_prompt[prompt.split("user\n")[1].split("<|im_end|>")[0]]
+        chosen = auto.decode(sides[0].ids[sides[0].train])
+        row = by_pair[(prompt.split("user\n")[1].split("<|im_end|>")[0],
+                       chosen.split("<|im_end|>")[0])]
         for side, answer in zip(sides, (row["chosen"], row["rejected"])):
             messages = [{"role": "user", "content": row["prompt"]}]
             head = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

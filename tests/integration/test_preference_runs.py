@@ -40,6 +40,7 @@ def test_the_sample_preference_is_learned_on_held_out_pairs(dpo_run):
     chat = summary["etl"]["chat"]  # the manifest's counts: a title said by its own hero is
     assert chat["pairs"] > 9000 and chat["identical"] > 0  # both answers: counted, skipped
     assert 0 < chat["chosen_tokens_per_pair"] < chat["record_tokens"]
+    assert 0.9 * chat["pairs"] < chat["prompts"] <= chat["pairs"]  # a few lines repeat
 
 
 def test_the_tuned_model_is_exported_with_its_template(dpo_run):

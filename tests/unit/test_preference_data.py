@@ -107,6 +107,8 @@ def test_missing_identical_and_overlong_pairs_are_counted_or_refused(qwen):
     assert len(words) == 2 * 64
     truncated, words = encode(qwen, texts, block=63, overlong="truncate")
     assert truncated["pairs"] == 2 and truncated["truncated"] == 1 and len(words) == 4 * 64
+    hashes = np.frombuffer(truncated["prompt_hashes"], np.int64)  # ROW and long share a prompt
+    assert len(hashes) == 2 and hashes[0] == hashes[1]
     with pytest.raises(InputError, match=r"^f: row 4: a side of the pair has \d+ tokens, more "
                                          r"than model.block_size \+ 1 = 64; shorten it"):
         encode(qwen, texts, block=63, overlong="error")

@@ -174,11 +174,15 @@ class ChatEncoder:
         row = {"src": [src], "block": [block], "part": [self.part], "docs": [len(inside)],
                "n": [len(words)], "tokens": [words.tobytes()],
                "doc": [docs], "doc_start": [starts], "doc_end": [ends]}
-        row |= {name: [n] for name, n in self.counts.items()}
+        row |= {name: [n] for name, n in self.counts.items()} | self._piece_extra()
         self.part += 1
         self.spans = [[d, a - self.done, b - self.done] for d, a, b in self.spans[len(inside):]]
         self.records, self.done, self.counts = [], 0, dict.fromkeys(self.counted, 0)
         return pa.RecordBatch.from_pydict(row, schema=self.schema)
+
+    def _piece_extra(self) -> dict:
+        """A subclass's own columns of the piece closing now."""
+        return {}
 
     def _close(self):
         """The input split's last piece, its open record padded."""

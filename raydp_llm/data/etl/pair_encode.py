@@ -12,7 +12,10 @@ then gone drops the pair) or ``error`` (one line naming its file and row)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -25,7 +28,8 @@ from raydp_llm.data.preference import pair_sides
 
 PAIR_COUNTS = ("pairs", "incomplete", "identical", "dropped", "truncated", "chosen_tokens",
                "rejected_tokens", "padding_tokens")
-PAIR_PIECE_SCHEMA = piece_schema(PAIR_COUNTS)
+# and each pair's prompt, hashed (its ids, 64 bits): the manifest counts the distinct prompts
+PAIR_PIECE_SCHEMA = piece_schema(PAIR_COUNTS).append(pa.field("prompt_hashes", pa.binary()))
 
 
 class PairEncoder(ChatEncoder):
@@ -46,25 +50,35 @@ class PairEncoder(ChatEncoder):
                 if (src, block) != self.key:
                     yield from self._close()
                     self._open(src, block)
-                self._add_pair([_flagged(next(ids), next(ids)) for _ in sides or ()], doc)
+                tokens = [(next(ids), next(ids)) for _ in sides or ()]  # (prompt, answer) a side
+                if self._add_pair([_flagged(*side) for side in tokens], doc):
+                    self.prompts.append(_hashed(tokens[0][0]))
             if self.key is not None and self.done >= PIECE_TOKENS:
                 yield self._piece()
         yield from self._close()
 
-    def _add_pair(self, sides: list[tuple[np.ndarray, np.ndarray]], doc: int) -> None:
-        """A pair's two sides (each its ids and which the loss counts) as two records, or
+    def _open(self, src: str, block: int) -> None:
+        super()._open(src, block)
+        self.prompts: list[int] = []  # the piece's pairs' prompts, hashed
+
+    def _piece_extra(self) -> dict:
+        hashes, self.prompts = np.asarray(self.prompts, np.int64), []
+        return {"prompt_hashes": [hashes.tobytes()]}
+
+    def _add_pair(self, sides: list[tuple[np.ndarray, np.ndarray]], doc: int) -> bool:
+        """A pair's two sides (each its ids and which the loss counts) as two records (True), or
         counted: without answers, alike, or too long for a record."""
         if not sides:
             self.counts["incomplete"] += 1
-            return
+            return False
         (chosen, _), (rejected, _) = sides
         if np.array_equal(chosen, rejected):
             self.counts["identical"] += 1
-            return
+            return False
         if max(len(ids) for ids, _ in sides) > self.record:
             sides = self._overlong(sides, doc)
             if sides is None:
-                return
+                return False
         place = self.done
         for ids, train in sides:
             padding = self.record - len(ids)
@@ -79,6 +93,7 @@ class PairEncoder(ChatEncoder):
         self.counts["pairs"] += 1
         self.counts["chosen_tokens"] += int(sides[0][1].sum())
         self.counts["rejected_tokens"] += int(sides[1][1].sum())
+        return True
 
     def _overlong(self, sides, doc: int):
         """``data.overlong`` for a pair with a side past the record: None when it is dropped."""
@@ -94,6 +109,19 @@ class PairEncoder(ChatEncoder):
             return None
         self.counts["truncated"] += 1
         return cut
+
+
+def _hashed(ids: np.ndarray) -> int:
+    """A prompt's ids as a 64-bit number (the same prompt, the same number)."""
+    digest = hashlib.blake2b(ids.astype(np.int64).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def distinct_prompts(encoded: DataFrame) -> int:
+    """The distinct prompts of the pairs kept (the pieces' ``prompt_hashes``)."""
+    rows = encoded.select("prompt_hashes").collect()
+    hashes = [np.frombuffer(row[0], np.int64) for row in rows]
+    return int(np.unique(np.concatenate([np.empty(0, np.int64), *hashes])).size)
 
 
 def _flagged(prompt: np.ndarray, answer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

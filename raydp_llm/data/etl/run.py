@@ -40,7 +40,7 @@ from raydp_llm.data.etl.curation import contamination, curate
 from raydp_llm.data.etl.encode import Encoding
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.manifest import build_manifest
-from raydp_llm.data.etl.pair_encode import PAIR_COUNTS
+from raydp_llm.data.etl.pair_encode import PAIR_COUNTS, distinct_prompts
 from raydp_llm.data.etl.read import documents, read_lines
 from raydp_llm.data.etl.records import Encoded, EtlOutput, EtlPlan, Scanned
 from raydp_llm.data.etl.scan import scan_files
@@ -114,6 +114,7 @@ def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:
     counts = chat_counts(encoded.pieces, PAIR_COUNTS if encoding.pairs else CHAT_COUNTS)
     if encoding.pairs:  # each pair two records, only the answers counted, never packed
         settings = {}
+        counts["prompts"] = distinct_prompts(encoded.pieces)
         counts |= {f"{side}_tokens_per_pair": counts[f"{side}_tokens"] / max(counts["pairs"], 1)
                    for side in ("chosen", "rejected")}
     return {**plan.chat_template.manifest(), **settings, "overlong": d.overlong,
