@@ -180,14 +180,20 @@ def test_preference_pairs_are_two_records_of_transformers_ids(spark, tmp_path):
         chosen = auto.decode(sides[0].ids[sides[0].train])
         row = by_pair[(prompt.split("user\n")[1].split("<|im_end|>")[0],
                        chosen.split("<|im_end|>")[0])]
-        for side, answer in zip(sides, (row["chosen"], row["rejected"])):
-            messages = [{"role": "user", "content": row["prompt"]}]
-            head = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            whole = auto.apply_chat_template(messages + [{"role": "assistant", "content": answer}],
-                                             tokenize=False)
-            expected = auto(head, add_special_tokens=False)["input_ids"]
-            tail = auto(whole[len(head):], add_special_tokens=False)["input_ids"]
-            n = len(expected) + len(tail)
-            assert side.ids[:n].tolist() == expected + tail
-            assert side.train.tolist() == [False] * len(expected) + [True] * len(tail) + \
-                [False] * (BLOCK + 1 - n)
+        _assert_cut_as_trl_cuts(auto, sides, row)
+
+
+def _assert_cut_as_trl_cuts(auto, sides, row: dict) -> None:
+    """Each side of ``row``'s pair: the tokenizer's ids of the prompt rendered with the generation
+    prompt, then of the rest of the whole rendering; only the latter counted."""
+    for side, answer in zip(sides, (row["chosen"], row["rejected"])):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        head = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        whole = auto.apply_chat_template(messages + [{"role": "assistant", "content": answer}],
+                                         tokenize=False)
+        expected = auto(head, add_special_tokens=False)["input_ids"]
+        tail = auto(whole[len(head):], add_special_tokens=False)["input_ids"]
+        n = len(expected) + len(tail)
+        assert side.ids[:n].tolist() == expected + tail
+        assert side.train.tolist() == [False] * len(expected) + [True] * len(tail) + \
+            [False] * (BLOCK + 1 - n)
