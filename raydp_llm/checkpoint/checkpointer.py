@@ -13,7 +13,7 @@ from raydp_llm.checkpoint.layout import TrainState, is_sharded
 from raydp_llm.checkpoint.model_dir import export_model_dir
 from raydp_llm.checkpoint.resume import check_resumable
 from raydp_llm.core.config import TrainSettings
-from raydp_llm.core.model_config import ModelConfig
+from raydp_llm.core.model_config import ModelConfig, uses_lora
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.models.base import LanguageModel
@@ -29,8 +29,7 @@ class Checkpointer:
     def for_run(cls, train: TrainSettings, model: ModelConfig) -> Checkpointer:
         """Sharded with FSDP (no worker holds the whole model) and with LoRA (the adapters alone:
         the frozen base is the model the run starts from)."""
-        lora = getattr(getattr(model, "lora", None), "r", 0)
-        return cls(sharded=train.strategy == "fsdp" or bool(lora))
+        return cls(sharded=train.strategy == "fsdp" or uses_lora(model))
 
     def writes(self, rank: int) -> bool:
         """Whether the worker of ``rank`` writes (a part of) each checkpoint."""

@@ -148,6 +148,11 @@ class HFConfig(ModelConfig):
 MODEL_CONFIGS = {"gpt": GPTConfig, "lstm": LSTMConfig, "llama": LlamaConfig, "hf": HFConfig}
 
 
+def uses_lora(cfg: ModelConfig) -> bool:
+    """Whether the model trains LoRA adapters (``model.lora.r > 0``; only model=hf has them)."""
+    return bool(getattr(getattr(cfg, "lora", None), "r", 0))
+
+
 def model_config(kind: str, values: dict[str, Any]) -> ModelConfig:
     """The config of a model of ``kind`` with ``values`` (a model directory's ``config.json``);
     InputError for an unknown kind or a field that kind has not."""

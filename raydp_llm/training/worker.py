@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from raydp_llm.checkpoint.checkpointer import Checkpointer
 from raydp_llm.checkpoint.layout import TrainState
+from raydp_llm.core.model_config import uses_lora
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, SplitChunks, ordered_positions
@@ -245,7 +246,7 @@ class Worker:
         spec = self.spec
         if not spec.pairs:
             return LanguageModeling()
-        if getattr(getattr(spec.model, "lora", None), "r", 0):
+        if uses_lora(spec.model):
             return Preference(spec.dpo, reference_of(model))
         copy_ = frozen_copy(model)
         if spec.train.strategy == "fsdp":
