@@ -90,7 +90,7 @@ class Objective(Choice):
     dpo = "dpo", "direct preference optimisation on data.format=preference pairs (the dpo group)"
 
 
-class DpoLoss(Choice):
+class DpoLossKind(Choice):
     sigmoid = "sigmoid", "the paper's -log σ(β·h), with dpo.label_smoothing (cDPO)"
     ipo = "ipo", "IPO's (h - 1/(2β))², on log-probabilities per answer token"
 
@@ -218,7 +218,7 @@ class DpoSettings:
 
     beta: float = setting(0.1, "β: the weight of the policy's divergence from the reference; "
                                "smaller lets it move further", check=POSITIVE)
-    loss: str = setting(DpoLoss.sigmoid, DpoLoss.listed(), check=one_of(DpoLoss))
+    loss: str = setting(DpoLossKind.sigmoid, DpoLossKind.listed(), check=one_of(DpoLossKind))
     label_smoothing: float = setting(0.0, "sigmoid: the share of pairs taken to be mislabelled "
                                           "(cDPO), in [0, 0.5)",
                                      check=Check(lambda v: 0 <= v < 0.5, "a number in [0, 0.5)"))

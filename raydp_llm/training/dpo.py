@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from raydp_llm.core.config import DpoLossKind
 from raydp_llm.models.base import IGNORE
-
-LOSSES = ("sigmoid", "ipo")  # the paper's, and IPO's (Azar et al. 2023, eq. 17)
 
 
 def answer_logps(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,8 +100,8 @@ def dpo_loss(policy: PairLogps, reference: PairLogps, beta: float, kind: str = "
     difference of the two models' log-ratios of chosen over rejected,
     sigmoid: −(1−ε)·log σ(βh) − ε·log σ(−βh) (ε = ``label_smoothing``, cDPO);
     ipo: (h − 1/(2β))², on log-probabilities per answer token."""
-    if kind not in LOSSES:
-        raise ValueError(f"dpo.loss={kind} is not one of {', '.join(LOSSES)}")
+    if kind not in DpoLossKind.values():  # the paper's, or IPO's (Azar et al. 2023, eq. 17)
+        raise ValueError(f"dpo.loss={kind} is not one of {', '.join(DpoLossKind.values())}")
     if kind == "ipo":
         policy, reference = policy.per_token(), reference.per_token()
     h = (policy.chosen - policy.rejected) - (reference.chosen - reference.rejected)
