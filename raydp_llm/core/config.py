@@ -96,10 +96,9 @@ class DpoLossKind(Choice):
 
 
 class DpoReference(Choice):
+    # the only one built so far; precomputed log-probabilities are issue 32's next part
     model = "model", ("the starting weights, frozen: with LoRA the base with the adapters off (no "
                       "second copy), else a frozen copy sharded like the policy")
-    precomputed = "precomputed", ("its log-probabilities computed once, over the workers, before "
-                                  "training; stored with the data and reused by a resumed run")
 
 
 
