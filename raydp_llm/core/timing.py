@@ -1,10 +1,12 @@
-"""Wall times: one stopwatch for every "how long did that take" in the project."""
+"""Wall times: one stopwatch for every "how long did that take" in the project, and phases run
+beside the next (``in_background``)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 
@@ -29,6 +31,18 @@ class Started:
     ready: float
 
 
+@dataclass(frozen=True)
+class Span:
+    """When something began and when it was done, in ``time.time()`` seconds."""
+
+    began: float
+    done: float
+
+    @property
+    def seconds(self) -> float:
+        return self.done - self.began
+
+
 @contextlib.contextmanager
 def timed(into: dict[str, float], name: str) -> Iterator[None]:
     """``into[name]``: the seconds the ``with`` block took (also when it raised)."""
@@ -37,3 +51,12 @@ def timed(into: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         into[name] = watch.seconds()
+
+
+def in_background(name: str, fn: Callable, *args) -> Future:
+    """``fn(*args)`` in a thread of its own (named ``name``), while the caller goes on; the
+    Future's ``result()`` waits for it and raises what it raised."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future

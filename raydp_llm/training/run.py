@@ -13,7 +13,7 @@ from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
-from raydp_llm.core.timing import Started, Stopwatch, timed
+from raydp_llm.core.timing import Span, Started, Stopwatch, in_background, timed
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, write_json
@@ -58,6 +58,7 @@ class Trained:
     data: PreparedData
     outcome: FitResult
     timings: dict
+    ray_up: Span  # when Ray's start began (beside the driver's imports) and when it was up
     # where the outputs are copied beside the checkpoints, <storage>/<run name>; None without
     # train.storage_path (the checkpoints are in the run directory already)
     destination: str | None
@@ -108,7 +109,7 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
         # the directory is this run's alone (a run refused for its input gives it back); Ray
         # Train's worker group starts beside Spark and the ETL when the cluster holds both
         with (runs.claimed(out_dir, job.record),
-              job_session(settings, job.store, settings.train, clock=total) as session,
+              job_session(settings, job.store, settings.train) as session,
               fit.started(settings.train, S3Options.of(settings.s3), job.run_name, launch,
                           now=fits_beside_spark(settings.cluster, settings.train)) as group,
               session.prepared(corpus, out_dir, to_ray=True) as data):
@@ -118,9 +119,11 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
                 outcome = train(spec, data, job, group)
             if outcome.diverged is None:
                 export(outcome, out_dir / "model", spec)
-        trained = Trained(data, outcome, session.timings, job.destination)
-        trained.timings["startup"] = startup(started, trained.timings, trained.outcome)
-        outputs = artifacts(settings, out_dir, trained, total)
+            # the sample and the plots are drawn while Spark, the worker group and Ray stop
+            drawing = in_background("draw", draw, settings, out_dir, outcome)
+        trained = Trained(data, outcome, session.timings, session.ray_up, job.destination)
+        trained.timings["startup"] = startup(started, trained)
+        outputs = artifacts(out_dir, trained, total, drawing.result())
         publish(settings, out_dir, trained)
         return report(out_dir, trained, outputs)
 
@@ -151,10 +154,12 @@ def train(spec: TrainSpec, data: PreparedData, job: Job, group: StartedFit) -> F
     return outcome
 
 
-def startup(started: Started, timings: dict, outcome: FitResult) -> dict:
+def startup(started: Started, trained: Trained) -> dict:
     """Where the seconds before the first step (and after the last) went, phase by phase, and
-    ``timeline``: when each phase ran, ``[start, end]`` in seconds after the command's start (the
-    worker group's start runs beside Spark and the ETL: ``overlapped_s`` of it)."""
+    ``timeline``: when each phase ran, ``[start, end]`` in seconds after the command's start (Ray
+    starts beside the driver's imports; the worker group's start runs beside Spark and the ETL:
+    ``overlapped_s`` of it)."""
+    timings, outcome = trained.timings, trained.outcome
     phases = {"python_start_s": started.ready - started.command,
               "ray_start_s": timings["ray_start_s"], "spark_start_s": timings.get("spark_start_s"),
               "etl_s": timings["etl_s"]}
@@ -162,15 +167,15 @@ def startup(started: Started, timings: dict, outcome: FitResult) -> dict:
     if "first_step" in outcome.marks:
         phases["command_to_first_step_s"] = outcome.marks["first_step"] - started.command
     phases = {k: v if v is None else round(v, 2) for k, v in phases.items()}
-    return phases | {"timeline": timeline(started, timings, outcome.marks)}
+    return phases | {"timeline": timeline(started, timings, trained.ray_up, outcome.marks)}
 
 
-def timeline(started: Started, timings: dict, marks: dict) -> dict:
+def timeline(started: Started, timings: dict, ray_up: Span, marks: dict) -> dict:
     """``[start, end]`` of each start-up phase, in seconds after the command's start: the
     driver's from its timings (the ETL ends when the driver has the data, Spark's start precedes
     it), Ray Train's from its marks (``fit.startup_timeline``)."""
-    origin, ray_up = started.command, started.ready + timings["ray_start_s"]
-    spans = {"python_start": [origin, started.ready], "ray_start": [started.ready, ray_up]}
+    origin = started.command
+    spans = {"python_start": [origin, started.ready], "ray_start": [ray_up.began, ray_up.done]}
     if "data_ready" in marks:
         etl_start = marks["data_ready"] - timings["etl_s"]
         if timings.get("spark_start_s") is not None:
@@ -209,17 +214,23 @@ class Outputs:
     summary: dict
 
 
-def artifacts(settings: Settings, out_dir: Path, trained: Trained, total: Stopwatch) -> Outputs:
-    """After training, into ``out_dir``: the model's sample (``samples.txt``), the plots and
-    ``summary.json``. A diverged run has no model, so no sample."""
-    sample = write_sample(settings, out_dir) if trained.outcome.diverged is None else Sample()
+def draw(settings: Settings, out_dir: Path, outcome: FitResult) -> Sample:
+    """After training, into ``out_dir``: the model's sample (``samples.txt``) and the plots of
+    ``metrics.csv``. A diverged run has no model, so no sample."""
+    sample = write_sample(settings, out_dir) if outcome.diverged is None else Sample()
+    metrics_csv = out_dir / "metrics.csv"
+    if metrics_csv.exists() and read_metrics(metrics_csv):
+        plot_loss(metrics_csv, out_dir / "loss.png")
+        plot_throughput(metrics_csv, out_dir / "throughput.png")
+    return sample
+
+
+def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample) -> Outputs:
+    """``summary.json`` into ``out_dir``, from the run's metrics, timings, data and sample."""
     timings = trained.timings
     timings["total_s"] = total.seconds()
     metrics_csv = out_dir / "metrics.csv"
     rows = read_metrics(metrics_csv) if metrics_csv.exists() else []
-    if rows:
-        plot_loss(metrics_csv, out_dir / "loss.png")
-        plot_throughput(metrics_csv, out_dir / "throughput.png")
     outcome, data = trained.outcome, trained.data
     summary = write_summary(
         out_dir / "summary.json",

@@ -10,19 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from raydp_llm.core.config import Settings, TrainSettings
-from raydp_llm.core.timing import Stopwatch
+from raydp_llm.core.timing import Span
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, prepared
 from raydp_llm.engines.preflight import preflight
-from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.engines.ray_cluster import ray_session, training_cpus
 from raydp_llm.training.spec import windows_of
 
 
 class JobSession:
-    """A job on a running, checked Ray. ``timings``: the seconds of each phase so far."""
+    """A job on a running, checked Ray. ``timings``: the seconds of each phase so far;
+    ``ray_up``: when Ray's start began and when it was up."""
 
-    def __init__(self, settings: Settings, store: Path | None, timings: dict):
-        self.settings, self.store, self.timings = settings, store, timings
+    def __init__(self, settings: Settings, store: Path | None, ray_up: Span):
+        self.settings, self.store, self.ray_up = settings, store, ray_up
+        self.timings = {"ray_start_s": ray_up.seconds}
 
     @contextlib.contextmanager
     def prepared(self, corpus: Corpus, out_dir: Path, to_ray: bool = False
@@ -43,15 +45,13 @@ class JobSession:
 
 
 @contextlib.contextmanager
-def job_session(settings: Settings, store: Path | None, train: TrainSettings | None = None,
-                clock: Stopwatch | None = None) -> Iterator[JobSession]:
-    """Ray up for ``settings.name`` and the cluster checked for the job (for the DDP workers too
-    when ``train`` is given; ``store``: where the ETL writes its dataset); Ray stops at the end.
-    With ``clock`` (started with the job), ``ray_start_s`` opens the timings. A training job's
+def job_session(settings: Settings, store: Path | None, train: TrainSettings | None = None
+                ) -> Iterator[JobSession]:
+    """Ray up for ``settings.name`` (or taken over from ``ray_cluster.begin``) and the cluster
+    checked for the job (for the DDP workers too when ``train`` is given; ``store``: where the ETL
+    writes its dataset); Ray stops at the end. ``ray_start_s`` opens the timings. A training job's
     embedded Ray counts its DDP workers' CPUs twice: they start while Spark runs
     (``ray_cluster.embedded_cpus``)."""
-    waiting = train.num_workers * train.cpus_per_worker if train is not None else 0
-    with ray_session(settings.cluster, settings.name, waiting_cpus=waiting):
-        timings = {"ray_start_s": clock.seconds()} if clock else {}
+    with ray_session(settings.cluster, settings.name, waiting_cpus=training_cpus(train)) as up:
         preflight(settings.cluster, train, store)
-        yield JobSession(settings, store, timings)
+        yield JobSession(settings, store, up)
