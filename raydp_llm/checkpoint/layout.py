@@ -4,11 +4,14 @@ and the error a damaged one raises. The leaf of the checkpoint package."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from raydp_llm.core import integrity
+from raydp_llm.core import integrity, storage
+from raydp_llm.core.config import DpoSettings
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_FILE
 from raydp_llm.models.files import CONFIG_FILE, WEIGHTS_FILE
 
@@ -56,3 +59,35 @@ class TrainState:
     @classmethod
     def from_json(cls, saved: dict) -> TrainState:
         return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
+
+
+PREFERENCE_RECORD = "preference.json"  # in a DPO-tuned model's directory
+REFERENCE_DIR = "reference"  # model/reference/: the starting weights of a model built from scratch
+
+
+@dataclass(frozen=True)
+class PreferenceRecord:
+    """What a DPO-tuned model's directory records of its tuning (``training/reference.py``): its
+    reference (a directory, local or s3://; relative: inside the model's directory) and the DPO
+    loss settings its figures were computed with."""
+
+    reference: str
+    dpo: DpoSettings
+
+    def write(self, model_dir: Path) -> None:
+        values = {k: v for k, v in asdict(self.dpo).items() if k != "reference"}
+        (Path(model_dir) / PREFERENCE_RECORD).write_text(
+            json.dumps({"reference": self.reference, **values}, indent=1))
+
+    @classmethod
+    def read(cls, model_dir: str | Path, s3: S3Options = S3Options()) -> PreferenceRecord | None:
+        """The record in ``model_dir`` (local or s3://), its reference resolved against it; None
+        for a model not tuned with DPO here."""
+        path = storage.join(str(model_dir), PREFERENCE_RECORD)
+        if not storage.exists(path, s3):
+            return None
+        values = storage.read_json(path, s3)
+        reference = values.pop("reference")
+        if not storage.is_s3(reference) and not Path(reference).is_absolute():
+            reference = storage.join(str(model_dir), reference)
+        return cls(reference, DpoSettings(**values))

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import hydra
 import numpy as np
@@ -24,15 +24,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
-from raydp_llm.checkpoint.layout import MODEL_FILES
+from raydp_llm.checkpoint.layout import (
+    MODEL_FILES,
+    PREFERENCE_RECORD,
+    ModelDirError,
+    PreferenceRecord,
+)
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.scores import score_documents
 from raydp_llm.core import storage
-from raydp_llm.core.config import EvaluateSettings
-from raydp_llm.core.errors import InputError
+from raydp_llm.core.config import DpoSettings, EvaluateSettings
+from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
@@ -43,6 +48,7 @@ from raydp_llm.data.prepare import dataset_store, write_json
 from raydp_llm.data.stream import iter_windows
 from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.hf import is_hf_dir
+from raydp_llm.training.dpo import PairLogps, dpo_loss, means
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import samplings
@@ -52,10 +58,10 @@ log = logging.getLogger(__name__)
 
 def model_and_settings(
     settings: EvaluateSettings, out_dir: Path
-) -> tuple[LanguageModel, EvaluateSettings]:
-    """The model of ``model_dir`` (an s3:// one is fetched to ``out_dir/model``), and the settings
-    the ETL runs with for it: the model's tokenizer and block size (and, for an id model, its
-    vocabulary size)."""
+) -> tuple[LanguageModel, Path, EvaluateSettings]:
+    """The model of ``model_dir`` and its local directory (an s3:// one is fetched to
+    ``out_dir/model``), and the settings the ETL runs with for it: the model's tokenizer and block
+    size (and, for an id model, its vocabulary size)."""
     if not settings.model_dir:
         raise InputError("model_dir is required: give the model/ directory of a finished run, "
                          "e.g. model_dir=outputs/raydp_llm/<run>/model")
@@ -82,9 +88,11 @@ def model_and_settings(
     data = settings.data
     if ids_model:  # ids beyond the model's vocabulary are then bad input, reported by the ETL
         data = replace(data, vocab_size=tokenizer.vocab_size)
-    return model, replace(
+    return model, model_dir, replace(
         settings,
         data=data,
+        # preference pairs are scored with DPO's loss (the checks hold pairs to it)
+        train=replace(settings.train, objective="dpo") if data.pairs else settings.train,
         tokenizer=replace(settings.tokenizer,
                           path=str(model_dir if hf_dir else model_dir / TOKENIZER_FILE)),
         model=replace(settings.model, block_size=model.config.block_size),
@@ -124,7 +132,8 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
     """Evaluate ``settings.model_dir`` on ``settings.data`` into ``out_dir``; returns what
     ``evaluation.json`` holds."""
     total = Stopwatch()
-    model, settings = model_and_settings(settings, out_dir)
+    model, model_dir, settings = model_and_settings(settings, out_dir)
+    judge = PairJudge.of(settings, model, model_dir) if settings.data.pairs else None
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
         data, timings = session.prepare(corpus, out_dir), session.timings
@@ -139,17 +148,13 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
     m = data.manifest
     with timed(timings, "eval_s"):
         torch.set_num_threads(os.cpu_count())
-        cut = samplings(settings)  # in stream order; random offsets read as a stride of one block
-        sources = cache.parquet_sources(data.entry, data.index)
-        batches = (
-            w
-            for split in ("train", "val")
-            for w in iter_windows(sources[split], data.index[split],
-                                  replace(cut[split], random=False), m.token_dtype,
-                                  settings.eval_batch_size)
-        )
-        collate = WindowBatch(torch.device("cpu"), chat=m.chat is not None)
-        result = metrics(score(model, batches, collate), m.chars_per_token)
+        batches = corpus_windows(settings, data)
+        collate = WindowBatch(torch.device("cpu"), chat=m.chat is not None,
+                              pairs=settings.data.pairs)
+        if judge is not None:
+            result = judge.score(model, batches, collate)
+        else:
+            result = metrics(score(model, batches, collate), m.chars_per_token)
     timings["total_s"] = total.seconds()
     evaluation = {
         "model_dir": settings.model_dir,
@@ -160,8 +165,85 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
         "etl": data.manifest_json() | {"cache_hit": data.cache_hit},
     }
     write_json(out_dir / "evaluation.json", evaluation)
-    show(evaluation, result, timings, data.cache_hit, out_dir)
+    (show_pairs if judge else show)(evaluation, result, timings, data.cache_hit, out_dir)
     return evaluation
+
+
+def corpus_windows(settings: EvaluateSettings, data) -> Iterator[np.ndarray]:
+    """Every window of the corpus, both splits, in stream order (random offsets read as a stride
+    of one block), in batches of ``eval_batch_size``."""
+    cut = samplings(settings)
+    sources = cache.parquet_sources(data.entry, data.index)
+    for split in ("train", "val"):
+        yield from iter_windows(sources[split], data.index[split],
+                                replace(cut[split], random=False), data.manifest.token_dtype,
+                                settings.eval_batch_size)
+
+
+@dataclass
+class PairJudge:
+    """``data.format=preference``: the DPO loss and rewards of the model against its reference
+    (``ref_model_dir``, else the one its directory records: ``layout.PreferenceRecord``), with the
+    DPO settings it was tuned with but those the command line gives (``inputs.typed_settings``)."""
+
+    reference: LanguageModel
+    reference_dir: str
+    dpo: DpoSettings
+
+    @classmethod
+    def of(cls, settings: EvaluateSettings, model: LanguageModel, model_dir: Path) -> PairJudge:
+        """The reference loaded and checked against ``model`` (of ``model_dir``, local), before
+        any engine starts."""
+        s3 = S3Options.of(settings.s3)
+        record = PreferenceRecord.read(model_dir, s3)
+        ref_dir = settings.ref_model_dir or (record.reference if record else None)
+        if ref_dir is None:
+            raise InputError(f"model_dir={settings.model_dir} records no DPO reference (no "
+                             f"{PREFERENCE_RECORD}): give ref_model_dir=DIR, the model it was "
+                             "tuned from")
+        try:
+            ref, _ = load_model_dir(ref_dir, s3=s3)
+        except (OSError, ModelDirError) as err:
+            raise InputError(f"ref_model_dir={ref_dir}: {first_line(err, 200)}; give the model "
+                             "model_dir was tuned from") from None
+        if ref.config.vocab_size != model.config.vocab_size:
+            raise InputError(f"ref_model_dir={ref_dir}: its vocabulary ({ref.config.vocab_size} "
+                             f"tokens) is not model_dir's ({model.config.vocab_size}); give the "
+                             "model model_dir was tuned from")
+        return cls(ref.eval(), ref_dir, settings.dpo)
+
+    @torch.no_grad()
+    def score(self, model: LanguageModel, batches: Iterable[np.ndarray],
+              collate: WindowBatch) -> dict:
+        """The DPO figures per pair (``dpo.means``) over every pair of ``batches``."""
+        model.eval()
+        totals: dict[str, float] = {}
+        for windows in batches:
+            batch = collate(windows)
+            policy, ref = (PairLogps.of(m(batch.inputs, positions=batch.positions)[0],
+                                        batch.targets) for m in (model, self.reference))
+            out = dpo_loss(policy, ref, self.dpo.beta, self.dpo.loss, self.dpo.label_smoothing)
+            for k, v in out.sums().items():
+                totals[k] = totals.get(k, 0.0) + v
+        return {**means(totals), "pairs": int(totals.get("pairs", 0)),
+                "reference": self.reference_dir,
+                "dpo": {"beta": self.dpo.beta, "loss": self.dpo.loss,
+                        "label_smoothing": self.dpo.label_smoothing}}
+
+
+def show_pairs(evaluation: dict, result: dict, timings: dict, cache_hit: bool,
+               out_dir: Path) -> None:
+    """A preference evaluation on the console: one ``name value`` line per figure."""
+    m = evaluation["etl"]
+    print(f"{evaluation['model_dir']} on {m['corpus']}: {result['pairs']:,} pairs against "
+          f"{result['reference']} (dpo.loss={result['dpo']['loss']}, "
+          f"dpo.beta={result['dpo']['beta']})")
+    for name in ("loss", "reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward",
+                 "chosen_logp", "rejected_logp"):
+        print(f"{name} {result[name]:.4f}")
+    print(f"done in {timings['total_s']:.0f}s (ETL {timings['etl_s']:.0f}s"
+          f"{', cache hit' if cache_hit else ''}, evaluation {timings['eval_s']:.0f}s); "
+          f"evaluation.json in {out_dir}")
 
 
 def show(evaluation: dict, result: dict, timings: dict, cache_hit: bool, out_dir: Path) -> None:

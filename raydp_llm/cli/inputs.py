@@ -49,16 +49,31 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
             resume=train.resume if train.resume in RESUME_WORDS else absolute(train.resume),
         ),
     }
-    if getattr(settings, "model_dir", None):  # evaluate's
-        changes["model_dir"] = absolute(settings.model_dir)
+    for key in ("model_dir", "ref_model_dir"):  # evaluate's
+        if getattr(settings, key, None):
+            changes[key] = absolute(getattr(settings, key))
+    if changes.get("model_dir") and data.pairs:  # evaluate on pairs: the model's DPO settings
+        changes["dpo"] = _recorded_dpo(changes["model_dir"], settings,
+                                       given(overrides, "dpo."))
     if getattr(model, "init_from", None):
         changes["model"], changes["tokenizer"] = _init_from(
             replace(model, init_from=absolute(model.init_from)), changes["tokenizer"],
-            _given(overrides, "model."))
+            given(overrides, "model."))
     if model.kind == "hf":
         changes["model"], changes["tokenizer"] = _pretrained(
             changes["model"], changes["tokenizer"], S3Options.of(settings.s3))
     return replace(settings, **changes)
+
+
+def _recorded_dpo(model_dir: str, settings: Settings, given_keys: set[str]):
+    """The DPO settings ``model_dir`` was tuned with (``layout.PreferenceRecord``), but those the
+    command line gave; the given ones alone for a model that records none."""
+    from raydp_llm.checkpoint.layout import PreferenceRecord
+
+    record = PreferenceRecord.read(model_dir, S3Options.of(settings.s3))
+    if record is None:
+        return settings.dpo
+    return replace(record.dpo, **{k: getattr(settings.dpo, k) for k in given_keys})
 
 
 def _absolute_model(model):
@@ -90,7 +105,7 @@ def _pretrained(model, tokenizer, s3: S3Options):
     return hf.resolved(model, config, hf_tokenizer), replace(tokenizer, path=str(local))
 
 
-def _given(overrides: Iterable[str] | None, prefix: str) -> set[str]:
+def given(overrides: Iterable[str] | None, prefix: str) -> set[str]:
     """The keys under ``prefix`` that the command line set (``model.n_layer=2`` → ``n_layer``)."""
     if overrides is None:
         overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []

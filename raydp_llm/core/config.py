@@ -371,6 +371,9 @@ class ExportSettings:
 class EvaluateSettings(Settings):
     name: str = "evaluate"
     model_dir: Optional[str] = setting(None, "the model/ directory of a finished run (required)")
+    ref_model_dir: Optional[str] = setting(None, "data.format=preference: the model the DPO "
+                                                 "rewards are measured against; null = the "
+                                                 "reference model_dir records (preference.json)")
     eval_batch_size: int = setting(32, "windows per forward pass")
     per_document: bool = setting(False, "also score every document on the cluster (Ray Data, an "
                                         "actor per CPU) into document_scores.parquet: path, "

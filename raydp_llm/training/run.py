@@ -19,7 +19,7 @@ from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, write_json
 from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.models import lora
-from raydp_llm.training import fit, runs, tracking
+from raydp_llm.training import fit, reference, runs, tracking
 from raydp_llm.training.fit import FitResult, Launch, StartedFit, startup_phases, startup_timeline
 from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
@@ -187,12 +187,15 @@ def timeline(started: Started, timings: dict, ray_up: Span, marks: dict) -> dict
 
 def export(outcome: FitResult, directory: Path, spec: TrainSpec) -> None:
     """The model of the fit's final checkpoint (local, or downloaded from S3) into ``directory``:
-    its model files, or its shards gathered into a full model."""
+    its model files, or its shards gathered into a full model; a DPO run's with the reference it
+    was tuned against (``reference.record``)."""
     def copy() -> None:
         with outcome.checkpoint.as_directory() as d:
             checkpointer.export(Path(d), directory, spec.model, spec.tokenizer(), spec.s3)
 
     storage.retried(copy, spec.s3)
+    if spec.pairs:
+        reference.record(directory, spec)
 
 
 # After training: its artifacts, published, and the closing report.

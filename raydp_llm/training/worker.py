@@ -28,9 +28,7 @@ from raydp_llm.core.model_config import uses_lora
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, SplitChunks, ordered_positions
-from raydp_llm.models import gpt2
 from raydp_llm.models.base import IGNORE
-from raydp_llm.models.factory import build_model
 from raydp_llm.training import parallel
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.objectives import (
@@ -38,9 +36,9 @@ from raydp_llm.training.objectives import (
     Preference,
     frozen_copy,
     reference_of,
-    without_dropout,
 )
 from raydp_llm.training.optim import make_optimizer
+from raydp_llm.training.reference import starting_model
 from raydp_llm.training.spec import TrainSpec
 
 
@@ -216,7 +214,7 @@ class Worker:
         self.data = WorkerData(spec, data, placement.rank, placement.world_size)
         train = spec.train
         self.autocast = autocast_for(train.precision, self.device, train.strategy)
-        self.model = self._built()
+        self.model = starting_model(spec)
         self.objective = self._objective(self.model)  # before the model is wrapped or sharded
         self.ddp_model = self._placed(self.model, prepare)
         self.checkpoints = Checkpointer.for_run(train, spec.model)
@@ -229,16 +227,6 @@ class Worker:
         self.tokens_per_step = spec.train.batch_size * rows * self.model.config.block_size
         self.process = psutil.Process()
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
-
-    def _built(self) -> torch.nn.Module:
-        """The model as the spec builds or loads it (with a GPT-2 checkpoint's weights for
-        ``model.init_from``); for DPO without dropout (``objectives.without_dropout``)."""
-        spec = self.spec
-        model = build_model(spec.model, spec.s3)
-        if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (models/gpt2.py)
-            gpt2.load_gpt2_weights(model, gpt2.read_gpt2_tensors(spec.model.init_from),
-                                   spec.model.init_from)
-        return without_dropout(model) if spec.pairs else model
 
     def _objective(self, model: torch.nn.Module) -> LanguageModeling | Preference:
         """lm; or DPO against the starting weights: with LoRA, ``model`` with its adapters off;

@@ -112,6 +112,26 @@ def test_data_format_must_fit_the_model(corpus_dir, tmp_path):
         run(cfg, tmp_path)
 
 
+def test_preference_pairs_need_a_reference_that_fits(corpus_dir, tmp_path):
+    """data.format=preference scores the model against a reference: one line, before any engine,
+    when the model records none and none is given, and when the given one's vocabulary differs."""
+    tuned = model_dir(tmp_path / "model", "abc")
+    pairs = ("data.format=preference", f"data.path={corpus_dir}")
+    with pytest.raises(InputError, match=r"model_dir=.*/model records no DPO reference \(no "
+                                         r"preference.json\): give ref_model_dir=DIR, the model "
+                                         r"it was tuned from$"):
+        run(make_config(f"model_dir={tuned}", *pairs, config_name="evaluate"), tmp_path)
+    other = model_dir(tmp_path / "other", "abcdef")
+    with pytest.raises(InputError, match=r"ref_model_dir=.*/other: its vocabulary \(8 tokens\) "
+                                         r"is not model_dir's \(5\); give the model model_dir "
+                                         r"was tuned from$"):
+        run(make_config(f"model_dir={tuned}", f"ref_model_dir={other}", *pairs,
+                        config_name="evaluate"), tmp_path)
+    with pytest.raises(InputError, match=r"ref_model_dir=.*/absent: .*; give the model "):
+        run(make_config(f"model_dir={tuned}", f"ref_model_dir={tmp_path / 'absent'}", *pairs,
+                        config_name="evaluate"), tmp_path)
+
+
 @pytest.mark.slow
 def test_per_document_scores_each_documents_tokens_on_the_cluster(evaluated):
     result, chars, model_path = evaluated["result"], evaluated["chars"], evaluated["model"]

@@ -1,18 +1,24 @@
 """Preference tuning end to end on the real engines: ``+experiment=dpo`` on the built-in sample
 pairs (a line of a play: which play; the play chosen, the speaker rejected) through the Spark ETL,
 the hand-off and Ray Train's DDP workers: held-out reward accuracy well above chance, the DPO
-metrics in metrics.csv and summary.json, and the model exported with its chat template."""
+metrics in metrics.csv and summary.json, the model exported with its chat template and its
+reference; ``evaluate`` on preference pairs."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from helpers.configs import NO_CHECK, make_config
 from raydp_llm.checkpoint.model_dir import load_model_dir
+from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.data.chat import model_template
+from raydp_llm.data.corpus import sample_corpus
+from raydp_llm.data.sample_preference import pairs as sample_pairs
 from raydp_llm.training.metrics import DPO_FIGURES, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # an end-to-end run
@@ -48,3 +54,41 @@ def test_the_tuned_model_is_exported_with_its_template(dpo_run):
     assert model_template(model_dir).end_of_turn() == "<|im_end|>"
     model, _ = load_model_dir(model_dir)
     assert model.num_params() == dpo_run["summary"]["num_params"]
+
+
+@pytest.fixture(scope="module")
+def few_pairs(tmp_path_factory) -> Path:
+    """The first 200 of the sample pairs, in a file of their own."""
+    rows = sample_pairs([Path(p) for p in sample_corpus().files])[:200]
+    path = tmp_path_factory.mktemp("few_pairs") / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def evaluate_pairs(model_dir: Path, pairs: Path, out: Path, *extra: str) -> dict:
+    out.mkdir()  # as Hydra makes it
+    return evaluate(make_config(f"model_dir={model_dir}", "data.format=preference",
+                                f"data.path={pairs}", *extra, config_name="evaluate"), out)
+
+
+def test_evaluate_scores_pairs_against_the_recorded_reference(dpo_run, few_pairs, tmp_path,
+                                                               capsys):
+    """The tuned model against the reference its directory records (the starting weights, rebuilt
+    from the run's seed into model/reference/): the preference learned; against itself: ln 2 and
+    no reward, exactly."""
+    model_dir = dpo_run["out"] / "model"
+    record = json.loads((model_dir / "preference.json").read_text())
+    assert record == {"reference": "reference", "beta": 0.1, "loss": "sigmoid",
+                      "label_smoothing": 0.0}
+    tuned = evaluate_pairs(model_dir, few_pairs, tmp_path / "tuned")
+    shown = capsys.readouterr().out
+    assert f"\nloss {tuned['loss']:.4f}\nreward_accuracy {tuned['reward_accuracy']:.4f}\n" in shown
+    assert tuned["reference"] == str(model_dir / "reference") and tuned["pairs"] > 150
+    assert tuned["reward_accuracy"] > 0.9 and tuned["loss"] < 0.5 * math.log(2)
+    assert json.loads((tmp_path / "tuned" / "evaluation.json").read_text()) == tuned
+    itself = evaluate_pairs(model_dir, few_pairs, tmp_path / "itself", f"ref_model_dir={model_dir}",
+                            "dpo.beta=0.5")
+    assert itself["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert itself["reward_accuracy"] == 0 and itself["chosen_reward"] == 0
+    assert itself["dpo"]["beta"] == 0.5  # given on the command line: not the recorded 0.1
+    assert itself["chosen_logp"] == pytest.approx(tuned["chosen_logp"])

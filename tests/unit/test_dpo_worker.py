@@ -17,6 +17,7 @@ from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.training.dpo import LN2
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.metrics import COLUMNS, DPO_FIGURES
+from raydp_llm.training.reference import starting_dir, starting_model
 from raydp_llm.training.worker import Worker
 
 
@@ -38,6 +39,21 @@ def test_at_the_start_the_policy_is_the_reference_loss_ln2(data):
     assert abs(scored.loss.item() - LN2) < 1e-6 and scored.count == BATCH
     assert scored.sums["chosen_reward"] == 0 and scored.sums["rejected_reward"] == 0
     assert scored.sums["chosen_logp"] < 0
+
+
+def test_the_driver_rebuilds_the_workers_reference(data, tmp_path):
+    """The reference a DPO model from scratch records (model/reference/) is the driver's rebuild
+    of the starting weights from the run's seed: exactly the worker's frozen copy, also after the
+    worker trained (and drew from torch's generator)."""
+    spec = pair_spec(data)
+    worker = Worker(spec, data, CPU)
+    probe = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
+    TrainLoop(worker, TrainState(), Reports(tmp_path)).run()
+    rebuilt = starting_model(spec).eval()
+    with torch.no_grad():
+        assert torch.equal(rebuilt(probe.inputs, positions=probe.positions)[0],
+                           worker.objective.reference(probe))
+    assert starting_dir(spec) is None  # from scratch: saved, not named
 
 
 def test_a_planted_preference_is_learned_and_the_reference_stays(data, tmp_path):
