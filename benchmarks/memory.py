@@ -41,27 +41,37 @@ CASES = ("ddp", "fsdp", "fsdp+ac", "lora")
 PAPER = {"ddp": "16", "fsdp": "16 / 2 = 8", "fsdp+ac": "16 / 2 = 8", "lora": "4 + 16 × adapters"}
 
 
-def build(layers: int, seq: int, case: str):
-    """The model of ``case`` on this worker: built, adapted, checkpointed per block, sharded."""
+def llama(layers: int, seq: int, lora: bool):
+    """The benchmark's Llama on this worker (seed 0: every worker builds the same), with rank-16
+    LoRA adapters and its base frozen when ``lora``; and its parameters before the adapters."""
     import torch
-    from torch.nn.parallel import DistributedDataParallel
 
     from raydp_llm.core.config import LlamaConfig
     from raydp_llm.core.model_config import LoraSettings
     from raydp_llm.models.factory import build_model
-    from raydp_llm.training import parallel
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=32000, block_size=seq, n_layer=layers, n_embd=768, n_head=12,
                       n_kv_head=4, intermediate_size=2048)
     model = build_model(cfg)
     params = model.num_params()
-    if case == "lora":
+    if lora:
         from raydp_llm.models.lora import add_adapters
 
         for p in model.parameters():
             p.requires_grad_(False)
         model.net = add_adapters(model.net, LoraSettings(r=16, alpha=32.0))
+    return model, params
+
+
+def build(layers: int, seq: int, case: str):
+    """The model of ``case`` on this worker: built, adapted, checkpointed per block, sharded."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from raydp_llm.training import parallel
+
+    model, params = llama(layers, seq, lora=case == "lora")
     if case == "fsdp+ac":
         parallel.checkpoint_activations(model)
     if case.startswith("fsdp"):

@@ -1,0 +1,168 @@
+"""DPO's reference, in memory and speed: tokens/s and peak RSS per worker of one preference step on
+2 workers (gloo), with each reference the service builds, beside a language-model step of the
+same tokens (the baseline), each case in fresh processes.
+
+    python benchmarks/preference.py [--layers 12] [--seq 256] [--steps 3] [--cases lm copy ...]
+
+The model is memory.py's 100M-class Llama (``model=llama``), a micro-batch of one pair per worker:
+its chosen and its rejected answer, two rows of ``--seq`` tokens whose second half is the answer
+(random tokens). Each case trains with the project's own pieces (``objectives.Preference``,
+``frozen_copy``, ``reference_of``, ``parallel.shard``, ``lora.add_adapters``, AdamW):
+  lm         DDP, next-token cross-entropy on the two rows (the baseline: no reference)
+  copy       DDP, the reference a frozen copy of the starting weights (a second model per worker)
+  fsdp-copy  FSDP2 over the 2 workers, the frozen copy sharded like the policy
+  lora       DDP with rank-16 LoRA adapters; the reference is the base with its adapters off
+             (no second copy)
+``dpo.reference=precomputed`` (log-probabilities computed before training) is not built yet.
+The table: the larger worker's training peak RSS minus its imports (the timed steps', after a
+warm-up step), and both workers' tokens/s (a pair counts its two rows), each against lm's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+import memory  # noqa: E402 - the model and the RSS probes are memory.py's
+
+CASES = ("lm", "copy", "fsdp-copy", "lora")
+WORLD = memory.WORLD
+
+
+def objective(case: str, model):
+    """The case's objective (Preference against its reference, or None for lm), and the model
+    the optimizer steps (wrapped for DDP or sharded)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from raydp_llm.core.config import DpoSettings
+    from raydp_llm.training import parallel
+    from raydp_llm.training.objectives import Preference, frozen_copy, reference_of
+
+    if case == "lm":
+        return None, DistributedDataParallel(model)
+    if case == "lora":
+        return Preference(DpoSettings(), reference_of(model)), DistributedDataParallel(model)
+    copy_ = frozen_copy(model)
+    if case == "fsdp-copy":
+        cpu = torch.device("cpu")
+        copy_ = parallel.shard(copy_, cpu, "fp32")
+        return Preference(DpoSettings(), reference_of(model, copy_)), \
+            parallel.shard(model, cpu, "fp32")
+    return Preference(DpoSettings(), reference_of(model, copy_)), DistributedDataParallel(model)
+
+
+def pair_batch(seq: int):
+    """One pair as the worker's batches hold it: the chosen row, then the rejected; the loss
+    counts the second half of each (the answer)."""
+    import torch
+
+    from raydp_llm.models.base import IGNORE
+
+    inputs = torch.randint(0, 32000, (2, seq))
+    targets = torch.roll(inputs, -1, dims=1)
+    targets[:, : seq // 2] = IGNORE
+    return SimpleNamespace(inputs=inputs, targets=targets, positions=None,
+                           model_args=lambda: {"positions": None})
+
+
+def step(case: str, scorer, wrapped, batch) -> None:
+    import contextlib
+
+    if scorer is None:
+        _, loss = wrapped(batch.inputs, batch.targets)
+    else:
+        loss = scorer.score(wrapped, batch, contextlib.nullcontext).loss
+    loss.backward()
+
+
+def worker(rank: int, port: int, args, case: str, out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    import transformers  # noqa: F401 - counted in the imports' RSS
+
+    imports_mb = memory.rss_mb()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    from raydp_llm.training.objectives import without_dropout
+    from raydp_llm.training.optim import make_optimizer
+
+    model, params = memory.llama(args.layers, args.seq, lora=case == "lora")
+    scorer, wrapped = objective(case, without_dropout(model))
+    settings = SimpleNamespace(optim=SimpleNamespace(weight_decay=0.1, lr=1e-4, beta1=0.9,
+                                                     beta2=0.95))
+    optimizer = make_optimizer(model, settings)
+    batch, times = pair_batch(args.seq), []
+    for i in range(1 + args.steps):
+        if i == 1:  # the training peak: the timed steps', after the warm-up built AdamW's state
+            memory.reset_peak()
+        start = time.perf_counter()
+        step(case, scorer, wrapped, batch)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    (out / f"{case}-{rank}.json").write_text(json.dumps(
+        {"imports_mb": imports_mb, "peak_mb": memory.status_mb("VmHWM"), "params": params,
+         "step_s": sum(times[1:]) / args.steps}))
+    dist.destroy_process_group()
+
+
+def table(results: dict) -> str:
+    lines = ["| case | reference | training peak RSS − imports, MiB | × lm memory | tokens/s | "
+             "× lm speed |", "|---|---|---:|---:|---:|---:|"]
+    what = {"lm": "none (next-token loss)", "copy": "a frozen copy per worker",
+            "fsdp-copy": "a frozen copy, sharded", "lora": "the base, adapters off"}
+    base = results["lm"]
+    base_used = base["peak_mb"] - base["imports_mb"]
+    for case, r in results.items():
+        used = r["peak_mb"] - r["imports_mb"]
+        lines.append(f"| {case} | {what[case]} | {used:,.0f} | {used / base_used:.2f} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def run_case(args, case: str, out: Path) -> dict:
+    """memory.run_case's spawn of the 2 workers, with this module's worker; a pair is 2 rows."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(port, args, case, out), nprocs=WORLD)
+    ranks = [json.loads((out / f"{case}-{r}.json").read_text()) for r in range(WORLD)]
+    worst = max(ranks, key=lambda r: r["peak_mb"] - r["imports_mb"])
+    return {**worst, "tokens_per_s": WORLD * 2 * args.seq / max(r["step_s"] for r in ranks)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    args = parser.parse_args()
+    if "lm" not in args.cases:
+        args.cases.insert(0, "lm")  # the baseline, measured in the same run
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in args.cases:
+            results[case] = run_case(args, case, Path(tmp))
+            print(f"{case}: {json.dumps(results[case])}", flush=True)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
