@@ -92,3 +92,25 @@ def test_evaluate_scores_pairs_against_the_recorded_reference(dpo_run, few_pairs
     assert itself["reward_accuracy"] == 0 and itself["chosen_reward"] == 0
     assert itself["dpo"]["beta"] == 0.5  # given on the command line: not the recorded 0.1
     assert itself["chosen_logp"] == pytest.approx(tuned["chosen_logp"])
+
+
+def test_a_transformers_model_tuned_with_lora_records_its_base_as_reference(
+        ray_cluster, hf_families, few_pairs, tmp_path):
+    """model=hf with LoRA (the Llama family, ChatML): the reference during training is the base
+    with its adapters off, so the record names the base's directory; evaluate loads it and finds
+    the tuned model's rewards against it."""
+    base = hf_families["llama"]
+    out = tmp_path / "run"
+    summary = train(make_config(
+        "+experiment=dpo", "model=hf", f"model.path={base}", "model.lora.r=4",
+        "model.lora.alpha=32", "data.chat_template=chatml", f"data.path={few_pairs}",
+        "model.block_size=128", "train.batch_size=8", "train.max_steps=8", "train.eval_interval=4",
+        "train.eval_batches=null", "optim.lr=3e-3", "sample.max_new_tokens=5", NO_CHECK), out)
+    record = json.loads((out / "model" / "preference.json").read_text())
+    assert record["reference"] == str(base) and not (out / "model" / "reference").exists()
+    assert (out / "model" / "adapter").is_dir()  # the adapter, beside the merged model
+    assert [r["step"] for r in read_metrics(out / "metrics.csv")] == [4, 8]
+    assert math.isfinite(summary["final_val_loss"]) and summary["status"] == "finished"
+    scored = evaluate_pairs(out / "model", few_pairs, tmp_path / "evaluated")
+    assert scored["reference"] == str(base) and scored["pairs"] > 150
+    assert scored["chosen_reward"] != 0 and math.isfinite(scored["loss"])

@@ -142,11 +142,14 @@ def assert_close(a: dict, b: dict, tol: float) -> None:
 def _two_workers(rank, world, spec_of, data, keep1: Path, keep2: Path, pairs: dict) -> dict:
     """On 2 workers: the first step's gradients (plain, with grad_accum 2, with activation
     checkpointing), a bf16 step's loss, the whole fsdp run, the run resumed from the 1-worker
-    run's step-20 checkpoint, and a DPO run (its frozen reference sharded like the policy)."""
+    run's step-20 checkpoint, and a DPO run (its frozen reference sharded like the policy; its
+    first step's gradients with grad_accum 2 too)."""
     fsdp = spec_of(strategy="fsdp")
     return {
         "dpo_grads": one_step_grads(pair_spec(pairs, strategy="fsdp"), pairs, rank, world),
-        "dpo_curve": run(pair_spec(pairs, strategy="fsdp"), pairs, rank, world, keep2 / "dpo"),
+        "dpo_grads_accum": one_step_grads(pair_spec(pairs, strategy="fsdp", grad_accum=2), pairs,
+                                          rank, world),
+        "dpo_curve": run(dpo_fsdp(pairs), pairs, rank, world, keep2 / "dpo"),
         "grads": one_step_grads(fsdp, data, rank, world),
         "grads_accum": one_step_grads(replace(fsdp, train=replace(fsdp.train, grad_accum=2)),
                                       data, rank, world),
@@ -176,6 +179,10 @@ def layouts(data, tmp_path_factory):
     one["resumed_from_2"] = spawned(1, functools.partial(_resumed, spec_of=spec_of, data=data,
                                                          keep=keep1 / "from2",
                                                          resume=keep2 / "step_20"), tmp)
+    one["dpo_resumed_from_2"] = spawned(1, functools.partial(_dpo_resumed, pairs=pairs,
+                                                             keep=keep1 / "dpo_from2",
+                                                             resume=keep2 / "dpo" / "step_40"),
+                                        tmp)
     ddp = spec_of()
     return {"one": one, "two": two, "keep1": keep1, "keep2": keep2,
             "ddp_grads": one_step_grads(ddp, data, 0, 1),
@@ -191,6 +198,15 @@ def _one_worker_full(rank, world, spec_of, data, keep: Path) -> dict:
 
 def _resumed(rank, world, spec_of, data, keep: Path, resume: Path) -> list[tuple]:
     return run(spec_of(strategy="fsdp"), data, rank, world, keep, resume)
+
+
+def dpo_fsdp(pairs):
+    """DPO sharded over the workers, a checkpoint at step 40 of 80."""
+    return pair_spec(pairs, strategy="fsdp", checkpoint_interval=40)
+
+
+def _dpo_resumed(rank, world, pairs, keep: Path, resume: Path) -> list[tuple]:
+    return run(dpo_fsdp(pairs), pairs, rank, world, keep, resume)
 
 
 def test_two_fsdp_workers_have_the_gradients_of_one_process(layouts):
@@ -224,6 +240,16 @@ def test_dpo_on_two_fsdp_workers_follows_one_workers_curve(layouts):
     for a, b in zip(two, one, strict=True):
         assert abs(a[1] - b[1]) <= 1e-2 and abs(a[2] - b[2]) <= 1e-2, (a, b)
     assert two[-1][2] < 0.5 * math.log(2)  # it learns the planted preference
+
+
+def test_a_killed_two_worker_dpo_run_continued_by_one_ends_on_its_curve(layouts):
+    """The 2-worker DPO run's sharded step-40 checkpoint (the policy; the frozen reference is
+    rebuilt from the seed) continued by 1 worker: its step 80 is the uninterrupted run's. Its
+    first step with grad_accum 2 has one process's gradients."""
+    resumed, whole = layouts["one"]["dpo_resumed_from_2"], layouts["two"]["dpo_curve"]
+    assert [r[0] for r in resumed] == [80]
+    assert abs(resumed[0][1] - whole[1][1]) <= 1e-2 and abs(resumed[0][2] - whole[1][2]) <= 1e-2
+    assert_close(layouts["two"]["dpo_grads_accum"], layouts["dpo_grads"], 1e-6)
 
 
 def test_a_sharded_checkpoint_continues_on_another_number_of_workers(layouts):
