@@ -27,10 +27,7 @@ def main(cfg: DictConfig) -> None:
     settings, out_dir = typed_settings(cfg), Path(HydraConfig.get().runtime.output_dir)
     total = Stopwatch()
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
-    from raydp_llm.engines import ray_cluster
-
-    ray_cluster.begin(settings.cluster, settings.name)  # while Spark and torch import: seconds
-    from raydp_llm.cli import prepare_job
+    from raydp_llm.cli import prepare_job  # Ray, Spark, torch: seconds to import
 
     prepare_job.run_checked(settings, corpus, out_dir, total)
 

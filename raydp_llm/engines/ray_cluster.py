@@ -2,8 +2,7 @@
 and Ctrl-C.
 
 ``ray_session`` is a context manager; the token file Ray 2.60 writes is made private before Ray
-starts. ``begin`` starts an embedded Ray in the background while the driver imports torch and the
-training code; ``ray_session`` then takes that Ray over.
+starts.
 """
 
 from __future__ import annotations
@@ -12,13 +11,8 @@ import contextlib
 import logging
 import math
 import os
-import signal
-import sys
-import threading
 import time
 import warnings
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -37,42 +31,6 @@ log = logging.getLogger(__name__)
 NAMESPACE = "raydp_llm"
 
 
-@dataclass
-class _Begun:
-    """A Ray start running in a thread that outlives it: Linux sends the parent-death signal
-    Ray's processes ask for (PR_SET_PDEATHSIG) when the *thread* that started them ends, so it
-    waits until Ray has stopped (``stopped``)."""
-
-    started: Future = field(default_factory=Future)  # (Ray's context, when the start began)
-    stopped: threading.Event = field(default_factory=threading.Event)
-
-    def start(self, *args) -> None:
-        try:
-            self.started.set_result(start_ray(*args))
-        except BaseException as err:  # noqa: BLE001 - handed to the session that awaits it
-            self.started.set_exception(err)
-        self.stopped.wait()
-
-
-# Ray is one per process: the start ``begin`` set going, which the next ``ray_session`` awaits
-_begun: _Begun | None = None
-
-
-def begin(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) -> None:
-    """Start Ray as ``ray_session`` would, in a thread, and return at once: Ray's processes (GCS,
-    raylet, dashboard: about 3 s on 2 cores, mostly waiting) start while this process imports
-    torch and the training code (about 1.5 s). The next ``ray_session`` takes this Ray over and
-    stops it. Nothing is begun when Ray is already up (a sweep's jobs, tests)."""
-    global _begun
-    if ray.is_initialized() or _begun is not None:
-        return
-    # what ray.init does in the main thread only: SIGTERM exits through the run's cleanup
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
-    _begun = _Begun()
-    threading.Thread(target=_begun.start, args=(cfg, run_name, waiting_cpus), name="ray-start",
-                     daemon=True).start()
-
-
 def training_cpus(train: TrainSettings | None) -> float:
     """The CPUs a training job's DDP workers wait on while Spark runs (``embedded_cpus``)."""
     return train.num_workers * train.cpus_per_worker if train is not None else 0
@@ -80,27 +38,22 @@ def training_cpus(train: TrainSettings | None) -> float:
 
 @contextlib.contextmanager
 def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) -> Iterator[Span]:
-    """Start an embedded Ray (``address: local``) or connect to ``address``, or take over the Ray
-    ``begin`` started; shut down on exit. Yields when Ray's start began and when it was up. The
-    console gets the dashboard's URL and how to get in; the driver job carries ``run_name`` in its
-    metadata. An embedded Ray counts ``waiting_cpus`` on top of the machine's cores
-    (``embedded_cpus``) unless ``cluster.num_cpus`` says how many.
+    """Start an embedded Ray (``address: local``) or connect to ``address``; shut down on exit.
+    Yields when Ray's start began and when it was up. The console gets the dashboard's URL and how
+    to get in; the driver job carries ``run_name`` in its metadata. An embedded Ray counts
+    ``waiting_cpus`` on top of the machine's cores (``embedded_cpus``) unless ``cluster.num_cpus``
+    says how many.
 
     If Ray is already initialised in this process (tests, sweeps) it is reused and left running.
     """
-    global _begun
     # Ray Data keeps row order (reading the ETL cache, handing over from Spark): runs are
     # reproducible.
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    if _begun is None and ray.is_initialized():
+    if ray.is_initialized():
         yield Span(time.time(), time.time())
         return
-    begun, _begun = _begun, None
+    context, began = start_ray(cfg, run_name, waiting_cpus)
     try:
-        if begun is not None:
-            context, began = begun.started.result()
-        else:
-            context, began = start_ray(cfg, run_name, waiting_cpus)
         up = Span(began, time.time())
         if cfg.address == "local":
             lower_background_priority(context.address_info["session_dir"])
@@ -108,8 +61,6 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
         yield up
     finally:
         ray.shutdown()
-        if begun is not None:
-            begun.stopped.set()
 
 
 def start_ray(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> tuple:

@@ -58,7 +58,7 @@ class Trained:
     data: PreparedData
     outcome: FitResult
     timings: dict
-    ray_up: Span  # when Ray's start began (beside the driver's imports) and when it was up
+    ray_up: Span  # when Ray's start began and when it was up
     # where the outputs are copied beside the checkpoints, <storage>/<run name>; None without
     # train.storage_path (the checkpoints are in the run directory already)
     destination: str | None
@@ -119,11 +119,12 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
                 outcome = train(spec, data, job, group)
             if outcome.diverged is None:
                 export(outcome, out_dir / "model", spec)
-            # the sample and the plots are drawn while Spark, the worker group and Ray stop
-            drawing = in_background("draw", draw, settings, out_dir, outcome)
+            # the sample is written while Spark, the worker group and Ray stop (no process is
+            # started meanwhile: a fork beside a thread's import can deadlock on Python's locks)
+            sampling = in_background("sample", sample_of, settings, out_dir, outcome)
         trained = Trained(data, outcome, session.timings, session.ray_up, job.destination)
         trained.timings["startup"] = startup(started, trained)
-        outputs = artifacts(out_dir, trained, total, drawing.result())
+        outputs = artifacts(out_dir, trained, total, sampling.result())
         publish(settings, out_dir, trained)
         return report(out_dir, trained, outputs)
 
@@ -156,9 +157,8 @@ def train(spec: TrainSpec, data: PreparedData, job: Job, group: StartedFit) -> F
 
 def startup(started: Started, trained: Trained) -> dict:
     """Where the seconds before the first step (and after the last) went, phase by phase, and
-    ``timeline``: when each phase ran, ``[start, end]`` in seconds after the command's start (Ray
-    starts beside the driver's imports; the worker group's start runs beside Spark and the ETL:
-    ``overlapped_s`` of it)."""
+    ``timeline``: when each phase ran, ``[start, end]`` in seconds after the command's start (the
+    worker group's start runs beside Spark and the ETL: ``overlapped_s`` of it)."""
     timings, outcome = trained.timings, trained.outcome
     phases = {"python_start_s": started.ready - started.command,
               "ray_start_s": timings["ray_start_s"], "spark_start_s": timings.get("spark_start_s"),
@@ -217,23 +217,22 @@ class Outputs:
     summary: dict
 
 
-def draw(settings: Settings, out_dir: Path, outcome: FitResult) -> Sample:
-    """After training, into ``out_dir``: the model's sample (``samples.txt``) and the plots of
-    ``metrics.csv``. A diverged run has no model, so no sample."""
-    sample = write_sample(settings, out_dir) if outcome.diverged is None else Sample()
-    metrics_csv = out_dir / "metrics.csv"
-    if metrics_csv.exists() and read_metrics(metrics_csv):
-        plot_loss(metrics_csv, out_dir / "loss.png")
-        plot_throughput(metrics_csv, out_dir / "throughput.png")
-    return sample
+def sample_of(settings: Settings, out_dir: Path, outcome: FitResult) -> Sample:
+    """After training: the model's sample (``samples.txt``); a diverged run has no model, so
+    none."""
+    return write_sample(settings, out_dir) if outcome.diverged is None else Sample()
 
 
 def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample) -> Outputs:
-    """``summary.json`` into ``out_dir``, from the run's metrics, timings, data and sample."""
+    """Into ``out_dir``: the plots of ``metrics.csv`` and ``summary.json``, from the run's
+    metrics, timings, data and ``sample``."""
     timings = trained.timings
     timings["total_s"] = total.seconds()
     metrics_csv = out_dir / "metrics.csv"
     rows = read_metrics(metrics_csv) if metrics_csv.exists() else []
+    if rows:
+        plot_loss(metrics_csv, out_dir / "loss.png")
+        plot_throughput(metrics_csv, out_dir / "throughput.png")
     outcome, data = trained.outcome, trained.data
     summary = write_summary(
         out_dir / "summary.json",

@@ -47,7 +47,7 @@ class JobSession:
 @contextlib.contextmanager
 def job_session(settings: Settings, store: Path | None, train: TrainSettings | None = None
                 ) -> Iterator[JobSession]:
-    """Ray up for ``settings.name`` (or taken over from ``ray_cluster.begin``) and the cluster
+    """Ray up for ``settings.name`` and the cluster
     checked for the job (for the DDP workers too when ``train`` is given; ``store``: where the ETL
     writes its dataset); Ray stops at the end. ``ray_start_s`` opens the timings. A training job's
     embedded Ray counts its DDP workers' CPUs twice: they start while Spark runs
