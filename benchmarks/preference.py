@@ -13,7 +13,8 @@ its chosen and its rejected answer, two rows of ``--seq`` tokens whose second ha
   fsdp-copy  FSDP2 over the 2 workers, the frozen copy sharded like the policy
   lora       DDP with rank-16 LoRA adapters; the reference is the base with its adapters off
              (no second copy)
-``dpo.reference=precomputed`` (log-probabilities computed before training) is not built yet.
+  precomputed  DDP, the reference's log-probabilities of the pair computed before the first
+             step (``precomputed.PrecomputedReference``): no reference model at all
 The table: the larger worker's training peak RSS minus its imports (the timed steps', after a
 warm-up step), and both workers' tokens/s (a pair counts its two rows), each against lm's.
 """
@@ -35,13 +36,14 @@ sys.path.insert(0, str(ROOT))
 
 import memory  # noqa: E402 - the model and the RSS probes are memory.py's
 
-CASES = ("lm", "copy", "fsdp-copy", "lora")
+CASES = ("lm", "copy", "fsdp-copy", "lora", "precomputed")
 WORLD = memory.WORLD
 
 
-def objective(case: str, model):
+def objective(case: str, model, batch):
     """The case's objective (Preference against its reference, or None for lm), and the model
-    the optimizer steps (wrapped for DDP or sharded)."""
+    the optimizer steps (wrapped for DDP or sharded). ``batch``: the pair it trains on (the
+    precomputed reference's log-probabilities are of it)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -53,6 +55,14 @@ def objective(case: str, model):
         return None, DistributedDataParallel(model)
     if case == "lora":
         return Preference(DpoSettings(), reference_of(model)), DistributedDataParallel(model)
+    if case == "precomputed":
+        from raydp_llm.training.objectives import logps_of
+        from raydp_llm.training.precomputed import PrecomputedReference
+
+        table = PrecomputedReference("benchmark")
+        with torch.no_grad():
+            table.fill([batch], lambda b: logps_of(model, b))  # before the first step
+        return Preference(DpoSettings(), table), DistributedDataParallel(model)
     copy_ = frozen_copy(model)
     if case == "fsdp-copy":
         cpu = torch.device("cpu")
@@ -99,11 +109,11 @@ def worker(rank: int, port: int, args, case: str, out: Path) -> None:
     from raydp_llm.training.optim import make_optimizer
 
     model, params = memory.llama(args.layers, args.seq, lora=case == "lora")
-    scorer, wrapped = objective(case, without_dropout(model))
+    batch, times = pair_batch(args.seq), []
+    scorer, wrapped = objective(case, without_dropout(model), batch)
     settings = SimpleNamespace(optim=SimpleNamespace(weight_decay=0.1, lr=1e-4, beta1=0.9,
                                                      beta2=0.95))
     optimizer = make_optimizer(model, settings)
-    batch, times = pair_batch(args.seq), []
     for i in range(1 + args.steps):
         if i == 1:  # the training peak: the timed steps', after the warm-up built AdamW's state
             memory.reset_peak()
@@ -122,7 +132,8 @@ def table(results: dict) -> str:
     lines = ["| case | reference | training peak RSS − imports, MiB | × lm memory | tokens/s | "
              "× lm speed |", "|---|---|---:|---:|---:|---:|"]
     what = {"lm": "none (next-token loss)", "copy": "a frozen copy per worker",
-            "fsdp-copy": "a frozen copy, sharded", "lora": "the base, adapters off"}
+            "fsdp-copy": "a frozen copy, sharded", "lora": "the base, adapters off",
+            "precomputed": "log-probabilities computed before training"}
     base = results["lm"]
     base_used = base["peak_mb"] - base["imports_mb"]
     for case, r in results.items():

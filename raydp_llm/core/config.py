@@ -96,9 +96,11 @@ class DpoLossKind(Choice):
 
 
 class DpoReference(Choice):
-    # the only one built so far; precomputed log-probabilities are issue 32's next part
     model = "model", ("the starting weights, frozen: with LoRA the base with the adapters off (no "
                       "second copy), else a frozen copy sharded like the policy")
+    precomputed = "precomputed", ("the starting weights' log-probabilities of every pair, "
+                                  "computed by the workers before the first step and kept in "
+                                  "each checkpoint: no reference model in memory while training")
 
 
 

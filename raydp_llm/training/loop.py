@@ -62,6 +62,7 @@ class TrainLoop:
     def run(self) -> bool:
         """Train to ``max_steps``; False when the run diverged (reported, not checkpointed)."""
         state, spec = self.state, self.spec
+        self.worker.precompute_reference(state)  # dpo.reference=precomputed, once
         while state.step < spec.max_steps:
             for group in self.worker.data.steps(state.epoch, state.step_in_epoch):
                 if not self.step(group):

@@ -47,11 +47,12 @@ class LanguageModeling:
 class Preference:
     """``train.objective=dpo``: the DPO loss of a batch of pairs (``data/batches.py``: the chosen
     answers' rows, then the rejected answers' rows) against ``reference``, a function of the batch
-    that gives the frozen starting weights' logits."""
+    that gives the frozen starting weights' log-probabilities of its answers (``reference_of``,
+    or ``precomputed.PrecomputedReference``)."""
 
     figures = DPO_FIGURES
 
-    def __init__(self, dpo: DpoSettings, reference: Callable[[Batch], torch.Tensor]):
+    def __init__(self, dpo: DpoSettings, reference: Callable[[Batch], PairLogps]):
         self.dpo, self.reference = dpo, reference
 
     def score(self, forward: nn.Module, batch: Batch, autocast: Callable) -> Scored:
@@ -59,7 +60,7 @@ class Preference:
             logits, _ = forward(batch.inputs, positions=batch.positions)
         policy = PairLogps.of(logits, batch.targets)
         with torch.no_grad(), autocast():
-            reference = PairLogps.of(self.reference(batch), batch.targets)
+            reference = self.reference(batch)
         out: DpoLoss = dpo_loss(policy, reference, self.dpo.beta, self.dpo.loss,
                                 self.dpo.label_smoothing)
         sums = out.sums()
@@ -89,19 +90,24 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def reference_of(model: nn.Module, copy_: nn.Module | None = None
-                 ) -> Callable[[Batch], torch.Tensor]:
-    """The reference's logits for a batch: ``copy_`` (``frozen_copy``, placed like the policy);
-    without one, ``model`` itself with its LoRA adapters switched off (no second copy in
-    memory)."""
+                 ) -> Callable[[Batch], PairLogps]:
+    """The reference's log-probabilities of a batch's answers: by ``copy_`` (``frozen_copy``,
+    placed like the policy); without one, by ``model`` itself with its LoRA adapters switched off
+    (no second copy in memory)."""
 
-    def adapters_off(batch: Batch) -> torch.Tensor:
+    def adapters_off(batch: Batch) -> PairLogps:
         with model.net.disable_adapter(), _evaluating(model):
-            return model(batch.inputs, positions=batch.positions)[0]
+            return logps_of(model, batch)
 
-    def copied(batch: Batch) -> torch.Tensor:
-        return copy_(batch.inputs, positions=batch.positions)[0]
+    def copied(batch: Batch) -> PairLogps:
+        return logps_of(copy_, batch)
 
     return adapters_off if copy_ is None else copied
+
+
+def logps_of(model: nn.Module, batch: Batch) -> PairLogps:
+    """``model``'s log-probabilities of the answers of a batch of pairs."""
+    return PairLogps.of(model(batch.inputs, positions=batch.positions)[0], batch.targets)
 
 
 @contextlib.contextmanager

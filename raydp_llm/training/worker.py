@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from raydp_llm.checkpoint.checkpointer import Checkpointer
 from raydp_llm.checkpoint.layout import TrainState
+from raydp_llm.core.errors import RunFailure
 from raydp_llm.core.model_config import uses_lora
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
@@ -35,9 +36,11 @@ from raydp_llm.training.objectives import (
     LanguageModeling,
     Preference,
     frozen_copy,
+    logps_of,
     reference_of,
 )
 from raydp_llm.training.optim import make_optimizer
+from raydp_llm.training.precomputed import PrecomputedReference, starting_stamp
 from raydp_llm.training.reference import starting_model
 from raydp_llm.training.spec import TrainSpec
 
@@ -79,6 +82,16 @@ class WorkerData:
                                 "windows": after["windows_read"] - before["windows_read"],
                                 "chunks": after["chunks_read"] - before["chunks_read"]}
             yield np.split(windows, spec.train.grad_accum)
+
+    def every_window(self):
+        """This worker's contiguous share of every window of both splits, in stream order, a
+        micro-batch at a time."""
+        micro = self.spec.micro_batch(self.world)
+        for name, reader in self.readers.items():
+            order = EpochOrder(reader.index, self.spec.sampling[name], self.spec.seed, epoch=None)
+            positions = ordered_positions(order.total, None, self.rank, self.world)
+            for lo in range(0, len(positions), micro):
+                yield reader.windows(order, positions[lo:lo + micro])
 
     def val_batches(self):
         """This worker's contiguous share of the first ``eval_batches × batch_size / grad_accum``
@@ -229,11 +242,15 @@ class Worker:
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
 
     def _objective(self, model: torch.nn.Module) -> LanguageModeling | Preference:
-        """lm; or DPO against the starting weights: with LoRA, ``model`` with its adapters off;
+        """lm; or DPO against the starting weights: their log-probabilities precomputed (the
+        table filled by ``precompute_reference``); with LoRA, ``model`` with its adapters off;
         else a frozen copy of it, taken before it is wrapped or sharded, and placed as it is."""
         spec = self.spec
         if not spec.pairs:
             return LanguageModeling()
+        if spec.dpo.reference == "precomputed":
+            stamp = starting_stamp(spec.model, spec.seed)
+            return Preference(spec.dpo, PrecomputedReference(stamp))
         if uses_lora(spec.model):
             return Preference(spec.dpo, reference_of(model))
         copy_ = frozen_copy(model)
@@ -257,17 +274,61 @@ class Worker:
         """Whether this worker writes (a part of) each checkpoint: rank 0, or every worker."""
         return self.checkpoints.writes(self.placement.rank)
 
+    @property
+    def precomputed(self) -> PrecomputedReference | None:
+        """dpo.reference=precomputed: the table of the reference's log-probabilities."""
+        reference = getattr(self.objective, "reference", None)
+        return reference if isinstance(reference, PrecomputedReference) else None
+
     def load_checkpoint(self, directory: Path) -> TrainState:
-        """Weights, optimizer and RNG from a training checkpoint; the state it was taken at."""
+        """Weights, optimizer and RNG from a training checkpoint (and the reference's
+        log-probabilities a precomputed run's holds); the state it was taken at."""
+        if self.precomputed is not None:
+            self.precomputed.load(directory)
         return self.checkpoints.load(directory, self.model, self.optimizer)
 
     def save_checkpoint(self, directory: Path, state: TrainState) -> None:
         """A training checkpoint at ``state`` (this worker's part of it when sharded), stamped with
-        the run's fingerprint, ``max_steps`` and number of workers."""
+        the run's fingerprint, ``max_steps`` and number of workers; rank 0 adds the precomputed
+        reference's log-probabilities."""
         spec = self.spec
         stamped = replace(state, fingerprint=spec.fingerprint, max_steps=spec.max_steps,
                           world=self.placement.world_size)
+        if self.precomputed is not None and self.placement.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.precomputed.save(directory)  # before the checkpoint's seal, which lists it
         self.checkpoints.save(directory, self.model, spec.tokenizer(), self.optimizer, stamped)
+
+    @torch.no_grad()
+    def precompute_reference(self, state: TrainState) -> None:
+        """dpo.reference=precomputed and no table yet (none in the checkpoint resumed): the
+        starting weights' log-probabilities of every pair of both splits, each worker its
+        contiguous share, in as many forwards on every worker (a sharded model's gather
+        parameters), then gathered. At step 0 the policy still is the starting weights."""
+        table = self.precomputed
+        if table is None or table.table:
+            return
+        if state.step > 0:
+            raise RunFailure(f"dpo.reference=precomputed: the checkpoint of step {state.step} "
+                             "holds no reference log-probabilities; resume one this run wrote, "
+                             "or start afresh")
+        model, ran = self.model, 0
+
+        def batches():
+            nonlocal ran
+            for windows in self.data.every_window():
+                ran += 1
+                yield self.collate(windows)
+
+        model.eval()
+        with self.autocast():
+            table.fill(batches(), lambda b: logps_of(model, b))
+            if parallel.is_sharded(model):  # each forward gathers: as many on every worker
+                idle = idle_batch(model.config.block_size, self.device)
+                for _ in range(int(all_reduce_max(ran)[0]) - ran):
+                    model(idle.inputs, positions=idle.positions)
+        model.train()
+        table.gather()
 
     def train_step(self, group: list[np.ndarray], lr: float) -> StepResult:
         """Forward and backward over this worker's ``grad_accum`` micro-batches (the gradients are

@@ -131,7 +131,6 @@ BAD_SETTINGS = [
         "train.objective=dpo",
     ),
     ("dpo.beta=0", "dpo.beta=0.0 is not allowed: use a number > 0"),
-    ("dpo.reference=precomputed", "dpo.reference=precomputed is not allowed: use model"),
     (
         "train.num_workers=4 train.min_workers=1 train.batch_size=8",
         "train.batch_size=8 is not divisible by 3 workers (train.min_workers=1) × "

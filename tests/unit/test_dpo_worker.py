@@ -11,14 +11,23 @@ from dataclasses import replace
 import pytest
 import torch
 
-from helpers.pairs import ANSWER, BATCH, BLOCK, pair_data, pair_spec
+from helpers.pairs import ANSWER, BATCH, BLOCK, TRAIN_PAIRS, VAL_PAIRS, pair_data, pair_spec
 from helpers.tiny_loop import CPU, Reports
 from raydp_llm.checkpoint.layout import TrainState
+from raydp_llm.core import integrity
+from raydp_llm.core.errors import RunFailure
 from raydp_llm.training.dpo import LN2
 from raydp_llm.training.loop import TrainLoop
 from raydp_llm.training.metrics import COLUMNS, DPO_FIGURES
+from raydp_llm.training.objectives import logps_of
+from raydp_llm.training.precomputed import FILE, pair_keys
 from raydp_llm.training.reference import starting_dir, starting_model
 from raydp_llm.training.worker import Worker
+
+
+def answers(logps) -> list[float]:
+    """A reference's log-probabilities of a batch's answers, the chosen then the rejected."""
+    return logps.chosen.tolist() + logps.rejected.tolist()
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +60,7 @@ def test_the_driver_rebuilds_the_workers_reference(data, tmp_path):
     TrainLoop(worker, TrainState(), Reports(tmp_path)).run()
     rebuilt = starting_model(spec).eval()
     with torch.no_grad():
-        assert torch.equal(rebuilt(probe.inputs, positions=probe.positions)[0],
-                           worker.objective.reference(probe))
+        assert answers(logps_of(rebuilt, probe)) == answers(worker.objective.reference(probe))
     assert starting_dir(spec) is None  # from scratch: saved, not named
 
 
@@ -61,7 +69,7 @@ def test_a_planted_preference_is_learned_and_the_reference_stays(data, tmp_path)
     worker = Worker(s, data, CPU)
     reference = worker.objective.reference
     probe = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
-    before = reference(probe).detach().clone()
+    before = answers(reference(probe))
     reports = Reports(tmp_path)
     assert TrainLoop(worker, TrainState(), reports).run()
     first, last = reports.rows[0], reports.rows[-1]
@@ -73,7 +81,7 @@ def test_a_planted_preference_is_learned_and_the_reference_stays(data, tmp_path)
     assert last["tokens"] == 80 * BATCH * 2 * BLOCK  # a pair is two rows of the block
     assert all(f"{split}_{k}" in COLUMNS for k in DPO_FIGURES for split in ("train", "val"))
     assert all(math.isfinite(first[f"train_{k}"]) for k in DPO_FIGURES)
-    assert torch.equal(reference(probe), before)  # the frozen copy never trained
+    assert answers(reference(probe)) == before  # the frozen copy never trained
 
 
 def test_with_lora_the_reference_is_the_base_with_its_adapters_off(data, hf_families, tmp_path):
@@ -92,12 +100,63 @@ def test_with_lora_the_reference_is_the_base_with_its_adapters_off(data, hf_fami
     batch = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
     first = worker.objective.score(worker.forward, batch, worker.autocast)
     assert abs(first.loss.item() - LN2) < 1e-6
-    before = worker.objective.reference(batch).detach().clone()
+    before = answers(worker.objective.reference(batch))
     trainable = sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in worker.model.parameters())
     assert trainable < total / 4  # the adapters alone: the reference is no copy of the base
     reports = Reports(tmp_path)
     assert TrainLoop(worker, TrainState(), reports).run()
     assert reports.rows[-1]["train_loss"] < LN2
-    assert torch.allclose(worker.objective.reference(batch), before)
+    after = answers(worker.objective.reference(batch))
+    assert after == pytest.approx(before, rel=1e-5)
     assert worker.model.training  # the reference's switch to eval mode was undone
+
+
+def curve(rows: list[dict]) -> list[float]:
+    """Each report's step, train and validation loss and reward accuracy, in one flat list."""
+    return [r[k] for r in rows for k in ("step", "train_loss", "val_loss", "val_acc")]
+
+
+def test_precomputed_log_probabilities_train_as_the_frozen_copy_does(data, tmp_path):
+    """dpo.reference=precomputed: the starting weights' log-probabilities of every pair are
+    computed before the first step, and the run follows the frozen copy's curve; its checkpoints
+    hold the table, and a resumed run reads it (nothing computed again) and ends on the
+    uninterrupted curve."""
+    copy_run = Reports(tmp_path / "copy")
+    TrainLoop(Worker(pair_spec(data), data, CPU), TrainState(), copy_run).run()
+    spec = pair_spec(data, checkpoint_interval=40)
+    spec = replace(spec, dpo=replace(spec.dpo, reference="precomputed"))
+    worker = Worker(spec, data, CPU)
+    kept = Reports(tmp_path / "precomputed")
+    assert TrainLoop(worker, TrainState(), kept).run()
+    every = {k for w in worker.data.every_window() for k in pair_keys(worker.collate(w))}
+    assert worker.precomputed.table.keys() == every  # both splits' pairs (two are alike)
+    assert TRAIN_PAIRS + VAL_PAIRS - 2 <= len(every) <= TRAIN_PAIRS + VAL_PAIRS
+    assert curve(kept.rows) == pytest.approx(curve(copy_run.rows), abs=1e-5)
+    step_40 = kept.checkpoints[40]
+    assert (step_40 / FILE).is_file() and FILE in integrity.listing(step_40)
+    resumed = Worker(spec, data, CPU)
+    state = resumed.load_checkpoint(step_40)
+    assert resumed.precomputed.table == worker.precomputed.table  # read, not computed
+    rows = Reports(tmp_path / "resumed")
+    assert TrainLoop(resumed, state, rows).run()
+    assert curve(rows.rows) == pytest.approx(curve(kept.rows)[4:], abs=1e-6)
+
+
+def test_precomputed_log_probabilities_of_other_starting_weights_are_refused(data, tmp_path):
+    """A checkpoint's table is stamped with the starting weights (the model's config, the seed):
+    another model's is one line; a checkpoint past step 0 without one too."""
+    spec = pair_spec(data, max_steps=4)
+    spec = replace(spec, dpo=replace(spec.dpo, reference="precomputed"))
+    worker = Worker(spec, data, CPU)
+    worker.precompute_reference(TrainState())
+    worker.precomputed.save(tmp_path)
+    other = Worker(replace(spec, seed=spec.seed + 1), data, CPU)
+    with pytest.raises(RunFailure, match=r"^dpo.reference=precomputed: .*reference_logps.npz "
+                                         r"holds the log-probabilities of other starting weights "
+                                         r"\(\w+, this run's are \w+\); resume a checkpoint of "
+                                         r"this run, or start afresh$"):
+        other.precomputed.load(tmp_path)
+    with pytest.raises(RunFailure, match=r"the checkpoint of step 3 holds no reference "
+                                         r"log-probabilities"):
+        other.precompute_reference(TrainState(step=3))

@@ -150,6 +150,8 @@ def _two_workers(rank, world, spec_of, data, keep1: Path, keep2: Path, pairs: di
         "dpo_grads_accum": one_step_grads(pair_spec(pairs, strategy="fsdp", grad_accum=2), pairs,
                                           rank, world),
         "dpo_curve": run(dpo_fsdp(pairs), pairs, rank, world, keep2 / "dpo"),
+        "dpo_precomputed_curve": run(precomputed(dpo_fsdp(pairs)), pairs, rank, world,
+                                     keep2 / "dpo_precomputed"),
         "grads": one_step_grads(fsdp, data, rank, world),
         "grads_accum": one_step_grads(replace(fsdp, train=replace(fsdp.train, grad_accum=2)),
                                       data, rank, world),
@@ -205,6 +207,11 @@ def dpo_fsdp(pairs):
     return pair_spec(pairs, strategy="fsdp", checkpoint_interval=40)
 
 
+def precomputed(spec):
+    """``spec`` with dpo.reference=precomputed."""
+    return replace(spec, dpo=replace(spec.dpo, reference="precomputed"))
+
+
 def _dpo_resumed(rank, world, pairs, keep: Path, resume: Path) -> list[tuple]:
     return run(dpo_fsdp(pairs), pairs, rank, world, keep, resume)
 
@@ -240,6 +247,16 @@ def test_dpo_on_two_fsdp_workers_follows_one_workers_curve(layouts):
     for a, b in zip(two, one, strict=True):
         assert abs(a[1] - b[1]) <= 1e-2 and abs(a[2] - b[2]) <= 1e-2, (a, b)
     assert two[-1][2] < 0.5 * math.log(2)  # it learns the planted preference
+
+
+def test_precomputed_log_probabilities_on_two_fsdp_workers_follow_the_copys_curve(layouts):
+    """dpo.reference=precomputed over 2 FSDP workers: each computes its share of the pairs'
+    log-probabilities (as many forwards on both), all gather them, and the run follows the
+    frozen sharded copy's curve."""
+    precomputed_, copy_ = layouts["two"]["dpo_precomputed_curve"], layouts["two"]["dpo_curve"]
+    assert [r[0] for r in precomputed_] == [40, 80]
+    for a, b in zip(precomputed_, copy_, strict=True):
+        assert abs(a[1] - b[1]) <= 1e-4 and abs(a[2] - b[2]) <= 1e-4, (a, b)
 
 
 def test_a_killed_two_worker_dpo_run_continued_by_one_ends_on_its_curve(layouts):
