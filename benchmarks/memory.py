@@ -132,17 +132,20 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def run_case(args, case: str, out: Path) -> dict:
+def run_case(args, case: str, out: Path, work=None, rows: int = 1) -> dict:
+    """``case`` on both workers, fresh processes running ``work`` (this module's ``worker``
+    unless given): the larger worker's figures, and both workers' tokens/s (``rows`` windows of
+    ``--seq`` tokens each per step)."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, args, case, out), nprocs=WORLD)
+    mp.spawn(work or worker, args=(port, args, case, out), nprocs=WORLD)
     ranks = [json.loads((out / f"{case}-{r}.json").read_text()) for r in range(WORLD)]
     worst = max(ranks, key=lambda r: r["peak_mb"] - r["imports_mb"])
     step_s = max(r["step_s"] for r in ranks)
-    return {**worst, "tokens_per_s": WORLD * args.seq / step_s}
+    return {**worst, "tokens_per_s": WORLD * rows * args.seq / step_s}
 
 
 def table(results: dict, base: str) -> str:
@@ -162,19 +165,29 @@ def table(results: dict, base: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc: str, cases: tuple[str, ...]):
+    """The command line of a benchmark of cases on 2 workers (this one, preference.py)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    args = parser.parse_args()
+    parser.add_argument("--cases", nargs="+", default=list(cases), choices=cases)
+    return parser.parse_args()
+
+
+def run_cases(args, work=None, rows: int = 1) -> dict:
+    """Each of ``args.cases`` in turn (``run_case``), printed as it ends."""
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases:
-            results[case] = run_case(args, case, Path(tmp))
+            results[case] = run_case(args, case, Path(tmp), work, rows)
             print(f"{case}: {json.dumps(results[case])}", flush=True)
-    print(table(results, args.cases[0]))
+    return results
+
+
+def main() -> None:
+    args = arguments(__doc__, CASES)
+    print(table(run_cases(args), args.cases[0]))
 
 
 if __name__ == "__main__":

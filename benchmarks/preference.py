@@ -21,11 +21,9 @@ warm-up step), and both workers' tokens/s (a pair counts its two rows), each aga
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -143,36 +141,11 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def run_case(args, case: str, out: Path) -> dict:
-    """memory.run_case's spawn of the 2 workers, with this module's worker; a pair is 2 rows."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, args, case, out), nprocs=WORLD)
-    ranks = [json.loads((out / f"{case}-{r}.json").read_text()) for r in range(WORLD)]
-    worst = max(ranks, key=lambda r: r["peak_mb"] - r["imports_mb"])
-    return {**worst, "tokens_per_s": WORLD * 2 * args.seq / max(r["step_s"] for r in ranks)}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    args = parser.parse_args()
+    args = memory.arguments(__doc__, CASES)
     if "lm" not in args.cases:
         args.cases.insert(0, "lm")  # the baseline, measured in the same run
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for case in args.cases:
-            results[case] = run_case(args, case, Path(tmp))
-            print(f"{case}: {json.dumps(results[case])}", flush=True)
-    print(table(results))
+    print(table(memory.run_cases(args, worker, rows=2)))  # a pair is two rows
 
 
 if __name__ == "__main__":
