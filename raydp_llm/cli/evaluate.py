@@ -24,12 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
-from raydp_llm.checkpoint.layout import (
-    MODEL_FILES,
-    PREFERENCE_RECORD,
-    ModelDirError,
-    PreferenceRecord,
-)
+from raydp_llm.checkpoint.layout import MODEL_FILES, PREFERENCE_RECORD, ModelDirError
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
@@ -48,8 +43,9 @@ from raydp_llm.data.prepare import dataset_store, write_json
 from raydp_llm.data.stream import iter_windows
 from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.hf import is_hf_dir
-from raydp_llm.training.dpo import PairLogps, dpo_loss, means
+from raydp_llm.training.dpo import dpo_loss, means
 from raydp_llm.training.metrics import bits_per_char
+from raydp_llm.training.objectives import logps_of
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import samplings
 
@@ -58,10 +54,10 @@ log = logging.getLogger(__name__)
 
 def model_and_settings(
     settings: EvaluateSettings, out_dir: Path
-) -> tuple[LanguageModel, Path, EvaluateSettings]:
-    """The model of ``model_dir`` and its local directory (an s3:// one is fetched to
-    ``out_dir/model``), and the settings the ETL runs with for it: the model's tokenizer and block
-    size (and, for an id model, its vocabulary size)."""
+) -> tuple[LanguageModel, EvaluateSettings]:
+    """The model of ``model_dir`` (an s3:// one is fetched to ``out_dir/model``), and the settings
+    the ETL runs with for it: the model's tokenizer and block size (and, for an id model, its
+    vocabulary size)."""
     if not settings.model_dir:
         raise InputError("model_dir is required: give the model/ directory of a finished run, "
                          "e.g. model_dir=outputs/raydp_llm/<run>/model")
@@ -88,7 +84,7 @@ def model_and_settings(
     data = settings.data
     if ids_model:  # ids beyond the model's vocabulary are then bad input, reported by the ETL
         data = replace(data, vocab_size=tokenizer.vocab_size)
-    return model, model_dir, replace(
+    return model, replace(
         settings,
         data=data,
         # preference pairs are scored with DPO's loss (the checks hold pairs to it)
@@ -132,8 +128,8 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
     """Evaluate ``settings.model_dir`` on ``settings.data`` into ``out_dir``; returns what
     ``evaluation.json`` holds."""
     total = Stopwatch()
-    model, model_dir, settings = model_and_settings(settings, out_dir)
-    judge = PairJudge.of(settings, model, model_dir) if settings.data.pairs else None
+    model, settings = model_and_settings(settings, out_dir)
+    judge = PairJudge.of(settings, model) if settings.data.pairs else None
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
         data, timings = session.prepare(corpus, out_dir), session.timings
@@ -183,20 +179,18 @@ def corpus_windows(settings: EvaluateSettings, data) -> Iterator[np.ndarray]:
 @dataclass
 class PairJudge:
     """``data.format=preference``: the DPO loss and rewards of the model against its reference
-    (``ref_model_dir``, else the one its directory records: ``layout.PreferenceRecord``), with the
-    DPO settings it was tuned with but those the command line gives (``inputs.typed_settings``)."""
+    (``ref_model_dir``: given, else the one its directory records), with the DPO settings it was
+    tuned with but those the command line gives (both from ``layout.PreferenceRecord`` at the door:
+    ``inputs.typed_settings``)."""
 
     reference: LanguageModel
     reference_dir: str
     dpo: DpoSettings
 
     @classmethod
-    def of(cls, settings: EvaluateSettings, model: LanguageModel, model_dir: Path) -> PairJudge:
-        """The reference loaded and checked against ``model`` (of ``model_dir``, local), before
-        any engine starts."""
-        s3 = S3Options.of(settings.s3)
-        record = PreferenceRecord.read(model_dir, s3)
-        ref_dir = settings.ref_model_dir or (record.reference if record else None)
+    def of(cls, settings: EvaluateSettings, model: LanguageModel) -> PairJudge:
+        """The reference loaded and checked against ``model``, before any engine starts."""
+        s3, ref_dir = S3Options.of(settings.s3), settings.ref_model_dir
         if ref_dir is None:
             raise InputError(f"model_dir={settings.model_dir} records no DPO reference (no "
                              f"{PREFERENCE_RECORD}): give ref_model_dir=DIR, the model it was "
@@ -220,8 +214,7 @@ class PairJudge:
         totals: dict[str, float] = {}
         for windows in batches:
             batch = collate(windows)
-            policy, ref = (PairLogps.of(m(batch.inputs, positions=batch.positions)[0],
-                                        batch.targets) for m in (model, self.reference))
+            policy, ref = logps_of(model, batch), logps_of(self.reference, batch)
             out = dpo_loss(policy, ref, self.dpo.beta, self.dpo.loss, self.dpo.label_smoothing)
             for k, v in out.sums().items():
                 totals[k] = totals.get(k, 0.0) + v

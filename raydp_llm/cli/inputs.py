@@ -52,9 +52,9 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
     for key in ("model_dir", "ref_model_dir"):  # evaluate's
         if getattr(settings, key, None):
             changes[key] = absolute(getattr(settings, key))
-    if changes.get("model_dir") and data.pairs:  # evaluate on pairs: the model's DPO settings
-        changes["dpo"] = _recorded_dpo(changes["model_dir"], settings,
-                                       given(overrides, "dpo."))
+    if changes.get("model_dir") and data.pairs:  # evaluate on pairs: the model's DPO tuning
+        changes |= _recorded_tuning(changes["model_dir"], changes.get("ref_model_dir"), settings,
+                                    given(overrides, "dpo."))
     if getattr(model, "init_from", None):
         changes["model"], changes["tokenizer"] = _init_from(
             replace(model, init_from=absolute(model.init_from)), changes["tokenizer"],
@@ -65,15 +65,18 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
     return replace(settings, **changes)
 
 
-def _recorded_dpo(model_dir: str, settings: Settings, given_keys: set[str]):
-    """The DPO settings ``model_dir`` was tuned with (``layout.PreferenceRecord``), but those the
-    command line gave; the given ones alone for a model that records none."""
+def _recorded_tuning(model_dir: str, ref_model_dir: str | None, settings: Settings,
+                     given_keys: set[str]) -> dict:
+    """What ``model_dir`` records of its DPO tuning (``layout.PreferenceRecord``) as settings: its
+    reference, unless ``ref_model_dir`` was given, and its DPO settings but those the command line
+    gave. Nothing for a model that records none."""
     from raydp_llm.checkpoint.layout import PreferenceRecord
 
     record = PreferenceRecord.read(model_dir, S3Options.of(settings.s3))
     if record is None:
-        return settings.dpo
-    return replace(record.dpo, **{k: getattr(settings.dpo, k) for k in given_keys})
+        return {}
+    return {"ref_model_dir": ref_model_dir or record.reference,
+            "dpo": replace(record.dpo, **{k: getattr(settings.dpo, k) for k in given_keys})}
 
 
 def _absolute_model(model):

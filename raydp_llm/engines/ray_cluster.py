@@ -21,7 +21,7 @@ import ray
 import ray.data
 from ray.job_config import JobConfig
 
-from raydp_llm.core.config import ClusterSettings, TrainSettings
+from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.timing import Span
 from raydp_llm.engines.dashboard import announce_dashboard
 from raydp_llm.engines.java import JVM_FLAGS, ensure_java
@@ -29,11 +29,6 @@ from raydp_llm.engines.java import JVM_FLAGS, ensure_java
 log = logging.getLogger(__name__)
 
 NAMESPACE = "raydp_llm"
-
-
-def training_cpus(train: TrainSettings | None) -> float:
-    """The CPUs a training job's DDP workers wait on while Spark runs (``embedded_cpus``)."""
-    return train.num_workers * train.cpus_per_worker if train is not None else 0
 
 
 @contextlib.contextmanager
@@ -52,29 +47,22 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
     if ray.is_initialized():
         yield Span(time.time(), time.time())
         return
-    context, began = start_ray(cfg, run_name, waiting_cpus)
+    began = time.time()
+    secure_token_file()
+    ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
+    set_ray_environment(cfg)
+    kwargs = init_options(cfg, run_name, waiting_cpus)
+    if not cfg.verbose:
+        quiet_python_logs()
+    context = ray.init(**kwargs)
+    up = Span(began, time.time())
     try:
-        up = Span(began, time.time())
         if cfg.address == "local":
             lower_background_priority(context.address_info["session_dir"])
         announce_dashboard(cfg, context.dashboard_url, context.address_info["gcs_address"])
         yield up
     finally:
         ray.shutdown()
-
-
-def start_ray(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> tuple:
-    """``ray.init`` for the run, its token file private, Java found (Ray starts the Java workers
-    that host Spark's executors) and the environment Ray reads set first; returns Ray's context
-    and when the start began (``time.time()``)."""
-    began = time.time()
-    secure_token_file()
-    ensure_java()
-    set_ray_environment(cfg)
-    kwargs = init_options(cfg, run_name, waiting_cpus)
-    if not cfg.verbose:
-        quiet_python_logs()
-    return ray.init(**kwargs), began
 
 
 def set_ray_environment(cfg: ClusterSettings) -> None:

@@ -67,13 +67,15 @@ class PrecomputedReference:
         t = torch.tensor(values, dtype=torch.float32, device=batch.targets.device).view(P, 2)
         return PairLogps(t[:, 0], t[:, 1], counted[:P], counted[P:])
 
-    def fill(self, batches: Iterable[Batch], logps: Callable[[Batch], PairLogps]) -> None:
-        """This worker's share: ``logps`` (the starting weights') of every pair of
-        ``batches``."""
-        for batch in batches:
+    def fill(self, batches: Iterable[Batch], logps: Callable[[Batch], PairLogps]) -> int:
+        """This worker's share: ``logps`` (the starting weights') of every pair of ``batches``;
+        returns how many batches that was."""
+        ran = 0
+        for ran, batch in enumerate(batches, start=1):
             ref = logps(batch)
             for key, c, r in zip(pair_keys(batch), ref.chosen.tolist(), ref.rejected.tolist()):
                 self.table[key] = (c, r)
+        return ran
 
     def gather(self) -> None:
         """Every worker's share in every worker's table."""

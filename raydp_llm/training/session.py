@@ -14,7 +14,7 @@ from raydp_llm.core.timing import Span
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, prepared
 from raydp_llm.engines.preflight import preflight
-from raydp_llm.engines.ray_cluster import ray_session, training_cpus
+from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.spec import windows_of
 
 
@@ -47,11 +47,11 @@ class JobSession:
 @contextlib.contextmanager
 def job_session(settings: Settings, store: Path | None, train: TrainSettings | None = None
                 ) -> Iterator[JobSession]:
-    """Ray up for ``settings.name`` and the cluster
-    checked for the job (for the DDP workers too when ``train`` is given; ``store``: where the ETL
-    writes its dataset); Ray stops at the end. ``ray_start_s`` opens the timings. A training job's
-    embedded Ray counts its DDP workers' CPUs twice: they start while Spark runs
-    (``ray_cluster.embedded_cpus``)."""
-    with ray_session(settings.cluster, settings.name, waiting_cpus=training_cpus(train)) as up:
+    """Ray up for ``settings.name`` and the cluster checked for the job (for the DDP workers too
+    when ``train`` is given; ``store``: where the ETL writes its dataset); Ray stops at the end.
+    ``ray_start_s`` opens the timings. A training job's embedded Ray counts its DDP workers' CPUs
+    twice: they start while Spark runs (``ray_cluster.embedded_cpus``)."""
+    waiting = train.num_workers * train.cpus_per_worker if train is not None else 0
+    with ray_session(settings.cluster, settings.name, waiting_cpus=waiting) as up:
         preflight(settings.cluster, train, store)
         yield JobSession(settings, store, up)

@@ -149,12 +149,22 @@ def validation_pass(model: torch.nn.Module, data: WorkerData, collate: WindowBat
         loss_sum += scored.loss.item() * scored.count
         hits, count = hits + scored.hits, count + scored.count
         figures = {k: v + scored.sums[k] for k, v in figures.items()}
-    if parallel.is_sharded(model):  # each forward gathers parameters: as many on every worker
-        mine = data.val_batch_count()
-        for _ in range(int(all_reduce_max(mine)[0]) - mine):  # not counted: no target counts
-            objective.score(model, idle_batch(model.config.block_size, collate.device), autocast)
+    even_forwards(model, data.val_batch_count(), collate.device,
+                  lambda idle: objective.score(model, idle, autocast))
     model.train()
     return [loss_sum, hits, count, *figures.values()]
+
+
+def even_forwards(model: torch.nn.Module, mine: int, device: torch.device,
+                  forward: Callable[[Batch], object]) -> None:
+    """A sharded model's forwards gather its parameters on every worker, so each runs as many:
+    this worker, having run ``mine``, runs ``forward`` on idle batches (counting nothing) up to
+    the most any worker ran. Nothing for a model that is not sharded."""
+    if not parallel.is_sharded(model):
+        return
+    idle = idle_batch(model.config.block_size, device)
+    for _ in range(int(all_reduce_max(mine)[0]) - mine):
+        forward(idle)
 
 
 @dataclass
@@ -312,21 +322,12 @@ class Worker:
             raise RunFailure(f"dpo.reference=precomputed: the checkpoint of step {state.step} "
                              "holds no reference log-probabilities; resume one this run wrote, "
                              "or start afresh")
-        model, ran = self.model, 0
-
-        def batches():
-            nonlocal ran
-            for windows in self.data.every_window():
-                ran += 1
-                yield self.collate(windows)
-
+        model = self.model
         model.eval()
         with self.autocast():
-            table.fill(batches(), lambda b: logps_of(model, b))
-            if parallel.is_sharded(model):  # each forward gathers: as many on every worker
-                idle = idle_batch(model.config.block_size, self.device)
-                for _ in range(int(all_reduce_max(ran)[0]) - ran):
-                    model(idle.inputs, positions=idle.positions)
+            ran = table.fill((self.collate(w) for w in self.data.every_window()),
+                             lambda b: logps_of(model, b))
+            even_forwards(model, ran, self.device, lambda idle: logps_of(model, idle))
         model.train()
         table.gather()
 
