@@ -30,13 +30,15 @@ from raydp_llm.checkpoint.layout import (
 )
 from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.core import integrity
-from raydp_llm.core.model_config import ModelConfig
+from raydp_llm.core.model_config import ModelConfig, uses_lora
 from raydp_llm.core.storage import S3Options, whole_or_absent
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
-from raydp_llm.models.hf import HFModel
+from raydp_llm.models.files import WEIGHTS_FILE
+from raydp_llm.models.hf import HFModel, empty_net, is_hf_dir, save_hf_dir
 from raydp_llm.models.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
+from raydp_llm.models.tensor_files import write_safetensors
 
 
 def _lora(model: LanguageModel) -> bool:
@@ -111,11 +113,13 @@ def load(directory: Path, model: LanguageModel, optimizer) -> TrainState:
 
 def export(checkpoint_dir: Path, directory: Path, cfg: ModelConfig, tokenizer: Tokenizer,
            s3: S3Options = S3Options()) -> Path:
-    """The full model of a sharded checkpoint into a new, sealed ``directory`` (whole or absent):
-    the model built as the run built it (``cfg``), its trained tensors read from the shards, in
-    this one process. Holds the whole model once (4 bytes a parameter), plus, for LoRA, the
-    merge."""
+    """The full model of a sharded checkpoint into a new, sealed ``directory`` (whole or absent).
+    A transformers model without LoRA is written tensor by tensor (``_streamed``); else the model
+    is built as the run built it (``cfg``), its trained tensors read from the shards, in this one
+    process: the whole model once (4 bytes a parameter), plus, for LoRA, the merge."""
     check_complete(checkpoint_dir)
+    if is_hf_dir(checkpoint_dir) and not uses_lora(cfg):
+        return _streamed(Path(checkpoint_dir), Path(directory), cfg, tokenizer)
     model = build_model(cfg, s3)
     options, (dcp, sd) = _options(model), _dcp()
     trained = {"model": _trained(model, sd.get_model_state_dict(model, options=options))}
@@ -127,3 +131,42 @@ def export(checkpoint_dir: Path, directory: Path, cfg: ModelConfig, tokenizer: T
             model.net = merged(model.net)
         save_model_dir(tmp, model, tokenizer)
     return Path(directory)
+
+
+def _streamed(checkpoint_dir: Path, directory: Path, cfg: ModelConfig,
+              tokenizer: Tokenizer) -> Path:
+    """A transformers model's sharded checkpoint as a Hugging Face directory, one tensor at a
+    time: each read whole from the shards (DCP reads only that tensor's pieces) and appended to
+    the safetensors file, so the process holds one tensor, never the model. The names and their
+    order are save_pretrained's: the model's state, a tied head left out."""
+    dcp, _ = _dcp()
+    shards = checkpoint_dir / SHARDS
+    stored = dcp.FileSystemReader(shards).read_metadata().state_dict_metadata
+    net = empty_net(checkpoint_dir)  # on the meta device: names and shapes only
+    shapes = {}
+    for name in _saved_names(net):
+        entry = stored[f"model.net.{name}"]
+        shapes[name] = (entry.properties.dtype, tuple(entry.size))
+
+    def tensors():
+        for name, (dtype, shape) in shapes.items():
+            tensor = torch.empty(shape, dtype=dtype)
+            dcp.load({"model": {f"net.{name}": tensor}}, checkpoint_id=shards, no_dist=True)
+            yield name, tensor
+
+    with whole_or_absent(directory) as tmp:
+        save_hf_dir(tmp, HFModel(net, cfg), tokenizer, weights=False)
+        write_safetensors(tmp / WEIGHTS_FILE, shapes, tensors())
+        integrity.seal(tmp)
+    return directory
+
+
+def _saved_names(net) -> list[str]:
+    """The tensors save_pretrained writes: the state's, each once (a tied head is the embedding,
+    written under the embedding's name)."""
+    seen, names = set(), []
+    for name, tensor in net.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            names.append(name)
+    return names

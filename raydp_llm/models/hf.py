@@ -139,6 +139,39 @@ def load_net(directory: Path):
                                                 attn_implementation="sdpa")
 
 
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Every parameter a module registers is made on the meta device (no memory, no values);
+    buffers stay real (a rotary embedding's frequencies: computed, never in the files)."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None:
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def empty_net(directory: Path):
+    """A Hugging Face directory's model with its parameters on the meta device, to be sharded
+    and then filled shard by shard (``training/sharded_start.py``): the directory's config only,
+    no weights read, no random init."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    config = AutoConfig.from_pretrained(directory)
+    with no_init_weights(), _parameters_on_meta():
+        net = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                               attn_implementation="sdpa")
+    net.tie_weights()  # a tied head is the embedding's parameter: one tensor to shard and fill
+    return net
+
+
 # ---- checks at the door --------------------------------------------------------------------------
 
 def read_hf_config(path: str, key: str, s3: S3Options = S3Options()) -> dict:

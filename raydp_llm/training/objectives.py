@@ -84,9 +84,13 @@ def without_dropout(model: nn.Module) -> nn.Module:
 def frozen_copy(model: nn.Module) -> nn.Module:
     """The starting weights as a second model that never trains: taken before the policy is
     wrapped or sharded, in eval mode, without gradients."""
-    reference = copy.deepcopy(model).eval()
-    reference.requires_grad_(False)
-    return reference
+    return frozen(copy.deepcopy(model))
+
+
+def frozen(model: nn.Module) -> nn.Module:
+    """``model`` in eval mode, without gradients: a reference that never trains."""
+    model.eval().requires_grad_(False)
+    return model
 
 
 def reference_of(model: nn.Module, copy_: nn.Module | None = None

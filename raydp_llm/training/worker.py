@@ -30,11 +30,12 @@ from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, SplitChunks, ordered_positions
 from raydp_llm.models.base import IGNORE
-from raydp_llm.training import parallel
+from raydp_llm.training import parallel, sharded_start
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.objectives import (
     LanguageModeling,
     Preference,
+    frozen,
     frozen_copy,
     logps_of,
     reference_of,
@@ -237,7 +238,7 @@ class Worker:
         self.data = WorkerData(spec, data, placement.rank, placement.world_size)
         train = spec.train
         self.autocast = autocast_for(train.precision, self.device, train.strategy)
-        self.model = starting_model(spec)
+        self.model = self._starting_model()
         self.objective = self._objective(self.model)  # before the model is wrapped or sharded
         self.ddp_model = self._placed(self.model, prepare)
         self.checkpoints = Checkpointer.for_run(train, spec.model)
@@ -251,6 +252,13 @@ class Worker:
         self.process = psutil.Process()
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
 
+    def _starting_model(self) -> torch.nn.Module:
+        """The starting weights: loaded shard by shard under FSDP from a transformers directory
+        (``sharded_start``: already sharded), else built or loaded whole."""
+        if sharded_start.applies(self.spec):
+            return sharded_start.sharded_model(self.spec, self.device)
+        return starting_model(self.spec)
+
     def _objective(self, model: torch.nn.Module) -> LanguageModeling | Preference:
         """lm; or DPO against the starting weights: their log-probabilities precomputed (the
         table filled by ``precompute_reference``); with LoRA, ``model`` with its adapters off;
@@ -263,6 +271,8 @@ class Worker:
             return Preference(spec.dpo, PrecomputedReference(stamp))
         if uses_lora(spec.model):
             return Preference(spec.dpo, reference_of(model))
+        if parallel.is_sharded(model):  # loaded shard by shard: so is the reference
+            return Preference(spec.dpo, reference_of(model, frozen(self._starting_model())))
         copy_ = frozen_copy(model)
         if spec.train.strategy == "fsdp":
             copy_ = parallel.shard(copy_, self.device, spec.train.precision)
@@ -272,6 +282,8 @@ class Worker:
         """``model`` on the device: sharded in place (fsdp: the result is ``model``), or as
         ``prepare`` wraps it (DDP when world > 1)."""
         train = self.spec.train
+        if parallel.is_sharded(model):  # sharded as it was loaded (``sharded_start``)
+            return model
         if train.activation_checkpointing:
             parallel.checkpoint_activations(model)
         if train.strategy == "fsdp":

@@ -1,8 +1,8 @@
 """Runs of transformers' families on the real engines: a model=hf run fine-tunes a tiny Llama with
-2 DDP workers, its model/ loads with from_pretrained, the run resumes exactly, and evaluate scores
-a directory trained elsewhere. LoRA on 2 FSDP workers: Ray Train gathers both workers' shards into
-one sealed checkpoint, which a 1-worker run continues; model/ is the merged model beside its
-adapter."""
+2 DDP workers, its model/ loads with from_pretrained, the run resumes exactly, 2 FSDP workers that
+load it shard by shard follow its curve, and evaluate scores a directory trained elsewhere. LoRA on
+2 FSDP workers: Ray Train gathers both workers' shards into one sealed checkpoint, which a 1-worker
+run continues; model/ is the merged model beside its adapter."""
 
 from __future__ import annotations
 
@@ -61,6 +61,20 @@ def test_an_hf_run_resumes_exactly(fine_tuned, tmp_path):
     assert resumed["step"] == 8
     assert resumed["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-4)
     assert resumed["train_loss"] == pytest.approx(whole["train_loss"], rel=1e-4)
+
+
+def test_fsdp_workers_load_the_checkpoint_shard_by_shard_and_follow_ddps_curve(fine_tuned,
+                                                                             tmp_path):
+    """The same run on 2 FSDP workers, each loading only its shard of the weights
+    (training/sharded_start.py): the DDP run's curve, the data read from the ETL cache."""
+    summary = train(make_config(*fine_tuned["overrides"], "train.strategy=fsdp"),
+                    tmp_path / "fsdp")
+    assert summary["status"] == "finished" and summary["etl"]["cache_hit"] is True
+    rows = read_metrics(tmp_path / "fsdp" / "metrics.csv")
+    ddp = read_metrics(fine_tuned["out"] / "run" / "metrics.csv")
+    assert [r["step"] for r in rows] == [r["step"] for r in ddp] == [4, 8]
+    for mine, theirs in zip(rows, ddp):
+        assert abs(mine["val_loss"] - theirs["val_loss"]) < 2e-3, (mine, theirs)
 
 
 def test_evaluate_scores_a_directory_trained_elsewhere(ray_cluster, hf_files, hf_families,

@@ -16,6 +16,9 @@ from helpers.configs import NO_CHECK
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 OBJECT_STORE_MB = 80  # Ray's minimum is 75 MiB
+# 2 MB blocks: a few dozen, not 340 of the default 512 KB (each block is one fetch task in the
+# hand-off, ~0.15 s apiece on 2 cores); still many more than a worker reads
+CHUNK_TOKENS = 2**20
 # Ray refuses to spill once its disk is 95% full (OutOfDiskError), and CI machines' disks have been
 # that full with gigabytes left: the test spills ~100 MB, so only a really full disk may stop it.
 SPILL_ON_A_FULL_DISK = os.environ | {"RAY_local_fs_capacity_threshold": "1"}
@@ -25,13 +28,13 @@ def test_training_on_a_dataset_twice_the_object_store(shakespeare, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     text = shakespeare.read_bytes()
-    for i in range(80):  # 89 MB of text: ~178 MB of uint16 tokens in the object store
-        (corpus / f"copy{i:02d}.txt").write_bytes(text)
+    for i in range(8):  # 89 MB of text: ~178 MB of uint16 tokens in the object store
+        (corpus / f"copies{i}.txt").write_bytes(text * 10)
     run = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "raydp_llm.train", "+experiment=smoke", f"data.path={corpus}",
          "data.max_files=null", "data.cache=false", NO_CHECK,
-         f"cluster.object_store_mb={OBJECT_STORE_MB}",
+         f"cluster.object_store_mb={OBJECT_STORE_MB}", f"data.chunk_tokens={CHUNK_TOKENS}",
          "train.max_steps=20", "train.eval_interval=20", "train.eval_batches=2",
          "sample.max_new_tokens=5", f"hydra.run.dir={run}"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path, env=SPILL_ON_A_FULL_DISK)

@@ -8,22 +8,19 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import shutil
-import socket
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from helpers.gloo import placement, run, spawned
 from helpers.pairs import pair_data, pair_spec
 from helpers.tiny_loop import BLOCK, VOCAB, tiny_data
 from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.checkpoint import sharded
-from raydp_llm.checkpoint.layout import SHARDS, STATE_JSON, TrainState
+from raydp_llm.checkpoint.layout import SHARDS, STATE_JSON
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.checkpoint.resume import check_resumable
 from raydp_llm.core import integrity
@@ -31,8 +28,7 @@ from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
 from raydp_llm.training import runs
-from raydp_llm.training.loop import TrainLoop
-from raydp_llm.training.worker import Placement, Worker
+from raydp_llm.training.worker import Worker
 
 STEPS = 40
 TOLERANCE = 2e-3  # the issue's: curves of equal runs on other layouts agree within it
@@ -60,57 +56,6 @@ def gpt_spec(data, **train):
     """test_loop's one-block GPT (its own blocks, not transformers')."""
     base = loop_spec(data, max_steps=STEPS)
     return replace(base, train=replace(base.train, grad_accum=1, **train))
-
-
-def placement(rank: int, world: int) -> Placement:
-    return Placement(rank, world, rank, torch.device("cpu"))
-
-
-def _process(rank: int, world: int, port: int, job, out: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = job(rank, world)
-        if rank == 0:
-            torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
-
-
-def spawned(world: int, job, tmp_path: Path):
-    """``job(rank, world)`` in ``world`` gloo processes; rank 0's result."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / f"result-{port}.pt"
-    mp.spawn(_process, args=(world, port, job, out), nprocs=world)
-    return torch.load(out, weights_only=True)  # tensors, lists, numbers: nothing unpickled
-
-
-class Checkpoints:
-    """The loop's reports; each rank's checkpoint directory merged into ``keep/step_N``, as Ray
-    Train uploads every worker's into one."""
-
-    def __init__(self, keep: Path):
-        self.rows, self.keep = [], keep
-
-    def __call__(self, metrics: dict, checkpoint: Path | None = None) -> None:
-        self.rows.append(metrics)
-        if checkpoint is not None:
-            shutil.copytree(checkpoint, self.keep / f"step_{metrics['step']}", dirs_exist_ok=True)
-
-
-def curve(rows: list[dict]) -> list[tuple]:
-    return [(r["step"], r["train_loss"], r["val_loss"]) for r in rows]
-
-
-def run(spec, data, rank, world, keep: Path, resume: Path | None = None) -> list[tuple]:
-    """The loop from step 0, or from ``resume``; its curve."""
-    worker = Worker(spec, data, placement(rank, world))
-    state = worker.load_checkpoint(resume) if resume else TrainState()
-    reports = Checkpoints(keep)
-    TrainLoop(worker, state, reports).run()
-    return curve(reports.rows)
 
 
 def full_grads(worker: Worker) -> dict[str, torch.Tensor]:
