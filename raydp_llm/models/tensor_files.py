@@ -69,11 +69,12 @@ class TensorFiles:
 
     def read_rows(self, name: str, start: int, into: torch.Tensor) -> None:
         """``into``'s rows of tensor ``name`` from row ``start`` on (dimension 0; a scalar
-        whole), read from the file straight into ``into`` (converted through a buffer of the
-        file's dtype when the two differ): only those bytes are read, nothing is mapped."""
+        whole), read from the file straight into ``into`` (through a CPU buffer of the file's
+        dtype when the dtypes differ or ``into`` is on a GPU): only those bytes are read, nothing
+        is mapped."""
         stored = self.tensors[name]
-        buffer = into if into.dtype == stored.dtype else torch.empty(into.shape,
-                                                                      dtype=stored.dtype)
+        direct = into.dtype == stored.dtype and into.device.type == "cpu"
+        buffer = into if direct else torch.empty(into.shape, dtype=stored.dtype)
         raw = buffer.reshape(-1).view(torch.uint8).numpy()
         with stored.path.open("rb", buffering=0) as f:
             f.seek(stored.begin + start * stored.row_bytes())
