@@ -93,7 +93,6 @@ def load(case: str, spec):
 def imported() -> float:
     """The RSS once everything a load or export imports is imported (torch's FSDP, DTensor and
     DCP, transformers' Llama, which a first tiny model builds): what is left is the model's."""
-    import torch
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -104,7 +103,6 @@ def imported() -> float:
     tiny = LlamaConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
                        intermediate_size=8)
     AutoModelForCausalLM.from_config(tiny)  # transformers imports the family's modules
-    del torch
     return rss_mb()
 
 

@@ -37,7 +37,7 @@ class Stored:
     begin: int
 
     def row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def _header(shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> bytes:
     with spaces to a multiple of 8 bytes (the format's alignment)."""
     entries, offset = {}, 0
     for name, (dtype, shape) in shapes.items():
-        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        size = math.prod(shape) * dtype.itemsize
         entries[name] = {"dtype": DTYPES[dtype], "shape": list(shape),
                          "data_offsets": [offset, offset + size]}
         offset += size

@@ -4,11 +4,11 @@ worker ever holds the whole model.
 Each worker builds the model with its parameters on the meta device (``hf.empty_net``: no memory,
 no random init), shards it as training does (``parallel.shard``: FSDP2 splits every parameter's
 rows over the workers), gives its shards memory, and reads into them only its own rows of each
-tensor from the safetensors files (``TensorFiles.rows``), in the files' dtype, converted to float32
-a tensor at a time. The whole load (``from_pretrained`` in every worker, then sharding) read every
-byte of the model into every worker; a worker now reads 1/N of it (torchtitan and torchtune load
-the same way). LoRA runs load whole (their base is frozen and the adapters are added to the full
-model); DDP runs need the whole model in every worker anyway.
+tensor from the safetensors files (``TensorFiles.read_rows``), in the files' dtype, converted to
+float32 a tensor at a time. The whole load (``from_pretrained`` in every worker, then sharding)
+read every byte of the model into every worker; a worker now reads 1/N of it (torchtitan and
+torchtune load the same way). LoRA runs load whole (their base is frozen and the adapters are
+added to the full model); DDP runs need the whole model in every worker anyway.
 """
 
 from __future__ import annotations
