@@ -85,6 +85,10 @@ class TensorFiles:
                     raise InputError(f"{stored.path}: the file ends inside tensor {name}; "
                                      "copy the model again")
                 done += got
+        if buffer is not into and into.device.type != "cpu":
+            # converted on the host: a copy across devices and dtypes at once takes a transient
+            # of the tensor's size on the GPU (measured on an H200, docs/benchmarks.md)
+            buffer = buffer.to(into.dtype)
         if buffer is not into:
             into.copy_(buffer)
 

@@ -14,6 +14,7 @@ added to the full model); DDP runs need the whole model in every worker anyway.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,9 @@ from raydp_llm.models.files import local_copy
 from raydp_llm.models.hf import HFModel, empty_net
 from raydp_llm.models.tensor_files import TensorFiles, weights_mismatch
 from raydp_llm.training import parallel
-from raydp_llm.training.objectives import without_dropout
-from raydp_llm.training.spec import TrainSpec
+
+if TYPE_CHECKING:  # the spec is only read here; ``fill`` imports no engine (benchmarks/gpu_fsdp.py)
+    from raydp_llm.training.spec import TrainSpec
 
 
 def applies(spec: TrainSpec) -> bool:
@@ -41,6 +43,8 @@ def sharded_model(spec: TrainSpec, device: torch.device) -> HFModel:
     torch.manual_seed(spec.seed)  # the RNG as ``starting_model`` leaves it: loading draws none
     model = HFModel(empty_net(directory), spec.model)
     if spec.pairs:
+        from raydp_llm.training.objectives import without_dropout  # Ray's data path: only here
+
         without_dropout(model)
     if spec.train.activation_checkpointing:
         parallel.checkpoint_activations(model)
