@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import hydra
-import numpy as np
 import ray
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -28,7 +27,7 @@ from raydp_llm.checkpoint.layout import MODEL_FILES, PREFERENCE_RECORD, ModelDir
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
-from raydp_llm.cli.inputs import check_inputs, typed_settings
+from raydp_llm.cli.inputs import check_inputs, given, typed_settings
 from raydp_llm.cli.scores import score_documents
 from raydp_llm.core import storage
 from raydp_llm.core.config import DpoSettings, EvaluateSettings
@@ -40,24 +39,24 @@ from raydp_llm.core.tokenizer import TOKENIZER_FILE
 from raydp_llm.data import cache
 from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.prepare import dataset_store, write_json
-from raydp_llm.data.stream import iter_windows
+from raydp_llm.data.stream import Windows, iter_windows
 from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.hf import is_hf_dir
 from raydp_llm.training.dpo import dpo_loss, means
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.objectives import logps_of
 from raydp_llm.training.session import job_session
-from raydp_llm.training.spec import samplings
+from raydp_llm.training.spec import scoring_samplings
 
 log = logging.getLogger(__name__)
 
 
 def model_and_settings(
-    settings: EvaluateSettings, out_dir: Path
+    settings: EvaluateSettings, out_dir: Path, window: int | None = None
 ) -> tuple[LanguageModel, EvaluateSettings]:
     """The model of ``model_dir`` (an s3:// one is fetched to ``out_dir/model``), and the settings
-    the ETL runs with for it: the model's tokenizer and block size (and, for an id model, its
-    vocabulary size)."""
+    the ETL runs with for it: the model's tokenizer and block size (``window`` when given: the
+    command line's ``model.block_size``), and, for an id model, its vocabulary size."""
     if not settings.model_dir:
         raise InputError("model_dir is required: give the model/ directory of a finished run, "
                          "e.g. model_dir=outputs/raydp_llm/<run>/model")
@@ -76,6 +75,11 @@ def model_and_settings(
         raise InputError(f"model_dir={settings.model_dir}: no {', '.join(missing)} there; give the "
                          "model/ directory of a finished run")
     model, tokenizer = load_model_dir(model_dir)
+    if window is not None and window > model.longest_window():
+        raise InputError(f"model.block_size={window}: {settings.model_dir} reads at most "
+                         f"{model.longest_window()} tokens at once; give model.block_size="
+                         f"{model.longest_window()} or less, or leave it out (the trained "
+                         f"{model.config.block_size})")
     ids_model = tokenizer.kind == "ids"
     if ids_model != (settings.data.format == "ids"):
         fit = "ids" if ids_model else "text (or parquet)"
@@ -91,18 +95,18 @@ def model_and_settings(
         train=replace(settings.train, objective="dpo") if data.pairs else settings.train,
         tokenizer=replace(settings.tokenizer,
                           path=str(model_dir if hf_dir else model_dir / TOKENIZER_FILE)),
-        model=replace(settings.model, block_size=model.config.block_size),
+        model=replace(settings.model, block_size=window or model.config.block_size),
     )
 
 
 @torch.no_grad()
-def score(model: LanguageModel, batches: Iterable[np.ndarray], collate: WindowBatch) -> dict:
+def score(model: LanguageModel, batches: Iterable[Windows], collate: WindowBatch) -> dict:
     """Summed cross-entropy (nats) and correct top-1 predictions of the next token, over windows and
     tokens."""
     model.eval()
     totals = {"windows": 0, "tokens": 0, "nats": 0.0, "correct": 0}
     for windows in batches:
-        batch = collate(windows)
+        batch = collate(windows.tokens, windows.lengths)
         logits, _ = model(batch.inputs, positions=batch.positions)
         y, counted = batch.targets, batch.counted  # chat data: the tokens data.train_on keeps
         totals["nats"] += F.cross_entropy(
@@ -124,15 +128,16 @@ def metrics(totals: dict, chars_per_token: float | None) -> dict:
             "tokens": totals["tokens"]}
 
 
-def run(settings: EvaluateSettings, out_dir: Path) -> dict:
-    """Evaluate ``settings.model_dir`` on ``settings.data`` into ``out_dir``; returns what
-    ``evaluation.json`` holds."""
+def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) -> dict:
+    """Evaluate ``settings.model_dir`` on ``settings.data`` into ``out_dir`` (windows of
+    ``window`` tokens, default the model's block size); returns what ``evaluation.json``
+    holds."""
     total = Stopwatch()
-    model, settings = model_and_settings(settings, out_dir)
+    model, settings = model_and_settings(settings, out_dir, window)
     judge = PairJudge.of(settings, model) if settings.data.pairs else None
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
-        data, timings = session.prepare(corpus, out_dir), session.timings
+        data, timings = session.prepare(corpus, out_dir, every_token=True), session.timings
         scores = None
         if settings.per_document:  # on the cluster, Spark gone: its CPUs are free
             with timed(timings, "per_document_s"):
@@ -165,15 +170,15 @@ def run(settings: EvaluateSettings, out_dir: Path) -> dict:
     return evaluation
 
 
-def corpus_windows(settings: EvaluateSettings, data) -> Iterator[np.ndarray]:
-    """Every window of the corpus, both splits, in stream order (random offsets read as a stride
-    of one block), in batches of ``eval_batch_size``."""
-    cut = samplings(settings)
+def corpus_windows(settings: EvaluateSettings, data) -> Iterator[Windows]:
+    """Every window of the corpus, both splits, in stream order, in batches of
+    ``eval_batch_size``: every token but a split's first is predicted once
+    (``spec.scoring_samplings``)."""
+    cut = scoring_samplings(settings)
     sources = cache.parquet_sources(data.entry, data.index)
     for split in ("train", "val"):
-        yield from iter_windows(sources[split], data.index[split],
-                                replace(cut[split], random=False), data.manifest.token_dtype,
-                                settings.eval_batch_size)
+        yield from iter_windows(sources[split], data.index[split], cut[split],
+                                data.manifest.token_dtype, settings.eval_batch_size)
 
 
 @dataclass
@@ -207,13 +212,13 @@ class PairJudge:
         return cls(ref.eval(), ref_dir, settings.dpo)
 
     @torch.no_grad()
-    def score(self, model: LanguageModel, batches: Iterable[np.ndarray],
+    def score(self, model: LanguageModel, batches: Iterable[Windows],
               collate: WindowBatch) -> dict:
         """The DPO figures per pair (``dpo.means``) over every pair of ``batches``."""
         model.eval()
         totals: dict[str, float] = {}
         for windows in batches:
-            batch = collate(windows)
+            batch = collate(windows.tokens)  # a pair is two whole records
             policy, ref = logps_of(model, batch), logps_of(self.reference, batch)
             out = dpo_loss(policy, ref, self.dpo.beta, self.dpo.loss, self.dpo.label_smoothing)
             for k, v in out.sums().items():
@@ -259,7 +264,10 @@ def show(evaluation: dict, result: dict, timings: dict, cache_hit: bool, out_dir
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
 @cli_errors
 def main(cfg: DictConfig) -> float:
-    return run(typed_settings(cfg), Path(HydraConfig.get().runtime.output_dir))["loss"]
+    settings = typed_settings(cfg)
+    # the model's own block size, unless the command line gives one (the config always has one)
+    window = settings.model.block_size if "block_size" in given(None, "model.") else None
+    return run(settings, Path(HydraConfig.get().runtime.output_dir), window)["loss"]
 
 
 def cli() -> None:

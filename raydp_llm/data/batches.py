@@ -39,12 +39,18 @@ class WindowBatch:
     def __init__(self, device: torch.device, chat: bool = False, pairs: bool = False):
         self.device, self.chat, self.pairs = device, chat or pairs, pairs
 
-    def __call__(self, windows: np.ndarray) -> Batch:
+    def __call__(self, windows: np.ndarray, lengths: np.ndarray | None = None) -> Batch:
+        """``lengths`` (a plain stream's, evaluation's): each window's own tokens; the targets past
+        them are padding, left out."""
         if self.pairs:  # (B, 2R) → (2B, R)
             windows = np.concatenate(np.split(windows, 2, axis=1))
         if not self.chat:
             w = self._tensor(windows)
-            return Batch(w[:, :-1], w[:, 1:], None)
+            targets = w[:, 1:]
+            if lengths is not None:
+                padding = np.arange(targets.shape[1]) >= (lengths[:, None] - 1)
+                targets = targets.masked_fill(self._tensor(padding).bool(), IGNORE)
+            return Batch(w[:, :-1], targets, None)
         ids, train, start = chat_tokens.unpack(windows)
         targets = np.where(train[:, 1:], ids[:, 1:], IGNORE)
         # a pair's record is one sequence (its padding after it): plain causal attention

@@ -56,18 +56,21 @@ class ChunkIndex:
         cols = np.array(sorted(rows), dtype=np.int64).reshape(-1, 4)
         return cls(*(np.ascontiguousarray(cols[:, i]) for i in range(4)))
 
-    def window_counts(self, block_size: int, stride: int) -> np.ndarray:
+    def window_counts(self, block_size: int, stride: int, partial: bool = False) -> np.ndarray:
         """Per chunk: the windows that start in it every ``stride`` tokens from its segment's start
-        and end inside the segment."""
+        and end inside the segment (``partial``: or are cut short by its end, with at least one
+        token to predict)."""
         first_k = -((self.seg_start - self.start) // stride)  # ceil((start - seg_start) / stride)
-        last = np.minimum(self.seg_end - (block_size + 1), self.start + self.n - 1)
+        shortest = 2 if partial else block_size + 1
+        last = np.minimum(self.seg_end - shortest, self.start + self.n - 1)
         last_k = (last - self.seg_start) // stride
         return np.maximum(0, last_k - first_k + 1)
 
-    def window_starts(self, c: int, block_size: int, stride: int) -> np.ndarray:
+    def window_starts(self, c: int, block_size: int, stride: int,
+                      partial: bool = False) -> np.ndarray:
         """The starts counted by ``window_counts`` for chunk ``c``, ascending."""
         first_k = -((int(self.seg_start[c]) - int(self.start[c])) // stride)
-        count = int(self.window_counts(block_size, stride)[c])
+        count = int(self.window_counts(block_size, stride, partial)[c])
         return int(self.seg_start[c]) + stride * np.arange(first_k, first_k + count, dtype=np.int64)
 
     def tokens(self) -> int:
@@ -100,9 +103,13 @@ class Sampling:
     block_size: int
     stride: int
     random: bool = False
+    # also the windows a segment's end cuts short (evaluate: every token scored); a short window
+    # is read padded to ``block_size + 1`` tokens, its length beside it (``EpochOrder.lengths``)
+    partial: bool = False
 
     def counts(self, index: ChunkIndex) -> np.ndarray:
-        return index.window_counts(self.block_size, self.block_size if self.random else self.stride)
+        stride = self.block_size if self.random else self.stride
+        return index.window_counts(self.block_size, stride, self.partial)
 
     def windows(self, index: ChunkIndex) -> int:
         """The windows of all the chunks of ``index``: an epoch's."""
@@ -112,7 +119,7 @@ class Sampling:
         """Chunk ``c``'s window starts in the order they are taken: ascending without ``rng``,
         permuted (stride) or drawn (random) with it."""
         if not self.random:
-            starts = index.window_starts(c, self.block_size, self.stride)
+            starts = index.window_starts(c, self.block_size, self.stride, self.partial)
             return starts if rng is None else starts[rng.permutation(len(starts))]
         count = int(self.counts(index)[c])
         lo = int(index.start[c])
@@ -149,6 +156,13 @@ class EpochOrder:
             out[rows] = self.starts(int(c))[inner[rows]]
         return out
 
+    def lengths(self, positions: np.ndarray) -> np.ndarray:
+        """The tokens of each window at ``positions``: ``block_size + 1``, or fewer where its
+        segment ends first (``Sampling.partial``)."""
+        chunks, _ = self.locate(positions)
+        ends = self.index.seg_end[chunks] - self.window_starts(positions)
+        return np.minimum(self.sampling.block_size + 1, ends)
+
     def starts(self, c: int) -> np.ndarray:
         """Chunk ``c``'s window starts in the order this epoch takes them."""
         rng = None if self.epoch is None else np.random.default_rng([self.seed, self.epoch, c])
@@ -178,8 +192,12 @@ class ChunkReader:
         for c in np.unique(chunks):
             tokens, starts = self._chunk(order, int(c))
             rows = np.flatnonzero(chunks == c)
-            local = starts[inner[rows]] - int(self.index.start[c])
-            out[rows] = tokens[local[:, None] + np.arange(width)]
+            at = (starts[inner[rows]] - int(self.index.start[c]))[:, None] + np.arange(width)
+            if order.sampling.partial:  # a short window runs past its row (its segment's end):
+                inside = at < len(tokens)  # padded with id 0, which its length leaves out
+                out[rows] = np.where(inside, tokens[np.minimum(at, len(tokens) - 1)], 0)
+            else:
+                out[rows] = tokens[at]
         self.windows_read += len(positions)
         return out
 
@@ -299,14 +317,23 @@ def _block_starts(table: pa.Table) -> np.ndarray:
     return table.column("start").to_numpy()
 
 
+@dataclass(frozen=True)
+class Windows:
+    """Windows read together: their tokens (n, block_size + 1), and how many of each row's tokens
+    are the window's (the rest padding: ``Sampling.partial``)."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+
 def iter_windows(source, index: ChunkIndex, sampling: Sampling, dtype: str,
-                 batch: int) -> Iterator[np.ndarray]:
+                 batch: int) -> Iterator[Windows]:
     """Every window of a split in stream order, ``batch`` at a time (offline evaluation)."""
     order = EpochOrder(index, sampling, seed=0, epoch=None)
     reader = ChunkReader(source, index, dtype, capacity=2)
     for lo in range(0, order.total, batch):
-        yield reader.windows(order, np.arange(lo, min(lo + batch, order.total), dtype=np.int64))
-
+        positions = np.arange(lo, min(lo + batch, order.total), dtype=np.int64)
+        yield Windows(reader.windows(order, positions), order.lengths(positions))
 
 
 @dataclass(frozen=True)

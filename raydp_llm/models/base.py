@@ -62,6 +62,11 @@ class LanguageModel(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied weights count once
 
+    def longest_window(self) -> int:
+        """The most tokens the model reads at once: its block size (the GPT's position table); a
+        transformers model's positions."""
+        return self.config.block_size
+
     def flops_per_token(self) -> float:
         """Training FLOPs per token (forward + backward): 6 per parameter, plus attention for the
         GPT."""

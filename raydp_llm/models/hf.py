@@ -27,6 +27,9 @@ from raydp_llm.models.base import LanguageModel, token_loss
 from raydp_llm.models.files import CONFIG_FILE, hf_tokenizer, local_copy
 
 MAX_DEFAULT_BLOCK = 1024  # model=hf's block_size when none is given: min(positions, this)
+# config.json's key for the block size a model was trained with here: what evaluate and generate
+# read a model directory with (transformers keeps and ignores keys it does not know)
+TRAINED_BLOCK = "raydp_llm_block_size"
 
 
 class HFModel(LanguageModel):
@@ -62,6 +65,9 @@ class HFModel(LanguageModel):
         else:
             out = self.net(input_ids=idx[:, -1:], past_key_values=state.cache, use_cache=True)
         return out.logits[:, -1, :], CacheState(out.past_key_values, T)
+
+    def longest_window(self) -> int:
+        return positions(self.net.config.to_dict()) or self.config.block_size
 
     def flops_per_token(self) -> float:
         """6N + 12·L·H·Q·T (PaLM's estimate, as for the GPT)."""
@@ -247,6 +253,7 @@ def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer,
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    setattr(model.net.config, TRAINED_BLOCK, model.config.block_size)
     if weights:
         model.net.save_pretrained(directory, safe_serialization=True)
     else:
@@ -269,13 +276,13 @@ def is_hf_dir(directory: str | Path, s3: S3Options = S3Options()) -> bool:
 
 
 def load_hf_dir(directory: Path, device: str = "cpu") -> tuple[HFModel, Tokenizer]:
-    """A Hugging Face directory's model (eval mode, block size min(positions, 1024)) and its
-    tokenizer as transformers' AutoTokenizer builds it."""
+    """A Hugging Face directory's model (eval mode; block size the one it was trained with here,
+    else min(positions, 1024)) and its tokenizer as transformers' AutoTokenizer builds it."""
     from raydp_llm.core.tokenizer import pretrained_tokenizer
 
     shown = str(directory)
     config = read_hf_config(shown, "model_dir")
     tokenizer = pretrained_tokenizer(directory)
-    cfg = resolved(HFConfig(path=shown), config, tokenizer)
+    cfg = resolved(HFConfig(path=shown, block_size=config.get(TRAINED_BLOCK)), config, tokenizer)
     model = HFModel(load_net(Path(directory)), cfg)
     return model.to(device).eval(), tokenizer

@@ -27,20 +27,21 @@ class JobSession:
         self.timings = {"ray_start_s": ray_up.seconds}
 
     @contextlib.contextmanager
-    def prepared(self, corpus: Corpus, out_dir: Path, to_ray: bool = False
-                 ) -> Iterator[PreparedData]:
-        """The ETL (or its cache) into ``store``, its manifest with the run's windows; Spark's
-        lifetime is this block's. The ETL's seconds join ``timings`` at its end."""
+    def prepared(self, corpus: Corpus, out_dir: Path, to_ray: bool = False,
+                 every_token: bool = False) -> Iterator[PreparedData]:
+        """The ETL (or its cache) into ``store``, its manifest with the run's windows (evaluation's
+        with ``every_token``); Spark's lifetime is this block's. The ETL's seconds join
+        ``timings`` at its end."""
         settings = self.settings
         with prepared(settings, corpus, out_dir, to_ray=to_ray, store=self.store) as data:
-            data.windows = windows_of(settings, data.index, data.manifest)
+            data.windows = windows_of(settings, data.index, data.manifest, every_token)
             yield data
             self.timings |= data.timings
 
-    def prepare(self, corpus: Corpus, out_dir: Path) -> PreparedData:
+    def prepare(self, corpus: Corpus, out_dir: Path, every_token: bool = False) -> PreparedData:
         """The ETL (or its cache) run to its end, Spark stopped: the data of a job that reads it
         from disk."""
-        with self.prepared(corpus, out_dir) as data:
+        with self.prepared(corpus, out_dir, every_token=every_token) as data:
             return data
 
 

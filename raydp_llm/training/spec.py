@@ -132,14 +132,24 @@ def samplings(settings: Settings) -> dict[str, Sampling]:
             "val": Sampling(block, d.val_stride or block)}
 
 
-def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: Manifest
-               ) -> RunWindows:
+def scoring_samplings(settings: Settings) -> dict[str, Sampling]:
+    """How ``evaluate`` cuts both splits so that every token is predicted once: a stride of one
+    block (random offsets too), each segment's last, shorter window included (a chat or pair
+    stream's windows are whole records already)."""
+    return {name: replace(cut, random=False, partial=not settings.data.chat)
+            for name, cut in samplings(settings).items()}
+
+
+def windows_of(settings: Settings, index: dict[str, ChunkIndex], manifest: Manifest,
+               every_token: bool = False) -> RunWindows:
     """The run's windows on the ETL's chunks (``index``, ``manifest``): how they are cut and how
-    many each split has per epoch. One line when a split has none (a corpus
-    too small for the block)."""
-    cut = samplings(settings)
+    many each split has per epoch (``every_token``: evaluation's, ``scoring_samplings``). One line
+    when a split has none (a corpus too small for the block; evaluation: when both have none)."""
+    cut = scoring_samplings(settings) if every_token else samplings(settings)
     counts = {name: cut[name].windows(index[name]) for name in cut}
-    if not (counts["train"] and counts["val"]):
+    enough = (counts["train"] or counts["val"]) if every_token else \
+        (counts["train"] and counts["val"])
+    if not enough:
         b, d = settings.model.block_size, settings.data
         needed = -(-(b + 1) // min(d.val_fraction, 1 - d.val_fraction))
         raise InputError(f"data.path: the corpus {manifest.corpus} has "

@@ -58,3 +58,23 @@ def stream_of(entry: Path, dtype: str) -> np.ndarray:
                                  table.column("tokens").to_pylist()):
             parts[start] = np.frombuffer(tokens, dtype)[:own[start]]
     return np.concatenate([parts[s] for s in sorted(parts)])
+
+
+def every_token_scores(logits_of, ids: np.ndarray, splits: list[tuple[int, int]],
+                       block: int) -> dict:
+    """The mean cross-entropy, top-1 accuracy and count of the tokens predicted when every token
+    of each ``[lo, hi)`` of ``ids`` but its first is predicted, computed here without the
+    project's windows: ``block + 1``-token windows every ``block`` tokens, the last one shorter;
+    ``logits_of`` maps (1, T) ids to (1, T, V) logits."""
+    import torch
+
+    nats, correct, count = 0.0, 0, 0
+    for lo, hi in splits:
+        for s in range(lo, hi - 1, block):
+            w = torch.from_numpy(ids[s:min(s + block + 1, hi)].astype(np.int64))[None]
+            with torch.no_grad():
+                logits = logits_of(w[:, :-1])[0].float()
+            nats += torch.nn.functional.cross_entropy(logits, w[0, 1:], reduction="sum").item()
+            correct += int((logits.argmax(dim=-1) == w[0, 1:]).sum())
+            count += w.shape[1] - 1
+    return {"loss": nats / count, "accuracy": correct / count, "tokens": count}

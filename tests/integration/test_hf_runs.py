@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
-from helpers.etl import stream_of
+from helpers.etl import every_token_scores, stream_of
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
+from raydp_llm.core.errors import InputError
 from raydp_llm.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
@@ -79,24 +79,49 @@ def test_fsdp_workers_load_the_checkpoint_shard_by_shard_and_follow_ddps_curve(f
 
 def test_evaluate_scores_a_directory_trained_elsewhere(ray_cluster, hf_files, hf_families,
                                                        tmp_path):
+    """Every token of both splits predicted once, in windows of the given ``model.block_size``."""
     from transformers import AutoModelForCausalLM
 
-    directory = hf_families["mistral"]
+    directory, block = hf_families["mistral"], 48  # its positions: 128
     cfg = make_config(f"model_dir={directory}", f"data.path={hf_files}", "eval_batch_size=16",
-                      config_name="evaluate")
-    result = evaluate(cfg, tmp_path)
-    m, block = result["etl"], 128  # min(max_position_embeddings, 1024)
+                      f"model.block_size={block}", config_name="evaluate")
+    result = evaluate(cfg, tmp_path, window=block)
+    m = result["etl"]
     ids = stream_of(Path(result["dataset"]), m["token_dtype"])
-    boundary, n = m["tokens_train"], m["tokens"]
-    windows = np.stack([ids[s:s + block + 1] for lo, hi in ((0, boundary), (boundary, n))
-                        for s in range(lo, hi - block, block)])  # a stride of one block
-    assert result["windows"] == len(windows) and m["block_size"] == block
-    w = torch.from_numpy(windows.astype(np.int64))
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
-    with torch.no_grad():
-        logits = model(input_ids=w[:, :-1]).logits
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
-    assert result["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    direct = every_token_scores(lambda x: model(input_ids=x).logits, ids,
+                                [(0, m["tokens_train"]), (m["tokens_train"], m["tokens"])], block)
+    assert m["block_size"] == block and result["tokens"] == direct["tokens"] == m["tokens"] - 2
+    assert result["loss"] == pytest.approx(direct["loss"], rel=1e-5)
+    with pytest.raises(InputError, match=r"^model.block_size=129: .* reads at most 128 tokens"):
+        evaluate(cfg, tmp_path, window=129)
+
+
+def test_evaluate_takes_the_trained_window_and_scores_a_text_shorter_than_it(fine_tuned,
+                                                                             hf_families,
+                                                                             tmp_path):
+    """A model fine-tuned with ``model.block_size=32`` (its positions: 128) on a held-out text of
+    fewer tokens than one window: windows of 32 tokens, every token but each split's first
+    scored."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = fine_tuned["out"] / "run" / "model"
+    text = tmp_path / "held_out.txt"
+    text.write_text("ROMEO: what light")
+    tokens = len(AutoTokenizer.from_pretrained(model_dir)(text.read_text()).input_ids)
+    assert tokens < 32
+    result = evaluate(make_config(f"model_dir={model_dir}", f"data.path={text}",
+                                  f"data.cache_dir={CACHE_DIR}", config_name="evaluate"),
+                      tmp_path / "evaluate")
+    m = result["etl"]
+    # a short window per split that has a token to predict
+    assert m["block_size"] == 32 and result["windows"] == 1 + (m["tokens_val"] >= 2)
+    ids = stream_of(Path(result["dataset"]), m["token_dtype"])
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    direct = every_token_scores(lambda x: model(input_ids=x).logits, ids,
+                                [(0, m["tokens_train"]), (m["tokens_train"], m["tokens"])], 32)
+    assert result["tokens"] == direct["tokens"] == m["tokens"] - 2
+    assert result["loss"] == pytest.approx(direct["loss"], rel=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -132,6 +132,9 @@ def test_a_fine_tuned_checkpoint_exports_and_reloads_with_the_same_logits(famili
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json", "complete.json"} <= {p.name for p in model_dir.iterdir()}
     assert pretrained_tokenizer(model_dir).to_json() == tokenizer.to_json()
+    # the block it was trained with, not its 128 positions: what evaluate and generate read
+    assert load_model_dir(model_dir)[0].config.block_size == BLOCK
+    assert load_model_dir(families[family])[0].config.block_size == 128  # trained elsewhere
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])

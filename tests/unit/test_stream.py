@@ -1,6 +1,6 @@
 """The training order read from chunks (data/stream.py): the same batches with any number of
 workers, each worker reading its own share, random windows inside their segment, resume without
-reading what came before."""
+reading what came before; evaluation's windows predict every token once."""
 
 import functools
 
@@ -9,7 +9,7 @@ import pytest
 
 from helpers.chunks import chunked
 from raydp_llm.data import windows
-from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, Sampling
+from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, Sampling, iter_windows
 
 N, BLOCK, BATCH = 40_000, 16, 12
 
@@ -109,3 +109,28 @@ def test_resume_reads_nothing_before_its_step(corpus):
     needed = set(order.locate(np.concatenate(
         [lanes.positions(s, steps) for s in range(resume_at, steps)]))[0].tolist())
     assert set(source.fetched) == needed and len(source.fetched) == len(needed) < len(index)
+
+
+def test_evaluation_windows_predict_every_token_of_a_split_once(corpus):
+    """With ``partial``, each segment ends in a shorter window (padded, its length beside it):
+    every token but a segment's first is predicted once, from its own segment's tokens."""
+    index, source, segments_of = corpus
+    sampling = Sampling(BLOCK, BLOCK, partial=True)
+    parts = list(iter_windows(source, index, sampling, "uint32", batch=50))
+    tokens = np.concatenate([p.tokens for p in parts])
+    lengths = np.concatenate([p.lengths for p in parts])
+    assert tokens.shape[1] == BLOCK + 1 and lengths.min() >= 2
+    assert (lengths < BLOCK + 1).sum() > 0
+    predicted = []
+    for row, n in zip(tokens, lengths):
+        own = row[:n]
+        assert ((own[1:] - own[:-1]) == 1).all() and (row[n:] == 0).all()
+        (name, lo, hi), = segments_of(int(own[0]), int(own[0]) + 1)
+        assert name == "train" and own[-1] < hi
+        predicted.append(own[1:])
+    predicted = np.sort(np.concatenate(predicted))
+    train = [(lo, hi) for name, lo, hi in segments_of(0, N) if name == "train"]
+    expected = np.concatenate([np.arange(lo + 1, hi) for lo, hi in train])
+    assert np.array_equal(predicted, expected)
+    full = Sampling(BLOCK, BLOCK).windows(index)
+    assert full < len(tokens) == sampling.windows(index)
