@@ -27,7 +27,7 @@ from raydp_llm.checkpoint.layout import MODEL_FILES, PREFERENCE_RECORD, ModelDir
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
-from raydp_llm.cli.inputs import check_inputs, given, typed_settings
+from raydp_llm.cli.inputs import given, one_corpus, typed_settings
 from raydp_llm.cli.scores import score_documents
 from raydp_llm.core import storage
 from raydp_llm.core.config import DpoSettings, EvaluateSettings
@@ -135,7 +135,7 @@ def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) ->
     total = Stopwatch()
     model, settings = model_and_settings(settings, out_dir, window)
     judge = PairJudge.of(settings, model) if settings.data.pairs else None
-    corpus = check_inputs(settings)  # bad input fails here, before Ray starts
+    corpus = one_corpus(settings, "evaluate")  # bad input fails here, before Ray starts
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
         data, timings = session.prepare(corpus, out_dir, every_token=True), session.timings
         scores = None

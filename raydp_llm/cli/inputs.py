@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from raydp_llm.core import storage
 from raydp_llm.core.checks import validate
-from raydp_llm.core.config import Settings
+from raydp_llm.core.config import Settings, source_settings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
@@ -38,9 +38,9 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
     line's (Hydra's, when None), which say what the user gave."""
     settings = OmegaConf.to_object(cfg)
     data, train, tok, model = settings.data, settings.train, settings.tokenizer, settings.model
-    paths = data.path if data.path is None or isinstance(data.path, str) else list(data.path)
     changes = {
-        "data": replace(data, path=_absolute_any(paths), cache_dir=absolute(data.cache_dir)),
+        "data": replace(data, path=_absolute_any(data.path), cache_dir=absolute(data.cache_dir),
+                        sources=[replace(s, path=_absolute_any(s.path)) for s in data.sources]),
         "tokenizer": replace(tok, path=tok.path and absolute(tok.path)),
         "model": _absolute_model(model),
         "train": replace(
@@ -151,9 +151,10 @@ def _absolute_any(path: str | list[str] | None) -> str | list[str] | None:
     return absolute(path) if isinstance(path, str) else [absolute(p) for p in path]
 
 
-def check_inputs(settings: Settings) -> Corpus:
+def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
     """Check the settings (``checks.validate``, the paths that must exist, a checkpoint to resume,
-    the storage's bucket) and resolve the corpus, before any engine starts."""
+    the storage's bucket) and resolve the corpus (a mixture's: one per source, by name), before
+    any engine starts."""
     validate(settings)
     t, d, s3 = settings.train, settings.data, S3Options.of(settings.s3)
     vectors = getattr(settings.model, "init_embeddings", None)
@@ -174,6 +175,23 @@ def check_inputs(settings: Settings) -> Corpus:
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
+    if d.sources:  # a mixture: each source's corpus
+        return {source.name: corpus_of(source_settings(settings, source))
+                for source in d.sources}
+    return corpus_of(settings)
+
+
+def one_corpus(settings: Settings, command: str) -> Corpus:
+    """``check_inputs`` for a command that reads one corpus: a mixture is one line."""
+    if settings.data.sources:
+        raise InputError(f"data.sources: {command} reads one corpus, not a mixture; give "
+                         "data.path=... (a source's path) instead")
+    return check_inputs(settings)
+
+
+def corpus_of(settings: Settings) -> Corpus:
+    """The corpus ``data.*`` names: its files listed (fingerprinted), or none yet for a query."""
+    d, s3 = settings.data, S3Options.of(settings.s3)
     if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
         return Corpus(files=[], markdown=False, name="query")
     if d.path is None and d.pairs:  # the sample preference pairs

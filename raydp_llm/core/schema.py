@@ -118,3 +118,7 @@ def check_fields(node: Any, prefix: str = "") -> None:
             raise InputError(f"{prefix}{f.name}={value} is not allowed: use {check.allowed}")
         if is_dataclass(value):
             check_fields(value, f"{prefix}{f.name}.")
+        if isinstance(value, (list, tuple)):  # a list of settings (data.sources)
+            for i, item in enumerate(value):
+                if is_dataclass(item):
+                    check_fields(item, f"{prefix}{f.name}.{i}.")

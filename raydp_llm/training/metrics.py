@@ -68,7 +68,20 @@ COLUMNS = [
     "chunks_read",
     *(f"{split}_{figure}" for figure in DPO_FIGURES for split in ("train", "val")),
 ]
+SOURCE_LOSS = "val_loss_"  # a mixture's validation loss per source: val_loss_<name>
 METRICS_FILE, EVENTS_FILE, DIVERGED_FILE = "metrics.csv", "events.jsonl", "diverged.json"
+
+
+def columns_of(metrics: dict) -> list[str]:
+    """``metrics.csv``'s columns for a worker's ``metrics``: ``COLUMNS``, then a mixture's
+    ``val_loss_<name>`` in its sources' order."""
+    return COLUMNS + [k for k in metrics if k.startswith(SOURCE_LOSS)]
+
+
+def source_losses(row: dict) -> dict[str, float]:
+    """A metrics row's validation loss per source (a mixture's), by source name."""
+    return {k.removeprefix(SOURCE_LOSS): v for k, v in row.items()
+            if k.startswith(SOURCE_LOSS) and v is not None}
 LOST = (
     "WorkerHealthCheckFailedError",
     "ActorDiedError",
@@ -116,7 +129,8 @@ class MetricsWriter(UserCallback):
             return
         if checkpoint is not None:
             self._checkpoint = {"step": first["step"], "path": checkpoint.path}
-        row = {k: first.get(k) for k in COLUMNS}  # None: not measured (e.g. GPU memory on CPU)
+        # None: not measured (e.g. GPU memory on CPU)
+        row = {k: first.get(k) for k in columns_of(first)}
         self._write_row(row)
 
     def _write_row(self, row: dict) -> None:
@@ -129,7 +143,7 @@ class MetricsWriter(UserCallback):
             self._reopen_events(purge_step=step)
         new = not self.path.exists()
         with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=list(row))
             if new:
                 writer.writeheader()
             writer.writerow(row)
@@ -193,7 +207,7 @@ def _read_rows(path: Path) -> list[dict]:
 def _rewrite(path: Path, rows: list[dict]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)

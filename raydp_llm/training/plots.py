@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.metrics import SOURCE_LOSS, read_metrics, source_losses
 
 
 def plot_loss(metrics_csv: Path, out_png: Path, title: str | None = None) -> Path:
-    """Draw ``metrics_csv``'s train and validation loss against tokens into ``out_png``; returns
-    ``out_png``.
+    """Draw ``metrics_csv``'s train and validation loss (a mixture's: per source too) against
+    tokens into ``out_png``; returns ``out_png``.
 
     The title defaults to the run directory's name (the folder holding ``metrics.csv``).
     """
@@ -22,8 +22,10 @@ def plot_loss(metrics_csv: Path, out_png: Path, title: str | None = None) -> Pat
     if not rows:
         raise InputError(f"{metrics_csv}: no metrics rows to plot; give the metrics.csv of a run "
                          "that evaluated")
-    return _draw({"train": _points(rows, "train_loss"), "validation": _points(rows, "val_loss")},
-                 title or metrics_csv.resolve().parent.name, out_png)
+    curves = {"train": _points(rows, "train_loss"), "validation": _points(rows, "val_loss")}
+    for name in source_losses(rows[0]):  # a mixture: each source's validation curve
+        curves[f"validation: {name}"] = _points(rows, SOURCE_LOSS + name)
+    return _draw(curves, title or metrics_csv.resolve().parent.name, out_png)
 
 
 def plot_throughput(metrics_csv: Path, out_png: Path) -> Path:

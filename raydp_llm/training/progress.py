@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from raydp_llm.core.console import console_bar
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.training.metrics import METRICS_FILE, read_events, read_metrics
+from raydp_llm.training.metrics import METRICS_FILE, read_events, read_metrics, source_losses
 
 
 @ray.remote(num_cpus=0)
@@ -82,9 +82,12 @@ class TrainingProgress(threading.Thread):
             self._step, self._val = row["step"], row["val_loss"]
             if self.on_row:
                 self.on_row(row)
+            per_source = ", ".join(f"{name} {loss:.4f}"
+                                   for name, loss in source_losses(row).items())
+            sources = f" ({per_source})" if per_source else ""
             bar.write(f"step {row['step']:.0f}/{self.max_steps} | train loss "
-                      f"{row['train_loss']:.4f} | val loss {row['val_loss']:.4f} | val acc "
-                      f"{row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")
+                      f"{row['train_loss']:.4f} | val loss {row['val_loss']:.4f}{sources} | "
+                      f"val acc {row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")
             bar.update(
                 max(0, int(row["step"]) - bar.n)
             )  # the last steps may come after the last post

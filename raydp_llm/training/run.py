@@ -23,6 +23,7 @@ from raydp_llm.training import fit, reference, runs, tracking
 from raydp_llm.training.fit import FitResult, Launch, StartedFit, startup_phases, startup_timeline
 from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
+from raydp_llm.training.mixed_data import MixedData, prepared_sources
 from raydp_llm.training.plots import plot_loss, plot_throughput
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import TrainSpec, build_spec, samplings
@@ -55,7 +56,7 @@ class Trained:
     """A finished training: the data it ran on, what it did, the seconds each phase took, and
     where its outputs go."""
 
-    data: PreparedData
+    data: PreparedData | MixedData
     outcome: FitResult
     timings: dict
     ray_up: Span  # when Ray's start began and when it was up
@@ -112,7 +113,7 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
               job_session(settings, job.store, settings.train) as session,
               fit.started(settings.train, S3Options.of(settings.s3), job.run_name, launch,
                           now=fits_beside_spark(settings.cluster, settings.train)) as group,
-              session.prepared(corpus, out_dir, to_ray=True) as data):
+              prepared_data(session, settings, corpus, out_dir) as data):
             group.mark("data_ready")
             spec = specify(settings, data, job)
             with timed(session.timings, "train_s"):
@@ -129,11 +130,21 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
         return report(out_dir, trained, outputs)
 
 
-def specify(settings: Settings, data: PreparedData, job: Job) -> TrainSpec:
+def prepared_data(session, settings: Settings, corpus: Corpus | dict[str, Corpus],
+                  out_dir: Path):
+    """The run's data, as the workers read it: its ETL (or cache entry), or a mixture's sources'
+    (``corpus``: a corpus per source)."""
+    if settings.data.sources:
+        return prepared_sources(session, settings, corpus, out_dir)
+    return session.prepared(corpus, out_dir, to_ray=True)
+
+
+def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> TrainSpec:
     """What the workers train, from the settings and the data (written as ``manifest.json``);
     where the run resumes from; the tracking run started."""
     write_json(job.out_dir / "manifest.json", data.manifest_json())
-    spec = build_spec(settings, data.tokenizer, data.manifest, data.windows, samplings(settings))
+    spec = build_spec(settings, data.tokenizer, data.manifest, data.windows, samplings(settings),
+                      getattr(data, "mixture", None))
     job.record.resumed_from = resume_checkpoint(settings, spec, job.out_dir)
     job.tracker.start(settings, job.run_name, job.record, data.manifest.etl_key,
                       job.sweep_dir)
@@ -246,8 +257,17 @@ def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample)
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
         etl=data.manifest_json() | {"cache_hit": data.cache_hit},
         etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"},
+        **mixture_summary(data, rows),
     )
     return Outputs(sample, summary)
+
+
+def mixture_summary(data: PreparedData | MixedData, rows: list[dict]) -> dict:
+    """``summary.json``'s ``mixture`` (``MixedData.summary``) at the last step; none for one
+    source."""
+    if not isinstance(data, MixedData):
+        return {}
+    return {"mixture": data.summary(rows[-1]["step"] if rows else 0)}
 
 
 def write_sample(settings: Settings, out_dir: Path) -> Sample:

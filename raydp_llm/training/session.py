@@ -28,11 +28,12 @@ class JobSession:
 
     @contextlib.contextmanager
     def prepared(self, corpus: Corpus, out_dir: Path, to_ray: bool = False,
-                 every_token: bool = False) -> Iterator[PreparedData]:
+                 every_token: bool = False, settings: Settings | None = None
+                 ) -> Iterator[PreparedData]:
         """The ETL (or its cache) into ``store``, its manifest with the run's windows (evaluation's
         with ``every_token``); Spark's lifetime is this block's. The ETL's seconds join
-        ``timings`` at its end."""
-        settings = self.settings
+        ``timings`` at its end. ``settings``: a mixture's source's (the job's when None)."""
+        settings = settings or self.settings
         with prepared(settings, corpus, out_dir, to_ray=to_ray, store=self.store) as data:
             data.windows = windows_of(settings, data.index, data.manifest, every_token)
             yield data

@@ -19,6 +19,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
 from raydp_llm.data.etl.records import Manifest
+from raydp_llm.data.mixture import MixtureSpec
 from raydp_llm.data.stream import ChunkIndex, RunWindows, Sampling, steps_per_epoch
 from raydp_llm.models.embeddings import read_embeddings
 
@@ -63,6 +64,9 @@ class TrainSpec:
     # carry the loss mask and the conversations' starts (data/chat_tokens.py)
     chat_template: str | None = None
     dpo: DpoSettings = DpoSettings()  # train.objective=dpo: the loss and its reference
+    # data.sources: the sources, their weights and windows; the run is one epoch of max_steps
+    # steps, each source counting its own (data/mixture.py)
+    mixture: MixtureSpec | None = None
 
     @property
     def pairs(self) -> bool:
@@ -81,13 +85,17 @@ class TrainSpec:
 
 
 def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: Manifest,
-               windows: RunWindows, sampling: dict[str, Sampling]) -> TrainSpec:
-    """The spec of a run on the ETL's output (its ``tokenizer`` and ``manifest``) and the run's
-    ``windows`` on it, cut as ``sampling`` says. One line when the corpus holds fewer windows than a
-    batch, or ``model.init_embeddings`` holds ids the vocabulary lacks (checked here, on the driver:
-    in the workers Ray Train would retry the error)."""
+               windows: RunWindows, sampling: dict[str, Sampling],
+               mixture: MixtureSpec | None = None) -> TrainSpec:
+    """The spec of a run on the ETL's output (its ``tokenizer`` and ``manifest``; a mixture's
+    sources: ``mixture``) and the run's ``windows`` on it, cut as ``sampling`` says. One line when
+    the corpus holds fewer windows than a batch, or ``model.init_embeddings`` holds ids the
+    vocabulary lacks (checked here, on the driver: in the workers Ray Train would retry the
+    error)."""
     train = settings.train
     per_epoch = steps_per_epoch(windows.train, train.batch_size)
+    if mixture is not None:  # one pass of the run's steps; each source counts its own epochs
+        per_epoch = train.max_steps
     if per_epoch == 0:
         raise InputError(f"train.batch_size={train.batch_size}: the corpus has only "
                          f"{windows.train} training windows, fewer than one batch; "
@@ -103,7 +111,7 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: Manifest,
                      steps_per_epoch=per_epoch,
                      max_steps=max_steps, fingerprint="", s3=S3Options.of(settings.s3),
                      chat_template=(manifest.chat or {}).get("template_text"),
-                     dpo=settings.dpo)
+                     dpo=settings.dpo, mixture=mixture)
     return replace(spec, fingerprint=fingerprint(spec, manifest.to_json() | windows.to_json()))
 
 

@@ -28,7 +28,6 @@ from raydp_llm.core.errors import RunFailure
 from raydp_llm.core.model_config import uses_lora
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data.batches import Batch, WindowBatch
-from raydp_llm.data.stream import ChunkReader, EpochOrder, Lanes, SplitChunks, ordered_positions
 from raydp_llm.models.base import IGNORE
 from raydp_llm.training import parallel, sharded_start
 from raydp_llm.training.metrics import bits_per_char
@@ -44,6 +43,7 @@ from raydp_llm.training.optim import make_optimizer
 from raydp_llm.training.precomputed import PrecomputedReference, starting_stamp
 from raydp_llm.training.reference import starting_model
 from raydp_llm.training.spec import TrainSpec
+from raydp_llm.training.worker_data import ValWindows, WorkerData
 
 
 @dataclass(frozen=True)
@@ -55,62 +55,6 @@ class Placement:
     world_size: int
     local_rank: int
     device: torch.device
-
-
-class WorkerData:
-    """One worker's windows: its lanes of each epoch's training sequence, and its share of the
-    validation windows, from ``data``: each split's ``SplitChunks`` (data/stream.py)."""
-
-    def __init__(self, spec: TrainSpec, data: dict[str, SplitChunks], rank: int, world: int):
-        self.spec, self.rank, self.world = spec, rank, world
-        self.lanes = Lanes(spec.train.batch_size, rank, world)
-        open_chunks = spec.train.batch_size // world + 2  # at most one per lane, and some slack
-        self.readers = {name: ChunkReader(split.source, split.index, spec.token_dtype, open_chunks)
-                        for name, split in data.items()}
-        self.val_order = EpochOrder(data["val"].index, spec.sampling["val"], spec.seed, epoch=None)
-        self.epoch_reads = {"epoch": None, "windows": 0, "chunks": 0}
-
-    def steps(self, epoch: int, first_step: int):
-        """This worker's micro-batches for the optimizer steps ``first_step..`` of ``epoch``,
-        ``grad_accum`` at a time."""
-        spec, reader = self.spec, self.readers["train"]
-        order = EpochOrder(reader.index, spec.sampling["train"], spec.seed, epoch)
-        before = reader.counts()
-        for step in range(first_step, spec.steps_per_epoch):
-            windows = reader.windows(order, self.lanes.positions(step, spec.steps_per_epoch))
-            after = reader.counts()
-            self.epoch_reads = {"epoch": epoch,
-                                "windows": after["windows_read"] - before["windows_read"],
-                                "chunks": after["chunks_read"] - before["chunks_read"]}
-            yield np.split(windows, spec.train.grad_accum)
-
-    def every_window(self):
-        """This worker's contiguous share of every window of both splits, in stream order, a
-        micro-batch at a time."""
-        micro = self.spec.micro_batch(self.world)
-        for name, reader in self.readers.items():
-            order = EpochOrder(reader.index, self.spec.sampling[name], self.spec.seed, epoch=None)
-            positions = ordered_positions(order.total, None, self.rank, self.world)
-            for lo in range(0, len(positions), micro):
-                yield reader.windows(order, positions[lo:lo + micro])
-
-    def val_batches(self):
-        """This worker's contiguous share of the first ``eval_batches × batch_size / grad_accum``
-        validation windows (all when None: the same windows with any number of workers)."""
-        positions, micro = self._val_positions()
-        for lo in range(0, len(positions), micro):
-            yield self.readers["val"].windows(self.val_order, positions[lo:lo + micro])
-
-    def val_batch_count(self) -> int:
-        positions, micro = self._val_positions()
-        return -(-len(positions) // micro)
-
-    def _val_positions(self) -> tuple[np.ndarray, int]:
-        spec = self.spec
-        micro = spec.micro_batch(self.world)
-        limit = None if spec.train.eval_batches is None else spec.train.eval_batches * micro * \
-            self.world
-        return ordered_positions(self.val_order.total, limit, self.rank, self.world), micro
 
 
 def all_reduce_sum(*values: float) -> list[float]:
@@ -137,7 +81,8 @@ def idle_batch(block_size: int, device: torch.device) -> Batch:
 
 
 @torch.no_grad()
-def validation_pass(model: torch.nn.Module, data: WorkerData, collate: WindowBatch,
+def validation_pass(model: torch.nn.Module, data: WorkerData | ValWindows,
+                    collate: WindowBatch,
                     autocast, objective=LanguageModeling()) -> list[float]:
     """Over this worker's share of the validation windows: the summed loss, the hits and what
     they count (lm: nats, top-1 predictions right, predicted tokens; dpo: per pair, pairs ranked
@@ -375,13 +320,11 @@ class Worker:
         names = self.objective.figures
         train_loss, train_hits, train_count, *train_figures = all_reduce_sum(
             interval.loss, interval.hits, interval.count, *(interval.sums[k] for k in names))
-        val_sum, val_hits, val_count, *val_figures = all_reduce_sum(*validation_pass(
-            self.model, self.data, self.collate, self.autocast, self.objective))
+        val = self._validation()
         windows_read, chunks_read = all_reduce_max(self.data.epoch_reads["windows"],
                                                    self.data.epoch_reads["chunks"])
-        val_loss = val_sum / max(val_count, 1)
+        val_loss = val.pop("val_loss")
         per_pair = {f"train_{k}": v / max(train_count, 1) for k, v in zip(names, train_figures)}
-        per_pair |= {f"val_{k}": v / max(val_count, 1) for k, v in zip(names, val_figures)}
         tokens_per_s = interval.tokens_per_s(self.tokens_per_step)
         flops_per_token = self.model.flops_per_token()
         return {
@@ -393,7 +336,7 @@ class Worker:
             "val_loss": val_loss,
             **self._scales(val_loss),
             "train_acc": train_hits / max(train_count, 1),
-            "val_acc": val_hits / max(val_count, 1),
+            "val_acc": val.pop("val_acc"),
             "grad_norm": interval.grad_norm / interval.steps,
             "tokens_per_s": tokens_per_s,
             "step_time_s": interval.step_s / interval.steps,
@@ -406,7 +349,28 @@ class Worker:
             "windows_read": int(windows_read),  # this epoch, the most any worker read
             "chunks_read": int(chunks_read),
             **per_pair,  # dpo: rewards, their margin and the log-probabilities, per pair
+            **val,  # dpo: the same on validation; a mixture: each source's val_loss_<name>
         }
+
+    def _validation(self) -> dict:
+        """A validation pass summed over the workers (one collective): ``val_loss``, ``val_acc``
+        and the objective's figures per pair; for a mixture, each source's ``val_loss_<name>``,
+        and loss and accuracy weighted by the sources' weights."""
+        sets = self.data.val_by_source or {"": self.data.val}
+        names, width = self.objective.figures, 3 + len(self.objective.figures)
+        sums = all_reduce_sum(*(x for windows in sets.values() for x in validation_pass(
+            self.model, windows, self.collate, self.autocast, self.objective)))
+        out = {"val_loss": 0.0, "val_acc": 0.0}
+        weights = self.spec.mixture.weights if self.spec.mixture else (1.0,)
+        for i, (name, weight) in enumerate(zip(sets, weights)):
+            loss_sum, hits, count, *figures = sums[i * width:(i + 1) * width]
+            loss = loss_sum / max(count, 1)
+            out["val_loss"] += weight * loss
+            out["val_acc"] += weight * hits / max(count, 1)
+            out |= {f"val_{k}": v / max(count, 1) for k, v in zip(names, figures)}
+            if name:
+                out[f"val_loss_{name}"] = loss
+        return out
 
     def _scales(self, val_loss: float) -> dict:
         """Perplexity and bits per character of a language-modelling loss (none for DPO's)."""

@@ -46,7 +46,8 @@ def test_every_experiment_composes_and_checks(experiment, shakespeare):
                 )
             )
     cfg = make_config(f"+experiment={experiment}", *(f"{k}={given[k]}" for k in cfg.required))
-    assert check_inputs(cfg).files
+    corpus = check_inputs(cfg)  # a mixture's: one per source
+    assert all(c.files for c in (corpus.values() if isinstance(corpus, dict) else [corpus]))
 
 
 def keys(node: DictConfig, prefix: str = "") -> list[str]:

@@ -1,0 +1,108 @@
+"""A mixture of two sources on the real engines (``data.sources``): each source its own ETL cache
+entry, one tokenizer over their disjoint alphabets, each source's validation loss in metrics.csv,
+summary.json's mixture, each source learned better by the run that weights it more, an exact
+resume on another number of workers, and a source too small for a window named in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers.configs import CACHE_DIR, NO_CHECK, make_config
+from raydp_llm.cli.train import run as train
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.tokenizer import load_tokenizer
+from raydp_llm.training.metrics import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
+
+RUN = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
+       "train.batch_size=16", "train.max_steps=8", "train.eval_interval=4", "optim.lr=1e-2",
+       "train.checkpoint_interval=4", "train.eval_batches=null", "sample.max_new_tokens=10",
+       f"data.cache_dir={CACHE_DIR}", NO_CHECK]
+
+
+def words(alphabet: str, n: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join("".join(rng.choice(list(alphabet), size=rng.integers(2, 7)))
+                    for _ in range(n)) + "\n"
+
+
+def sources(*named: tuple[str, object, float]) -> str:
+    """The ``data.sources`` override of (name, path, weight)."""
+    listed = ", ".join(f"{{name: {name}, path: '{path}', weight: {weight}}}"
+                       for name, path, weight in named)
+    return f"data.sources=[{listed}]"
+
+
+@pytest.fixture(scope="module")
+def mixed(ray_cluster, tmp_path_factory) -> dict:
+    """Lower-case words (domain) and upper-case ones (replay), 9:1."""
+    out = tmp_path_factory.mktemp("mixture")
+    (out / "domain.txt").write_text(words("abcdefgh", 6000, 1))
+    (out / "replay.txt").write_text(words("QRSTUVWXYZ", 6000, 2))
+    overrides = [*RUN, sources(("domain", out / "domain.txt", 0.9),
+                               ("replay", out / "replay.txt", 0.1))]
+    return {"summary": train(make_config(*overrides), out / "run"), "out": out,
+            "overrides": overrides}
+
+
+def test_each_source_trains_at_its_weight_and_validates_on_its_own(mixed):
+    run_dir, summary = mixed["out"] / "run", mixed["summary"]
+    rows = read_metrics(run_dir / "metrics.csv")
+    assert [r["step"] for r in rows] == [4, 8]
+    for r in rows:  # the weighted loss, and each source's
+        assert r["val_loss"] == pytest.approx(0.9 * r["val_loss_domain"]
+                                              + 0.1 * r["val_loss_replay"], rel=1e-9)
+    assert rows[-1]["val_loss_domain"] != rows[-1]["val_loss_replay"]
+    mixture = summary["mixture"]
+    assert list(mixture) == ["domain", "replay"]
+    for name, weight in (("domain", 0.9), ("replay", 0.1)):
+        m = mixture[name]
+        assert m["weight"] == weight and abs(m["share_trained"] - weight) <= 1 / 64
+        assert m["tokens_trained"] == round(m["share_trained"] * 8 * 16) * 16
+        assert 0 < m["epochs"] < 1 and m["documents"] == 1 and m["tokens"] > 20_000
+    sources = summary["etl"]["sources"]
+    assert sources["domain"]["etl_key"] != sources["replay"]["etl_key"]  # two cache entries
+    # one vocabulary over both alphabets: the model's tokenizer reads either source
+    tokenizer = load_tokenizer(run_dir / "model" / "tokenizer.json")
+    assert set("abcdefghQRSTUVWXYZ") <= set(tokenizer.chars)
+    assert (run_dir / "loss.png").is_file()
+
+
+def test_each_source_is_learned_better_by_the_run_that_weights_it_more(mixed, tmp_path):
+    """The same budget at 0.1/0.9 instead of 0.9/0.1: each source's validation loss is lower in
+    the run that weighted it more (the sources encoded once: both cache hits)."""
+    flipped = [*RUN, sources(("domain", mixed["out"] / "domain.txt", 0.1),
+                             ("replay", mixed["out"] / "replay.txt", 0.9))]
+    summary = train(make_config(*flipped), tmp_path / "flipped")
+    assert summary["etl"]["sources"]["domain"]["cache_hit"] is True
+    assert summary["etl"]["sources"]["replay"]["cache_hit"] is True
+    mostly_domain = read_metrics(mixed["out"] / "run" / "metrics.csv")[-1]
+    mostly_replay = read_metrics(tmp_path / "flipped" / "metrics.csv")[-1]
+    assert mostly_domain["val_loss_domain"] < mostly_replay["val_loss_domain"]
+    assert mostly_replay["val_loss_replay"] < mostly_domain["val_loss_replay"]
+
+
+def test_a_resumed_mixture_on_one_worker_ends_on_the_same_curve(mixed, tmp_path):
+    first = mixed["out"] / "run"
+    (checkpoint,) = [p.parent for p in first.glob("ray_results/*/checkpoint_*/train_state.json")
+                     if json.loads(p.read_text())["step"] == 4]
+    summary = train(make_config(*mixed["overrides"], f"train.resume={checkpoint}",
+                                "train.num_workers=1"), tmp_path / "resumed")
+    assert summary["resumed_from"] and summary["etl"]["cache_hit"] is True
+    (resumed,) = read_metrics(tmp_path / "resumed" / "metrics.csv")
+    whole = read_metrics(first / "metrics.csv")[-1]
+    assert resumed["step"] == 8
+    for key in ("val_loss", "val_loss_domain", "val_loss_replay", "train_loss"):
+        assert resumed[key] == pytest.approx(whole[key], rel=1e-4), key
+
+
+def test_a_source_too_small_for_a_window_is_named(mixed, tmp_path):
+    (tmp_path / "tiny.txt").write_text("abc\n")
+    overrides = [*RUN, sources(("domain", mixed["out"] / "domain.txt", 0.9),
+                               ("tiny", tmp_path / "tiny.txt", 0.1))]
+    with pytest.raises(InputError, match=r"^data.sources: tiny: .* giving 0 training"):
+        train(make_config(*overrides), tmp_path / "run")
