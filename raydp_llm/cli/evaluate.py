@@ -27,10 +27,11 @@ from raydp_llm.checkpoint.layout import MODEL_FILES, PREFERENCE_RECORD, ModelDir
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
-from raydp_llm.cli.inputs import given, one_corpus, typed_settings
+from raydp_llm.cli.inputs import check_inputs, given, one_corpus, typed_settings
 from raydp_llm.cli.scores import score_documents
+from raydp_llm.cli.tasks import run_tasks, show_tasks
 from raydp_llm.core import storage
-from raydp_llm.core.config import DpoSettings, EvaluateSettings
+from raydp_llm.core.config import DpoSettings, EvaluateSettings, source_settings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.storage import S3Options
@@ -57,18 +58,7 @@ def model_and_settings(
     """The model of ``model_dir`` (an s3:// one is fetched to ``out_dir/model``), and the settings
     the ETL runs with for it: the model's tokenizer and block size (``window`` when given: the
     command line's ``model.block_size``), and, for an id model, its vocabulary size."""
-    if not settings.model_dir:
-        raise InputError("model_dir is required: give the model/ directory of a finished run, "
-                         "e.g. model_dir=outputs/raydp_llm/<run>/model")
-    model_dir = Path(settings.model_dir)
-    if storage.is_s3(
-        settings.model_dir
-    ):  # fetched into the run directory: the ETL reads its tokenizer there
-        model_dir = out_dir / "model"
-        try:
-            storage.fetch(settings.model_dir, model_dir, S3Options.of(settings.s3))
-        except OSError as err:
-            raise storage.unreachable("model_dir", settings.model_dir, err) from None
+    model_dir = local_model_dir(settings, out_dir)
     hf_dir = is_hf_dir(model_dir)  # a Hugging Face directory, trained here or elsewhere
     missing = [] if hf_dir else [n for n in MODEL_FILES if not (model_dir / n).is_file()]
     if missing:
@@ -97,6 +87,21 @@ def model_and_settings(
                           path=str(model_dir if hf_dir else model_dir / TOKENIZER_FILE)),
         model=replace(settings.model, block_size=window or model.config.block_size),
     )
+
+
+def local_model_dir(settings: EvaluateSettings, out_dir: Path) -> Path:
+    """``model_dir``, an s3:// one fetched into the run directory (the ETL and the harness read
+    it there)."""
+    if not settings.model_dir:
+        raise InputError("model_dir is required: give the model/ directory of a finished run, "
+                         "e.g. model_dir=outputs/raydp_llm/<run>/model")
+    if not storage.is_s3(settings.model_dir):
+        return Path(settings.model_dir)
+    try:
+        storage.fetch(settings.model_dir, out_dir / "model", S3Options.of(settings.s3))
+    except OSError as err:
+        raise storage.unreachable("model_dir", settings.model_dir, err) from None
+    return out_dir / "model"
 
 
 @torch.no_grad()
@@ -133,7 +138,11 @@ def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) ->
     ``window`` tokens, default the model's block size); returns what ``evaluation.json``
     holds."""
     total = Stopwatch()
+    if settings.tasks:  # benchmark tasks instead of a corpus
+        return evaluate_tasks(settings, out_dir, total)
     model, settings = model_and_settings(settings, out_dir, window)
+    if settings.data.sources:
+        return run_sources(settings, model, out_dir, total)
     judge = PairJudge.of(settings, model) if settings.data.pairs else None
     corpus = one_corpus(settings, "evaluate")  # bad input fails here, before Ray starts
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
@@ -167,6 +176,62 @@ def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) ->
     }
     write_json(out_dir / "evaluation.json", evaluation)
     (show_pairs if judge else show)(evaluation, result, timings, data.cache_hit, out_dir)
+    return evaluation
+
+
+def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) -> dict:
+    """lm-evaluation-harness's ``settings.tasks`` on the model (cli/tasks.py), offline, in this
+    process: no Ray, no Spark."""
+    model_dir, timings = local_model_dir(settings, out_dir), {}
+    with timed(timings, "eval_s"):
+        found = run_tasks(settings, model_dir, out_dir)
+    timings["total_s"] = total.seconds()
+    evaluation = {"model_dir": settings.model_dir, "tasks": found["tasks"],
+                  **{k: round(v, 2) for k, v in timings.items()}, "harness": found["harness"]}
+    write_json(out_dir / "evaluation.json", evaluation)
+    show_tasks(settings.model_dir, found["tasks"], out_dir)
+    return evaluation
+
+
+def run_sources(settings: EvaluateSettings, model: LanguageModel, out_dir: Path,
+                total: Stopwatch) -> dict:
+    """A mixture (``data.sources``): each source scored as a corpus of its own (its own ETL or
+    cache entry), and the loss weighted by the sources' weights, as training's ``val_loss``
+    is."""
+    if settings.per_document:
+        raise InputError("per_document=true scores the documents of one corpus; give data.path "
+                         "(a source's) instead of data.sources")
+    corpora = check_inputs(settings)  # a corpus per source; bad input fails before Ray starts
+    weight_sum = sum(s.weight for s in settings.data.sources)
+    prepared, sources = {}, {}
+    with job_session(settings, dataset_store(settings.data, out_dir)) as session:
+        for source in settings.data.sources:
+            own = source_settings(settings, source)
+            logs = out_dir / "sources" / source.name
+            logs.mkdir(parents=True, exist_ok=True)
+            prepared[source.name] = (own, session.prepare(corpora[source.name], logs,
+                                                          every_token=True, settings=own))
+        timings = session.timings
+    torch.set_num_threads(os.cpu_count())
+    with timed(timings, "eval_s"):
+        for source in settings.data.sources:
+            own, data = prepared[source.name]
+            collate = WindowBatch(torch.device("cpu"))
+            found = metrics(score(model, corpus_windows(own, data), collate),
+                            data.manifest.chars_per_token)
+            sources[source.name] = found | {"weight": source.weight / weight_sum,
+                                            "dataset": str(data.entry),
+                                            "cache_hit": data.cache_hit}
+    timings["total_s"] = total.seconds()
+    evaluation = {"model_dir": settings.model_dir,
+                  "loss": sum(s["weight"] * s["loss"] for s in sources.values()),
+                  "sources": sources, **{k: round(v, 2) for k, v in timings.items()}}
+    write_json(out_dir / "evaluation.json", evaluation)
+    print(f"{settings.model_dir} on {len(sources)} sources, loss weighted "
+          f"{evaluation['loss']:.4f}")
+    for name, found in sources.items():
+        print(f"  {name} (weight {found['weight']:.3g}): loss {found['loss']:.4f}, perplexity "
+              f"{found['perplexity']:.3f}, {found['tokens']:,} tokens predicted")
     return evaluation
 
 
@@ -267,7 +332,7 @@ def main(cfg: DictConfig) -> float:
     settings = typed_settings(cfg)
     # the model's own block size, unless the command line gives one (the config always has one)
     window = settings.model.block_size if "block_size" in given(None, "model.") else None
-    return run(settings, Path(HydraConfig.get().runtime.output_dir), window)["loss"]
+    return run(settings, Path(HydraConfig.get().runtime.output_dir), window).get("loss")
 
 
 def cli() -> None:

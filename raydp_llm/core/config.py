@@ -46,6 +46,7 @@ from raydp_llm.core.schema import (
     POSITIVE,
     Check,
     Choice,
+    above,
     at_least,
     one_of,
     optional,
@@ -387,7 +388,16 @@ class EvaluateSettings(Settings):
     ref_model_dir: Optional[str] = setting(None, "data.format=preference: the model the DPO "
                                                  "rewards are measured against; null = the "
                                                  "reference model_dir records (preference.json)")
-    eval_batch_size: int = setting(32, "windows per forward pass")
+    eval_batch_size: int = setting(32, "windows per forward pass (tasks: the harness's batch "
+                                       "size)")
+    tasks: List[str] = setting([], "lm-evaluation-harness tasks instead of a corpus: harness "
+                                   "task names, or paths of task YAMLs (dataset_path json or "
+                                   "parquet, local data_files); offline")
+    num_fewshot: Optional[int] = setting(None, "tasks: examples in each prompt; null = each "
+                                               "task's own", check=optional(at_least(0)))
+    limit: Optional[float] = setting(None, "tasks: at most this many documents per task (below "
+                                           "1: a fraction); null = all",
+                                     check=optional(above(0)))
     per_document: bool = setting(False, "also score every document on the cluster (Ray Data, an "
                                         "actor per CPU) into document_scores.parquet: path, "
                                         "doc, val, tokens, mean_loss; a later ETL filters with "

@@ -39,10 +39,11 @@ class JobSession:
             yield data
             self.timings |= data.timings
 
-    def prepare(self, corpus: Corpus, out_dir: Path, every_token: bool = False) -> PreparedData:
+    def prepare(self, corpus: Corpus, out_dir: Path, every_token: bool = False,
+                settings: Settings | None = None) -> PreparedData:
         """The ETL (or its cache) run to its end, Spark stopped: the data of a job that reads it
         from disk."""
-        with self.prepared(corpus, out_dir, every_token=every_token) as data:
+        with self.prepared(corpus, out_dir, every_token=every_token, settings=settings) as data:
             return data
 
 

@@ -1,7 +1,8 @@
 """A mixture of two sources on the real engines (``data.sources``): each source its own ETL cache
 entry, one tokenizer over their disjoint alphabets, each source's validation loss in metrics.csv,
 summary.json's mixture, each source learned better by the run that weights it more, an exact
-resume on another number of workers, and a source too small for a window named in one line."""
+resume on another number of workers, evaluate's loss per source, and a source too small for a
+window named in one line."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
+from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import load_tokenizer
@@ -98,6 +100,24 @@ def test_a_resumed_mixture_on_one_worker_ends_on_the_same_curve(mixed, tmp_path)
     assert resumed["step"] == 8
     for key in ("val_loss", "val_loss_domain", "val_loss_replay", "train_loss"):
         assert resumed[key] == pytest.approx(whole[key], rel=1e-4), key
+
+
+def test_evaluate_on_the_sources_gives_a_loss_per_source(mixed, tmp_path):
+    """Each source scored as a corpus of its own: the same loss as evaluate on that source's path
+    alone (its ETL cache entry, shared), and the loss weighted as training's val_loss is."""
+    model_dir = mixed["out"] / "run" / "model"
+    on = [f"model_dir={model_dir}", f"data.cache_dir={CACHE_DIR}", NO_CHECK]
+    result = evaluate(make_config(*on, sources(("domain", mixed["out"] / "domain.txt", 0.9),
+                                               ("replay", mixed["out"] / "replay.txt", 0.1)),
+                                  config_name="evaluate"), tmp_path / "mixture")
+    domain, replay = result["sources"]["domain"], result["sources"]["replay"]
+    assert result["loss"] == pytest.approx(0.9 * domain["loss"] + 0.1 * replay["loss"])
+    assert domain["loss"] < replay["loss"]  # the model trained mostly on the domain
+    alone = evaluate(make_config(*on, f"data.path={mixed['out'] / 'domain.txt'}",
+                                 config_name="evaluate"), tmp_path / "alone")
+    assert alone["etl"]["cache_hit"] is True
+    assert alone["loss"] == pytest.approx(domain["loss"], rel=1e-9)
+    assert alone["tokens"] == domain["tokens"]
 
 
 def test_a_source_too_small_for_a_window_is_named(mixed, tmp_path):

@@ -152,5 +152,5 @@ def test_a_sources_etl_settings_are_its_own_whatever_the_weights_or_the_other_so
 
 
 def test_commands_that_read_one_corpus_refuse_a_mixture():
-    with pytest.raises(InputError, match=r"^data.sources: evaluate reads one corpus"):
-        one_corpus(make_config(TWO), "evaluate")
+    with pytest.raises(InputError, match=r"^data.sources: prepare reads one corpus"):
+        one_corpus(make_config(TWO), "prepare")

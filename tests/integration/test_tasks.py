@@ -1,0 +1,114 @@
+"""Benchmark tasks through lm-evaluation-harness (cli/tasks.py), offline, on the own GPT through its
+GPT-2 export: local task YAMLs (a multiple-choice task, a generation task with exact match) give
+what ``lm_eval.simple_evaluate`` gives run directly on the same exported directory; bad tasks are
+one line each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.configs import make_config
+from raydp_llm.checkpoint.model_dir import save_model_dir
+from raydp_llm.cli.evaluate import run as evaluate
+from raydp_llm.core.config import GPTConfig
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.tokenizer import CharTokenizer
+from raydp_llm.models.factory import build_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # lm-evaluation-harness runs
+
+QUESTIONS = [("Who loves Juliet?", ["Romeo", "Tybalt", "Paris"], 0),
+             ("Who is the Moor?", ["Iago", "Othello", "Cassio"], 1),
+             ("Who sees the ghost?", ["Hamlet", "Lear", "Puck"], 0),
+             ("Who is the fairy king?", ["Prospero", "Oberon", "Macbeth"], 1)]
+MC_TASK = """task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+GEN_TASK = """task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}} "
+doc_to_target: "{{{{target}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 4
+  do_sample: false
+metric_list:
+  - metric: exact_match
+"""
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> dict:
+    """A tiny GPT (untrained: the scores are the harness's arithmetic, not skill) whose characters
+    cover the tasks, and the two task YAMLs over JSON Lines."""
+    d = tmp_path_factory.mktemp("tasks")
+    rows = [{"question": q, "choices": c, "answer": a, "target": c[a]} for q, c, a in QUESTIONS]
+    (d / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "mc.yaml").write_text(MC_TASK.format(data=d / "data.jsonl"))
+    (d / "gen.yaml").write_text(GEN_TASK.format(data=d / "data.jsonl"))
+    tokenizer = CharTokenizer("".join(json.dumps(rows)) + " \n")
+    torch.manual_seed(0)
+    model = build_model(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=1,
+                                  n_head=2, n_embd=32))
+    return {"dir": d, "model": save_model_dir(d / "model", model, tokenizer)}
+
+
+def test_local_tasks_score_as_the_harness_run_directly(tasks, tmp_path, capsys):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    d = tasks["dir"]
+    cfg = make_config(f"model_dir={tasks['model']}", f"tasks=[{d / 'mc.yaml'},{d / 'gen.yaml'}]",
+                      "eval_batch_size=2", config_name="evaluate")
+    result = evaluate(cfg, tmp_path)
+    printed = capsys.readouterr().out
+    assert json.loads((tmp_path / "evaluation.json").read_text())["tasks"] == result["tasks"]
+    direct = simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf_model'}",
+                             tasks=["tiny_mc", "tiny_gen"], batch_size=2, device="cpu",
+                             task_manager=TaskManager(include_path=str(d),
+                                                      include_defaults=False))["results"]
+    assert result["tasks"]["tiny_mc"]["acc"] == pytest.approx(direct["tiny_mc"]["acc,none"],
+                                                              abs=1e-6)
+    assert result["tasks"]["tiny_gen"]["exact_match"] == pytest.approx(
+        direct["tiny_gen"]["exact_match,none"], abs=1e-6)
+    assert f"task tiny_mc acc {result['tasks']['tiny_mc']['acc']:.4f}" in printed
+    assert result["harness"]["results"]["tiny_mc"]["sample_len"] == len(QUESTIONS)
+
+
+def test_bad_tasks_are_one_line(tasks, tmp_path):
+    model = f"model_dir={tasks['model']}"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("task: broken\ndataset_path: json\n  data_files: [x\n")
+    with pytest.raises(InputError, match=rf"^tasks: {broken}:3: the task YAML does not parse"):
+        evaluate(make_config(model, f"tasks=[{broken}]", config_name="evaluate"), tmp_path)
+    with pytest.raises(InputError, match=r"^tasks: hellaswg is not a task of lm-evaluation-"
+                                         r"harness \(nearest: hellaswag"):
+        evaluate(make_config(model, "tasks=[hellaswg]", config_name="evaluate"), tmp_path)
+    # a task whose data is on the Hub and not cached here: one line, no wait on the network
+    remote = tmp_path / "remote.yaml"
+    remote.write_text(MC_TASK.replace("task: tiny_mc", "task: remote_mc").replace(
+        "dataset_path: json", "dataset_path: allenai/ai2_arc").replace(
+        "dataset_kwargs:\n  data_files:\n    test: {data}\n", ""))
+    with pytest.raises(InputError, match=r"^tasks: remote_mc: a task's data is neither local "
+                                         r"nor cached, and evaluate runs offline"):
+        evaluate(make_config(model, f"tasks=[{remote}]", config_name="evaluate"), tmp_path)
+    assert not Path(tmp_path / "evaluation.json").exists()
