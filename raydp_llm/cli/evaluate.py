@@ -29,7 +29,6 @@ from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, given, one_corpus, typed_settings
 from raydp_llm.cli.scores import score_documents
-from raydp_llm.cli.tasks import run_tasks, show_tasks
 from raydp_llm.core import storage
 from raydp_llm.core.config import DpoSettings, EvaluateSettings, source_settings
 from raydp_llm.core.errors import InputError, first_line
@@ -48,6 +47,7 @@ from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.objectives import logps_of
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import scoring_samplings
+from raydp_llm.training.tasks import HarnessSettings, run_tasks, show_tasks
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +180,12 @@ def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) ->
 
 
 def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) -> dict:
-    """lm-evaluation-harness's ``settings.tasks`` on the model (cli/tasks.py), offline, in this
+    """lm-evaluation-harness's ``settings.tasks`` on the model (training/tasks.py), offline, in this
     process: no Ray, no Spark."""
     model_dir, timings = local_model_dir(settings, out_dir), {}
     with timed(timings, "eval_s"):
-        found = run_tasks(settings, model_dir, out_dir)
+        found = run_tasks(settings.tasks, model_dir, out_dir, HarnessSettings(
+            settings.num_fewshot, settings.limit, settings.eval_batch_size, settings.seed))
     timings["total_s"] = total.seconds()
     evaluation = {"model_dir": settings.model_dir, "tasks": found["tasks"],
                   **{k: round(v, 2) for k, v in timings.items()}, "harness": found["harness"]}

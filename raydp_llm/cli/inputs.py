@@ -47,8 +47,11 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
             train,
             storage_path=train.storage_path and absolute(train.storage_path),
             resume=train.resume if train.resume in RESUME_WORDS else absolute(train.resume),
+            eval_tasks=task_paths(train.eval_tasks),
         ),
     }
+    if getattr(settings, "tasks", None):  # evaluate's
+        changes["tasks"] = task_paths(settings.tasks)
     for key in ("model_dir", "ref_model_dir"):  # evaluate's
         if getattr(settings, key, None):
             changes[key] = absolute(getattr(settings, key))
@@ -63,6 +66,11 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
         changes["model"], changes["tokenizer"] = _pretrained(
             changes["model"], changes["tokenizer"], S3Options.of(settings.s3))
     return replace(settings, **changes)
+
+
+def task_paths(tasks: list[str]) -> list[str]:
+    """Harness tasks as given, task YAMLs as absolute paths (the workers run elsewhere)."""
+    return [absolute(t) if t.endswith((".yaml", ".yml")) else t for t in tasks]
 
 
 def _recorded_tuning(model_dir: str, ref_model_dir: str | None, settings: Settings,
@@ -175,6 +183,10 @@ def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
+    if t.eval_tasks:  # the harness's checks of the tasks (lm-eval loads: only when asked)
+        from raydp_llm.training.tasks import task_list
+
+        task_list(t.eval_tasks)
     if d.sources:  # a mixture: each source's corpus
         return {source.name: corpus_of(source_settings(settings, source))
                 for source in d.sources}

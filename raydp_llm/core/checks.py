@@ -53,6 +53,7 @@ def validate(settings: Settings) -> None:
     _check_objective(settings)
     _check_query(settings.data)
     _check_sources(settings)
+    _check_tasks(settings)
     if settings.model.block_size > settings.data.halo_tokens:
         raise InputError(f"model.block_size={settings.model.block_size} is above "
                          f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
@@ -145,6 +146,22 @@ def _check_query(d: DataSettings) -> None:
     if d.format == "sql" and not (d.query or "").strip():
         raise InputError("data.format=sql needs data.query: add data.query=\"SELECT text FROM "
                          "...\" (a Spark SQL query whose rows are the documents)")
+
+
+def _check_tasks(settings: Settings) -> None:
+    """``train.eval_tasks`` are scored at checkpoints, on a checkpoint that is a whole model."""
+    t = settings.train
+    if not t.eval_tasks:
+        return
+    every = t.checkpoint_every
+    if t.task_interval is not None and (not every or t.task_interval % every):
+        raise InputError(f"train.task_interval={t.task_interval} is not a multiple of the "
+                         f"checkpoint interval ({every or 'only the final checkpoint'}); tasks "
+                         "are scored at checkpoints: give a multiple, or null (every checkpoint)")
+    if t.strategy == "fsdp" or getattr(getattr(settings.model, "lora", None), "r", 0):
+        raise InputError("train.eval_tasks: a sharded checkpoint (train.strategy=fsdp or LoRA) is "
+                         "not scored while training yet; score its model/ afterwards with "
+                         "python -m raydp_llm.evaluate model_dir=... tasks=[...]")
 
 
 MIXED_FORMATS = ("text", "ids", "parquet", "jsonl", "sql")  # pre-training text: what mixes

@@ -180,6 +180,15 @@ class TrainSettings:
               "1000, the smaller on a tie, at least eval_interval)",
         check=optional(at_least(0)))
     keep_checkpoints: int = setting(2, "checkpoints kept per run (the latest ones)", check=COUNT)
+    eval_tasks: List[str] = setting([], "lm-evaluation-harness tasks (names, or paths of task "
+                                        "YAMLs) scored on the model at checkpoints, offline: "
+                                        "metrics.csv columns task_<task>_<metric>")
+    task_interval: Optional[int] = setting(None, "steps between task scorings, a multiple of the "
+                                                 "checkpoint interval; null = at every "
+                                                 "checkpoint", check=OPTIONAL_COUNT)
+    task_limit: Optional[float] = setting(None, "documents per task at each scoring (below 1: "
+                                                "a fraction); null = all",
+                                          check=optional(above(0)))
     resume: str = setting("auto", "auto = continue the latest unfinished checkpoint of an "
                                   "identical run | never | a checkpoint dir (local or s3://)")
     storage_path: Optional[str] = setting(None, "where Ray Train writes checkpoints, and the "

@@ -117,6 +117,7 @@ class TrainLoop:
             return True
         with tempfile.TemporaryDirectory() as tmp:  # rank 0 (every rank: sharded) attaches it
             self.worker.save_checkpoint(Path(tmp), self.state)
+            metrics |= self.worker.task_columns(Path(tmp), step)  # train.eval_tasks, when due
             self.report(metrics, Path(tmp))
         return True
 

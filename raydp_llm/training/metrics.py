@@ -69,13 +69,15 @@ COLUMNS = [
     *(f"{split}_{figure}" for figure in DPO_FIGURES for split in ("train", "val")),
 ]
 SOURCE_LOSS = "val_loss_"  # a mixture's validation loss per source: val_loss_<name>
+TASK = "task_"  # train.eval_tasks' scores: task_<task>_<metric>
 METRICS_FILE, EVENTS_FILE, DIVERGED_FILE = "metrics.csv", "events.jsonl", "diverged.json"
 
 
 def columns_of(metrics: dict) -> list[str]:
     """``metrics.csv``'s columns for a worker's ``metrics``: ``COLUMNS``, then a mixture's
-    ``val_loss_<name>`` in its sources' order."""
-    return COLUMNS + [k for k in metrics if k.startswith(SOURCE_LOSS)]
+    ``val_loss_<name>`` in its sources' order, then the ``task_<task>_<metric>`` scores of
+    ``train.eval_tasks`` (at the evaluations that scored them)."""
+    return COLUMNS + [k for k in metrics if k.startswith((SOURCE_LOSS, TASK))]
 
 
 def source_losses(row: dict) -> dict[str, float]:
@@ -142,8 +144,9 @@ class MetricsWriter(UserCallback):
             _rewrite(self.path, kept)
             self._reopen_events(purge_step=step)
         new = not self.path.exists()
+        columns = list(row) if new else _widened(self.path, row)
         with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
+            writer = csv.DictWriter(f, fieldnames=columns)
             if new:
                 writer.writeheader()
             writer.writerow(row)
@@ -204,10 +207,21 @@ def _read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _rewrite(path: Path, rows: list[dict]) -> None:
+def _widened(path: Path, row: dict) -> list[str]:
+    """The file's columns, and the columns of ``row`` it lacks (task scores come at some
+    evaluations only): the file rewritten with them, the earlier rows empty there."""
+    with path.open() as f:
+        header = next(csv.reader(f), [])
+    more = [k for k in row if k not in header]
+    if more:
+        _rewrite(path, _read_rows(path), header + more)
+    return header + more
+
+
+def _rewrite(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns or (list(rows[0]) if rows else COLUMNS))
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)

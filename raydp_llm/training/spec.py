@@ -38,6 +38,9 @@ NOT_IN_FINGERPRINT = (
     "eval_batches",
     "checkpoint_interval",
     "keep_checkpoints",
+    "eval_tasks",
+    "task_interval",
+    "task_limit",
     "resume",
     "storage_path",
 )

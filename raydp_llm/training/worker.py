@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +44,8 @@ from raydp_llm.training.optim import make_optimizer
 from raydp_llm.training.precomputed import PrecomputedReference, starting_stamp
 from raydp_llm.training.reference import starting_model
 from raydp_llm.training.spec import TrainSpec
+from raydp_llm.training.tasks import HarnessSettings, run_tasks
+from raydp_llm.training.tasks import columns as task_columns
 from raydp_llm.training.worker_data import ValWindows, WorkerData
 
 
@@ -265,6 +268,19 @@ class Worker:
             directory.mkdir(parents=True, exist_ok=True)
             self.precomputed.save(directory)  # before the checkpoint's seal, which lists it
         self.checkpoints.save(directory, self.model, spec.tokenizer(), self.optimizer, stamped)
+
+    def task_columns(self, checkpoint: Path, step: int) -> dict:
+        """``train.eval_tasks`` scored on the checkpoint just written (a whole model: rank 0's) when
+        due at ``step``, as ``metrics.csv`` columns; nothing on other ranks or steps (they wait in
+        the report that follows)."""
+        t = self.spec.train
+        due = t.eval_tasks and self.placement.rank == 0 and \
+            (t.task_interval is None or step % t.task_interval == 0)
+        if not due:
+            return {}
+        harness = HarnessSettings(limit=t.task_limit, seed=self.spec.seed)
+        with tempfile.TemporaryDirectory() as out:  # the GPT-2 export: not in the checkpoint
+            return task_columns(run_tasks(t.eval_tasks, checkpoint, Path(out), harness)["tasks"])
 
     @torch.no_grad()
     def precompute_reference(self, state: TrainState) -> None:

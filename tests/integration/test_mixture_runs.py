@@ -113,6 +113,7 @@ def test_evaluate_on_the_sources_gives_a_loss_per_source(mixed, tmp_path):
     domain, replay = result["sources"]["domain"], result["sources"]["replay"]
     assert result["loss"] == pytest.approx(0.9 * domain["loss"] + 0.1 * replay["loss"])
     assert domain["loss"] < replay["loss"]  # the model trained mostly on the domain
+    (tmp_path / "alone").mkdir()
     alone = evaluate(make_config(*on, f"data.path={mixed['out'] / 'domain.txt'}",
                                  config_name="evaluate"), tmp_path / "alone")
     assert alone["etl"]["cache_hit"] is True

@@ -1,7 +1,8 @@
-"""Benchmark tasks through lm-evaluation-harness (cli/tasks.py), offline, on the own GPT through its
-GPT-2 export: local task YAMLs (a multiple-choice task, a generation task with exact match) give
-what ``lm_eval.simple_evaluate`` gives run directly on the same exported directory; bad tasks are
-one line each."""
+"""Benchmark tasks through lm-evaluation-harness (training/tasks.py), offline, on the own GPT
+through its GPT-2 export: local task YAMLs (a multiple-choice task, a generation task with exact
+match) give what ``lm_eval.simple_evaluate`` gives run directly on the same exported directory;
+``train.eval_tasks`` scores a run's checkpoints as evaluate does afterwards; bad tasks are one line
+each."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.configs import make_config
+from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
+from raydp_llm.cli.train import run as train
 from raydp_llm.core.config import GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.models.factory import build_model
+from raydp_llm.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # lm-evaluation-harness runs
 
@@ -112,3 +115,26 @@ def test_bad_tasks_are_one_line(tasks, tmp_path):
                                          r"nor cached, and evaluate runs offline"):
         evaluate(make_config(model, f"tasks=[{remote}]", config_name="evaluate"), tmp_path)
     assert not Path(tmp_path / "evaluation.json").exists()
+
+
+def test_tasks_scored_at_a_runs_checkpoints_equal_evaluate_on_them(ray_cluster, corpus_dir,
+                                                                   tasks, tmp_path):
+    """``train.eval_tasks``: the task columns at each checkpoint's step are what evaluate gives on
+    that checkpoint afterwards."""
+    mc = tasks["dir"] / "mc.yaml"
+    summary = train(make_config(
+        "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+        "train.batch_size=8", "train.max_steps=8", "train.eval_interval=2",
+        "train.checkpoint_interval=4", f"train.eval_tasks=[{mc}]", f"data.path={corpus_dir}",
+        f"data.cache_dir={CACHE_DIR}", "sample.max_new_tokens=5", NO_CHECK), tmp_path / "run")
+    assert summary["status"] == "finished"
+    rows = {r["step"]: r for r in read_metrics(tmp_path / "run" / "metrics.csv")}
+    assert sorted(rows) == [2, 4, 6, 8]
+    assert rows[2]["task_tiny_mc_acc"] is None and rows[6]["task_tiny_mc_acc"] is None
+    (checkpoint,) = [p.parent for p in (tmp_path / "run").glob(
+        "ray_results/*/checkpoint_*/train_state.json") if json.loads(p.read_text())["step"] == 8]
+    after = evaluate(make_config(f"model_dir={checkpoint}", f"tasks=[{mc}]",
+                                 config_name="evaluate"), tmp_path / "after")
+    assert rows[8]["task_tiny_mc_acc"] == pytest.approx(after["tasks"]["tiny_mc"]["acc"],
+                                                        abs=1e-9)
+    assert rows[4]["task_tiny_mc_acc"] is not None

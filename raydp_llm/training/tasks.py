@@ -1,5 +1,6 @@
-"""``python -m raydp_llm.evaluate model_dir=DIR tasks=[NAME,...]``: benchmark tasks through
-lm-evaluation-harness (its Python API, ``simple_evaluate``), offline.
+"""Benchmark tasks through lm-evaluation-harness (its Python API, ``simple_evaluate``), offline:
+``python -m raydp_llm.evaluate model_dir=DIR tasks=[NAME,...]``, and ``train.eval_tasks`` at a
+run's checkpoints (the same code on the checkpoint's directory).
 
 The harness reads a Hugging Face directory: a transformers model's ``model/`` as it is, the own
 GPT's through its GPT-2 export (written into the run directory, no step for the user). A task is a
@@ -15,13 +16,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
 
-from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.models.hf import is_hf_dir
 
@@ -58,7 +59,7 @@ def task_list(given: list[str]) -> TaskList:
         else:
             names.append(task)
             by_name.append(task)
-    os.environ.update(OFFLINE)  # before the harness (and datasets) read their settings
+    offline()
     from lm_eval.tasks import TaskManager
 
     # indexing the harness's own ~15,000 tasks takes seconds: only when one is named
@@ -70,6 +71,17 @@ def task_list(given: list[str]) -> TaskList:
                              f"{' (nearest: ' + ', '.join(near) + ')' if near else ''}; give a "
                              "harness task's name or the path of a task YAML")
     return TaskList(names, manager)
+
+
+def offline() -> None:
+    """The harness and the datasets it loads never reach for the network: the flags set before
+    they are read, and in their modules where one is loaded already (transformers loads the
+    hub's)."""
+    os.environ.update(OFFLINE)
+    for module, flags in (("datasets.config", OFFLINE), ("huggingface_hub.constants",
+                                                         ["HF_HUB_OFFLINE"])):
+        for flag in flags if module in sys.modules else ():
+            setattr(sys.modules[module], flag, True)
 
 
 def yaml_task(path: Path) -> str:
@@ -110,21 +122,33 @@ def harness_dir(model_dir: Path, out_dir: Path) -> Path:
     return save_gpt2_dir(out_dir / "hf_model", model, tokenizer)
 
 
-def run_tasks(settings: EvaluateSettings, model_dir: Path, out_dir: Path) -> dict:
-    """The harness on ``model_dir`` for ``settings.tasks``: ``{task: {metric: value}}`` and the
-    harness's results (``harness``)."""
-    tasks = task_list(settings.tasks)
+@dataclass(frozen=True)
+class HarnessSettings:
+    """How the harness runs: shots per prompt (None: each task's own), documents per task (None:
+    all; below 1: a fraction), its batch size and seed."""
+
+    num_fewshot: int | None = None
+    limit: float | None = None
+    batch_size: int = 8
+    seed: int = 1337
+
+
+def run_tasks(given: list[str], model_dir: Path, out_dir: Path,
+              harness: HarnessSettings = HarnessSettings()) -> dict:
+    """The harness on ``model_dir`` for the tasks ``given``: ``{task: {metric: value}}``
+    (``tasks``) and the harness's results (``harness``)."""
+    tasks = task_list(given)
     directory = harness_dir(model_dir, out_dir)
     from lm_eval import simple_evaluate
 
-    seed = settings.seed
+    seed = harness.seed
     try:
         out = simple_evaluate(
             model="hf", model_args=f"pretrained={directory},dtype=float32", tasks=tasks.names,
-            num_fewshot=settings.num_fewshot, limit=settings.limit,
-            batch_size=settings.eval_batch_size, task_manager=tasks.manager,
-            device="cuda" if torch.cuda.is_available() else "cpu", random_seed=seed,
-            numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+            num_fewshot=harness.num_fewshot, limit=harness.limit, batch_size=harness.batch_size,
+            task_manager=tasks.manager, device="cuda" if torch.cuda.is_available() else "cpu",
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+            fewshot_random_seed=seed)
     except Exception as err:  # noqa: BLE001 - the data the harness could not reach: one line
         raise unreachable_data(err, tasks) or err
     scores = {task: {metric.split(",")[0]: value for metric, value in found.items()
@@ -134,6 +158,12 @@ def run_tasks(settings: EvaluateSettings, model_dir: Path, out_dir: Path) -> dic
     return {"tasks": scores, "harness": json.loads(json.dumps(
         {k: out.get(k) for k in ("results", "configs", "versions", "n-shot", "n-samples")},
         default=str))}
+
+
+def columns(scores: dict) -> dict:
+    """Task scores as ``metrics.csv`` columns: ``task_<task>_<metric>``."""
+    return {f"task_{task}_{metric}": value
+            for task, metrics in scores.items() for metric, value in metrics.items()}
 
 
 def unreachable_data(err: Exception, tasks: TaskList) -> InputError | None:
