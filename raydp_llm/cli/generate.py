@@ -1,5 +1,6 @@
 """``python -m raydp_llm.generate model_dir=... prompt="..."``: sample text from a trained model, no
-Ray or Spark.
+Ray or Spark; or, with ``data.path=PROMPTS out=DIR``, an answer to every row of a table of prompts
+on Ray (cli/answers.py).
 
 Arguments are ``key=value``, the keys of ``GenerateSettings`` (raydp_llm/core/config.py; ``--help``
 lists them with their meanings); values are taken verbatim (no YAML parsing, so a prompt needs no
@@ -27,6 +28,12 @@ def main(argv: list[str]) -> int:
     except UsageError as err:
         print(f"{USAGE}: {err}", file=sys.stderr)
         return 2
+    if (s.data.path is None) != (s.out is None):
+        print(f"{USAGE}: batch answers need both data.path (the prompts) and out (where the "
+              "answers go)", file=sys.stderr)
+        return 2
+    if s.data.path is not None:
+        return _answer_table(s)
     # torch: seconds to import, after the arguments are known good
     from raydp_llm.checkpoint.model_dir import load_model_dir
 
@@ -42,6 +49,21 @@ def main(argv: list[str]) -> int:
         print(f"next-token top {len(top)} after the prompt:")
         for token, p in top:
             print(f"  {token!r}  {p:.4f}")
+    return 0
+
+
+def _answer_table(s: GenerateSettings) -> int:
+    """Batch answers (cli/answers.py): every prompt of ``data.path`` into ``out``."""
+    from raydp_llm.cli.answers import answer_table
+    from raydp_llm.core.errors import InputError
+
+    try:
+        done = answer_table(s)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{done['rows']:,} prompts in {done['parts']} parts; answered {done['answered']} "
+          f"parts now; answers in {done['out']}")
     return 0
 
 

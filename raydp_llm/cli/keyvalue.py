@@ -1,6 +1,7 @@
-"""``key=value`` arguments for the commands that start no engine (``generate``, ``export``): the
-keys are a settings dataclass's fields (``s3.*`` for its nested S3 settings), each value converted
-to its field's type; values are taken verbatim (no YAML parsing, so a prompt needs no quoting).
+"""``key=value`` arguments for the commands that start no Spark (``generate``, ``export``): the
+keys are a settings dataclass's fields (``s3.*``, ``data.*`` for its nested settings), each value
+converted to its field's type; values are taken verbatim (no YAML parsing: a prompt needs no
+quoting).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import dataclasses
 import typing
 
 from raydp_llm.cli.help import field_help
-from raydp_llm.core.config import S3Settings
 
 NONE = ("none", "null")
 
@@ -18,19 +18,27 @@ class UsageError(ValueError):
     pass
 
 
+def nested(schema: type) -> dict[str, type]:
+    """The fields of ``schema`` that are settings of their own (``s3``, ``data``): their keys are
+    ``<field>.<key>``."""
+    hints = typing.get_type_hints(schema)
+    return {k: t for k, t in hints.items() if dataclasses.is_dataclass(t)}
+
+
 def keys(schema: type) -> dict[str, type]:
     """Every argument of ``schema`` and the type its value converts to."""
-    hints = typing.get_type_hints(schema)
-    if "s3" in hints:
-        hints |= {f"s3.{k}": v for k, v in typing.get_type_hints(S3Settings).items()}
+    hints, inner = typing.get_type_hints(schema), nested(schema)
+    for name, sub in inner.items():
+        hints |= {f"{name}.{k}": v for k, v in typing.get_type_hints(sub).items()}
     return {key: next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-            for key, hint in hints.items() if key != "s3"}
+            for key, hint in hints.items() if key not in inner}
 
 
 def parse_args(schema: type, argv: list[str], required: tuple[str, ...], verbatim=("prompt",)):
     """``schema``'s settings from ``argv``; UsageError for an unknown key, a value that does not
     convert, or a ``required`` key left out. ``none`` is None except for the ``verbatim`` keys."""
-    types, values, s3 = keys(schema), {}, {}
+    types, inner = keys(schema), nested(schema)
+    values: dict = {name: {} for name in inner}
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or key not in types:
@@ -40,8 +48,12 @@ def parse_args(schema: type, argv: list[str], required: tuple[str, ...], verbati
             converted = None if none else types[key](value)
         except ValueError:
             raise UsageError(f"{key}={value!r} is not a valid {types[key].__name__}") from None
-        (s3 if key.startswith("s3.") else values)[key.removeprefix("s3.")] = converted
-    settings = schema(**values, s3=S3Settings(**s3))
+        outer, dot, rest = key.partition(".")
+        if dot:
+            values[outer][rest] = converted
+        else:
+            values[key] = converted
+    settings = schema(**(values | {name: sub(**values[name]) for name, sub in inner.items()}))
     missing = [key for key in required if getattr(settings, key) is None]
     if missing:
         raise UsageError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
@@ -54,7 +66,8 @@ def help_text(schema: type, usage: str, verbatim=("prompt",)) -> str:
     defaults = dataclasses.asdict(schema())
 
     def shown(key: str) -> str:
-        value = defaults["s3"][key[3:]] if key.startswith("s3.") else defaults[key]
+        outer, dot, rest = key.partition(".")
+        value = defaults[outer][rest] if dot else defaults[key]
         if value is None:
             return "none"
         return repr(value) if key in verbatim else str(value)

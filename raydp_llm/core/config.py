@@ -364,6 +364,18 @@ def source_settings(settings: Settings, source: SourceSettings) -> Settings:
 
 
 @dataclass(frozen=True)
+class PromptTable:
+    """``generate``'s batch answers: a table of prompts, an answer per row (``out``)."""
+
+    path: Optional[str] = setting(None, "Parquet or JSON Lines files of prompts (a file, a "
+                                        "directory or a glob), a prompt per row; null = the one "
+                                        "prompt")
+    format: str = setting("parquet", "parquet | jsonl",
+                          check=Check(lambda v: v in ("parquet", "jsonl"), "parquet | jsonl"))
+    text_column: str = setting("prompt", "the column holding each row's prompt")
+
+
+@dataclass(frozen=True)
 class GenerateSettings(SampleSettings):
     """``python -m raydp_llm.generate``: the sample settings, and what the command needs beside
     them."""
@@ -378,6 +390,14 @@ class GenerateSettings(SampleSettings):
                                 "template and its generation prompt; the reply stops at the end "
                                 "of the turn")
     s3: S3Settings = setting(S3Settings(), "S3 access for an s3:// model_dir")
+    data: PromptTable = setting(PromptTable(), "batch answers: the prompts")
+    out: Optional[str] = setting(None, "batch answers: the directory of the Parquet parts (the "
+                                       "input's columns, completion, completion_tokens, "
+                                       "mean_logprob); a rerun continues it")
+    rows_per_part: int = setting(64, "batch answers: rows per Parquet part, the unit a rerun "
+                                     "skips when written", check=COUNT)
+    actors: Optional[int] = setting(None, "batch answers: Ray actors, each holding the model "
+                                          "once; null = one per CPU", check=OPTIONAL_COUNT)
 
 
 @dataclass(frozen=True)

@@ -89,16 +89,19 @@ class LanguageModel(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
         stop=None,
+        logprobs: list | None = None,
     ) -> torch.Tensor:
         """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens; ``temperature`` 0 means
         greedy; ``stop(idx)`` true ends it early (a chat turn's end). Each token sees the last
         block_size tokens (positions 0.. from the window's start), as in training;
-        ``next_logits`` carries what it can from one token to the next."""
+        ``next_logits`` carries what it can from one token to the next. ``logprobs``, when given,
+        gets each new token's log-probability (B,) under the model (at temperature 1)."""
         state = None
         for _ in range(max_new_tokens):
             if stop is not None and stop(idx):
                 break
             logits, state = self.next_logits(idx, state)  # (B, V)
+            raw = logits
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -107,6 +110,8 @@ class LanguageModel(nn.Module):
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)
+            if logprobs is not None:
+                logprobs.append(F.log_softmax(raw.float(), dim=-1).gather(1, nxt)[:, 0])
             idx = torch.cat([idx, nxt], dim=1)
         return idx
 

@@ -13,7 +13,7 @@ from raydp_llm.data.chat import ChatTemplate
 from raydp_llm.models.base import LanguageModel
 
 
-def _prompt_ids(model: LanguageModel, tokenizer: Tokenizer, prompt: str) -> torch.Tensor:
+def prompt_ids(model: LanguageModel, tokenizer: Tokenizer, prompt: str) -> torch.Tensor:
     """``prompt`` as token ids (1, T) on the model's device; a prompt of no tokens (a newline, to
     some tokenizers) starts a new document: the ids between documents."""
     ids = tokenizer.encode(prompt)
@@ -34,7 +34,7 @@ def sample_text(
     seed: int,
 ) -> str:
     """``prompt`` continued by the model; the same seed gives the same text."""
-    idx = _prompt_ids(model, tokenizer, prompt)
+    idx = prompt_ids(model, tokenizer, prompt)
     gen = torch.Generator(device=idx.device).manual_seed(seed)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
     return tokenizer.decode(out[0].tolist())
@@ -47,7 +47,7 @@ def chat_reply(model: LanguageModel, tokenizer: Tokenizer, chat: ChatTemplate,
     its turn (the template's end-of-turn text); the reply without the end of its turn."""
     messages = [{"role": "user", "content": sample.prompt}]
     rendered = chat.render(messages, add_generation_prompt=True)
-    idx = _prompt_ids(model, tokenizer, rendered)
+    idx = prompt_ids(model, tokenizer, rendered)
     start = idx.size(1)
 
     def reply(ids: torch.Tensor) -> str:
@@ -66,6 +66,6 @@ def top_next_tokens(
 ) -> list[tuple[str, float]]:
     """The ``k`` most likely tokens right after ``prompt``, decoded, with their probabilities, most
     likely first."""
-    logits, _ = model(_prompt_ids(model, tokenizer, prompt)[:, -model.config.block_size:])
+    logits, _ = model(prompt_ids(model, tokenizer, prompt)[:, -model.config.block_size:])
     probs, ids = F.softmax(logits[0, -1].float(), dim=-1).topk(min(k, logits.size(-1)))
     return [(tokenizer.decode([i]), p) for i, p in zip(ids.tolist(), probs.tolist())]

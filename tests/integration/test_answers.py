@@ -1,0 +1,105 @@
+"""Batch answers (cli/answers.py): a model's answer to every row of a table of prompts, by Ray Data
+actors, into Parquet parts. Greedy answers equal one-prompt ``generate``'s; a job killed halfway
+(SIGKILL on the driver and all it started) and started again writes every row exactly once; bad
+input is one line before Ray starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from helpers.paths import ROOT
+from helpers.terminal import wait_for
+from raydp_llm.checkpoint.model_dir import save_model_dir
+from raydp_llm.cli.answers import answer_table
+from raydp_llm.cli.keyvalue import parse_args
+from raydp_llm.core.config import GenerateSettings, GPTConfig
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.tokenizer import CharTokenizer
+from raydp_llm.models.factory import build_model
+from raydp_llm.training.generation import sample_text
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["ROMEO: ", "JULIET: ", "To be, or not", "Now is the winter", "What light", "My lord",
+           "Good night", "O Romeo, Romeo", "I am", "Sir, a word"]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> dict:
+    """A tiny untrained GPT (its answers are its arithmetic, not skill) and the prompts in
+    Parquet, with a column of their own beside the prompt."""
+    d = tmp_path_factory.mktemp("answers")
+    tokenizer = CharTokenizer("".join(PROMPTS) + "abcdefghijklmnopqrstuvwxyz\n")
+    torch.manual_seed(0)
+    model = build_model(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1,
+                                  n_head=2, n_embd=32))
+    pq.write_table(pa.table({"id": list(range(len(PROMPTS))), "prompt": PROMPTS}),
+                   d / "prompts.parquet")
+    return {"dir": d, "model": save_model_dir(d / "model", model, tokenizer), "net": model,
+            "tokenizer": tokenizer}
+
+
+def settings(job, out, *more: str) -> GenerateSettings:
+    return parse_args(GenerateSettings, [f"model_dir={job['model']}",
+                                         f"data.path={job['dir'] / 'prompts.parquet'}",
+                                         f"out={out}", "max_new_tokens=12", "temperature=0",
+                                         "rows_per_part=3", *more], required=("model_dir",))
+
+
+def answers(out) -> pa.Table:
+    return pq.read_table(sorted(out.glob("part-*.parquet"))).sort_by("id")
+
+
+def test_greedy_answers_equal_one_prompt_generate(ray_cluster, job, tmp_path):
+    done = answer_table(settings(job, tmp_path / "out", "actors=2"))
+    assert (done["rows"], done["parts"], done["answered"]) == (10, 4, 4)
+    table = answers(tmp_path / "out")
+    assert table.column_names == ["id", "prompt", "completion", "completion_tokens",
+                                  "mean_logprob"]
+    assert table.column("id").to_pylist() == list(range(len(PROMPTS)))
+    model = job["net"].eval()
+    for row in table.to_pylist():
+        alone = sample_text(model, job["tokenizer"], row["prompt"], 12, 0.0, None, 0)
+        assert row["prompt"] + row["completion"] == alone
+        assert row["completion_tokens"] == 12 and row["mean_logprob"] < 0
+    again = answer_table(settings(job, tmp_path / "out", "actors=2"))
+    assert again["answered"] == 0  # every part is there: nothing is answered twice
+
+
+def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_path):
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "raydp_llm.generate", f"model_dir={job['model']}",
+            f"data.path={job['dir'] / 'prompts.parquet'}", f"out={out}", "max_new_tokens=200",
+            "temperature=0", "rows_per_part=1", "actors=1"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    wait_for(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 2, "the second part", 180)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started, at once
+    proc.wait()
+    written = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
+    assert 2 <= len(written) < len(PROMPTS)
+    rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    table = answers(out)
+    assert table.column("id").to_pylist() == list(range(len(PROMPTS)))  # each row once
+    assert all(p.stat().st_mtime_ns == written[p.name]  # the parts done before stay as they were
+               for p in out.glob("part-*.parquet") if p.name in written)
+
+
+def test_bad_input_is_one_line(job, tmp_path):
+    with pytest.raises(InputError, match=r"^data.text_column=question: .* has no such column; "
+                                         r"its columns: id, prompt$"):
+        answer_table(settings(job, tmp_path / "a", "data.text_column=question"))
+    answer_dir = tmp_path / "b"
+    answer_dir.mkdir()
+    (answer_dir / "answers.json").write_text('{"model_dir": "elsewhere"}')
+    with pytest.raises(InputError, match=rf"^out={answer_dir} holds another job's answers"):
+        answer_table(settings(job, answer_dir))
