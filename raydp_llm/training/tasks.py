@@ -14,6 +14,7 @@ own results.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import sys
@@ -71,6 +72,13 @@ def task_list(given: list[str]) -> TaskList:
                              f"{' (nearest: ' + ', '.join(near) + ')' if near else ''}; give a "
                              "harness task's name or the path of a task YAML")
     return TaskList(names, manager)
+
+
+@functools.lru_cache(maxsize=4)
+def indexed(given: tuple[str, ...]) -> TaskList:
+    """``task_list``, made once per process for the same tasks: a run scores them at every
+    checkpoint, and indexing the harness's own tasks takes seconds each time."""
+    return task_list(list(given))
 
 
 def offline() -> None:
@@ -137,7 +145,7 @@ def run_tasks(given: list[str], model_dir: Path, out_dir: Path,
               harness: HarnessSettings = HarnessSettings()) -> dict:
     """The harness on ``model_dir`` for the tasks ``given``: ``{task: {metric: value}}``
     (``tasks``) and the harness's results (``harness``)."""
-    tasks = task_list(given)
+    tasks = indexed(tuple(given))
     directory = harness_dir(model_dir, out_dir)
     from lm_eval import simple_evaluate
 
