@@ -34,7 +34,7 @@ from raydp_llm.training.metrics import (
     read_divergence,
     read_events,
 )
-from raydp_llm.training.progress import ProgressBoard, TrainingProgress
+from raydp_llm.training.progress import TrainingProgress
 from raydp_llm.training.spec import TrainSpec
 
 
@@ -137,7 +137,7 @@ class StartedFit:
 
     def __init__(self, train: TrainSettings, s3: S3Options, run_name: str, launch: Launch):
         self.launch, self.aborted = launch, False
-        self.run = RunContext(run_name, ProgressBoard.remote(), handoff=Handoff.remote())
+        self.run = RunContext(run_name, handoff=Handoff.remote())
         self.marks: dict = {}
         self.trainer = torch_trainer(train, s3, self.run, launch, MetricsWriter(launch.out_dir))
         self.outcome = None  # fit's Result, or what it raised
@@ -167,12 +167,12 @@ class StartedFit:
         self.marks.setdefault("data_ready", time.time())
         self.mark("delivered")
         run.handoff.deliver.remote([ray.put(Delivery(spec, data, resume_from))])
-        progress = TrainingProgress(run.board, launch.out_dir, spec.max_steps,
+        progress = TrainingProgress(run.handoff, launch.out_dir, spec.max_steps,
                                     spec.train.max_failures, on_row=launch.on_metrics)
         progress.start()
         try:
             result = self._result()
-            self.marks |= ray.get(run.board.read_marks.remote()) | {"fit_end": time.time()}
+            self.marks |= ray.get(run.handoff.read_marks.remote()) | {"fit_end": time.time()}
         finally:
             progress.stop()
         diverged = read_divergence(launch.out_dir)
@@ -215,8 +215,7 @@ class StartedFit:
         self.thread.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        for actor in (self.run.board, self.run.handoff):
-            ray.kill(actor)
+        ray.kill(self.run.handoff)
 
 
 @contextmanager

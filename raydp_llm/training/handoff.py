@@ -6,7 +6,9 @@ it. A restarted group finds it here at once.
 
 Ray Train's controller leaves its handle here too (``fit.ControllerHandle``): its own Ctrl-C
 handler is the main thread's, and the driver's main thread runs the ETL while the group starts, so
-the driver aborts the run itself (``Handoff.controller``).
+the driver aborts the run itself (``Handoff.controller``). And rank 0 posts its progress here for
+the driver's display (progress.py): one actor a run, not two (each is a fresh Python process,
+about a second of CPU on the way to the first step).
 
 This module imports Ray alone: the actor's process imports it, and ray.train would cost it seconds
 of CPU while Spark starts.
@@ -32,7 +34,8 @@ class Delivery:
 
 @ray.remote(num_cpus=0)
 class Handoff:
-    """The driver's delivery to the workers, and the controller's handle. The delivery comes as
+    """The driver's delivery to the workers, the controller's handle, and rank 0's latest step,
+    loss and throughput with the moments it reached (``post``, ``mark``). The delivery comes as
     ``[ObjectRef]`` of a ``Delivery``: inside a list Ray leaves the reference as it is, so this
     actor never loads the spec and the data (nor imports what they are made of); None: the driver
     gave up before training, and the workers return at once. Async: every worker waits on it at
@@ -42,6 +45,8 @@ class Handoff:
         self.ready = asyncio.Event()
         self.delivery: list | None = None
         self.handle = None
+        self.latest: dict = {}
+        self.marks: dict = {}
 
     async def deliver(self, delivery: list | None) -> None:
         """The first delivery stands: a None after it (the driver aborting) changes nothing for
@@ -59,6 +64,20 @@ class Handoff:
 
     async def controller(self):
         return self.handle
+
+    async def post(self, latest: dict) -> None:
+        self.latest = latest
+
+    async def read(self) -> dict:
+        return self.latest
+
+    async def mark(self, name: str, at: float, first: bool = True) -> None:
+        """When rank 0 reached ``name`` (``time.time()``): the first time, or the last."""
+        if not (first and name in self.marks):
+            self.marks[name] = at
+
+    async def read_marks(self) -> dict:
+        return self.marks
 
 
 def delivered(handoff) -> Delivery | None:

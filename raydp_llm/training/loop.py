@@ -141,12 +141,11 @@ def divergence(metrics: dict, model) -> str | None:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a run adds beside the spec: its Ray Train name (which tags its Ray metrics), the
-    driver's progress board (progress.py) that rank 0 posts to, and the hand-off the workers take
-    their spec, data and checkpoint (local or s3://, if any) from (handoff.py)."""
+    """What a run adds beside the spec: its Ray Train name (which tags its Ray metrics) and the
+    hand-off (handoff.py) the workers take their spec, data and checkpoint (local or s3://, if
+    any) from, and rank 0 posts its progress to for the driver's display (progress.py)."""
 
     run_name: str
-    board: object = None
     handoff: object = None
 
 
@@ -202,7 +201,7 @@ def train_loop(config: dict) -> None:
     run = config["run"]
     loop_start = time.time()
     placement = ray_placement()
-    live = LivePosts(run.board, run.run_name) if placement.rank == 0 else None
+    live = LivePosts(run.handoff, run.run_name) if placement.rank == 0 else None
     if live:  # start-up, phase by phase (fit.STARTUP_SPANS)
         live.mark("loop_start", loop_start)
     delivery = delivered(run.handoff)

@@ -1,8 +1,9 @@
 """The live console display on the driver: a tqdm bar over the ETL's phases, then one over the
 training steps (loss, validation loss, tokens/s, ETA) with a concise line per evaluation.
 
-Training runs in Ray Train workers: rank 0 posts its step to a ``ProgressBoard`` actor every half
-second, and ``TrainingProgress`` (a thread on the driver) reads the board, the new rows of
+Training runs in Ray Train workers: rank 0 posts its step to the run's board (the hand-off actor,
+handoff.py) every half second, and ``TrainingProgress`` (a thread on the driver) reads it, the new
+rows of
 ``metrics.csv`` and the restarts the controller records (``events.jsonl``), a line each. Log lines
 go through tqdm (``logging_redirect_tqdm``), so they never tear the bar.
 """
@@ -20,29 +21,6 @@ from tqdm import tqdm
 from raydp_llm.core.console import console_bar
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.training.metrics import METRICS_FILE, read_events, read_metrics, source_losses
-
-
-@ray.remote(num_cpus=0)
-class ProgressBoard:
-    """Rank 0's latest step, loss and throughput, for the driver's display."""
-
-    def __init__(self):
-        self.latest: dict = {}
-        self.marks: dict = {}
-
-    def post(self, latest: dict) -> None:
-        self.latest = latest
-
-    def read(self) -> dict:
-        return self.latest
-
-    def mark(self, name: str, at: float, first: bool = True) -> None:
-        """When rank 0 reached ``name`` (``time.time()``): the first time, or the last."""
-        if not (first and name in self.marks):
-            self.marks[name] = at
-
-    def read_marks(self) -> dict:
-        return self.marks
 
 
 class TrainingProgress(threading.Thread):
@@ -156,6 +134,6 @@ class LivePosts:
 
     def mark(self, name: str, at: float | None = None, first: bool = True) -> None:
         """That rank 0 reached ``name`` now (or ``at``, a ``time.time()``), on the board
-        (``ProgressBoard.mark``)."""
+        (``Handoff.mark``)."""
         if self.board is not None:
             self.board.mark.remote(name, time.time() if at is None else at, first=first)
