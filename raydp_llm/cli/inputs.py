@@ -183,10 +183,15 @@ def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
+    tasks = []
     if t.eval_tasks:  # the harness's checks of the tasks (lm-eval loads: only when asked)
         from raydp_llm.training.tasks import task_list
 
-        task_list(t.eval_tasks)
+        tasks = task_list(t.eval_tasks).names
+    if t.best_by:  # ranked by a column the checkpoints report (ray.train: only when asked)
+        from raydp_llm.training import best
+
+        best.check(t.best_by, tasks, [source.name for source in d.sources], t.task_interval)
     if d.sources:  # a mixture: each source's corpus
         return {source.name: corpus_of(source_settings(settings, source))
                 for source in d.sources}

@@ -179,7 +179,13 @@ class TrainSettings:
               "null = the evaluation nearest 1000 steps (the multiple of eval_interval nearest "
               "1000, the smaller on a tie, at least eval_interval)",
         check=optional(at_least(0)))
-    keep_checkpoints: int = setting(2, "checkpoints kept per run (the latest ones)", check=COUNT)
+    keep_checkpoints: int = setting(2, "checkpoints kept per run (the latest ones; with best_by, "
+                                       "the best ones by it and the latest)", check=COUNT)
+    best_by: Optional[str] = setting(None, "a metrics.csv column (val_loss, val_acc, "
+                                           "val_loss_<source>, task_<task>_<metric>) that ranks "
+                                           "the checkpoints: the best is kept, exported to "
+                                           "best_model/ and reported in summary.json; losses, "
+                                           "perplexities and bits lower, the others higher")
     eval_tasks: List[str] = setting([], "lm-evaluation-harness tasks (names, or paths of task "
                                         "YAMLs) scored on the model at checkpoints, offline: "
                                         "metrics.csv columns task_<task>_<metric>")

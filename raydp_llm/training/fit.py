@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
 from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.storage import S3Options, resolve
+from raydp_llm.training.best import Best, best_of, checkpoint_config
 from raydp_llm.training.handoff import Delivery, Handoff
 from raydp_llm.training.loop import RunContext, train_loop
 from raydp_llm.training.metrics import (
@@ -59,6 +60,7 @@ class FitResult:
     # when (time.time()) the group was launched ("fit"), the driver had its data ("data_ready")
     # and handed it over ("delivered"), rank 0 reached each start-up mark, and fit returned
     marks: dict
+    best: Best | None = None  # the best checkpoint by train.best_by, if set
 
 
 # Each start-up phase of Ray Train's, between two marks (FitResult.marks)
@@ -122,7 +124,7 @@ def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: 
             name=run.run_name,
             storage_path=storage_path,
             storage_filesystem=filesystem,
-            checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
+            checkpoint_config=checkpoint_config(train.keep_checkpoints, train.best_by),
             failure_config=FailureConfig(max_failures=train.max_failures),
             callbacks=[recorder, RestartRecorder(recorder), ControllerHandle(run.handoff)],
         ),
@@ -180,7 +182,8 @@ class StartedFit:
             raise RuntimeError("training finished without a checkpoint; see "
                                f"{launch.storage}/{run.run_name}")
         restarts = sum(1 for event in read_events(launch.out_dir) if event["event"] == "restart")
-        return FitResult(result.checkpoint, diverged, restarts, resume_from, self.marks)
+        return FitResult(result.checkpoint, diverged, restarts, resume_from, self.marks,
+                         best_of(result.best_checkpoints, spec.train.best_by))
 
     def _result(self):
         """fit's ``Result`` once its thread ends; Ctrl-C meanwhile aborts the run first."""

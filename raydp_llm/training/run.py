@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raydp_llm.checkpoint import checkpointer
 from raydp_llm.checkpoint.model_dir import load_model_dir
@@ -28,7 +29,13 @@ from raydp_llm.training.plots import plot_loss, plot_throughput
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import TrainSpec, build_spec, samplings
 
+if TYPE_CHECKING:
+    from ray.train import Checkpoint
+
 log = logging.getLogger(__name__)
+
+# in the run directory: the final model, and the best checkpoint's by train.best_by
+MODEL_DIR, BEST_MODEL_DIR = "model", "best_model"
 
 
 def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path) -> str | None:
@@ -119,7 +126,7 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
             with timed(session.timings, "train_s"):
                 outcome = train(spec, data, job, group)
             if outcome.diverged is None:
-                export(outcome, out_dir / "model", spec)
+                export(outcome, out_dir, spec)
             # the sample is written while Spark, the worker group and Ray stop (no process is
             # started meanwhile: a fork beside a thread's import can deadlock on Python's locks)
             sampling = in_background("sample", sample_of, settings, out_dir, outcome)
@@ -196,12 +203,20 @@ def timeline(started: Started, timings: dict, ray_up: Span, marks: dict) -> dict
     return spans | startup_timeline(marks, origin)
 
 
-def export(outcome: FitResult, directory: Path, spec: TrainSpec) -> None:
-    """The model of the fit's final checkpoint (local, or downloaded from S3) into ``directory``:
-    its model files, or its shards gathered into a full model; a DPO run's with the reference it
-    was tuned against (``reference.record``)."""
+def export(outcome: FitResult, out_dir: Path, spec: TrainSpec) -> None:
+    """The model of the fit's final checkpoint into ``out_dir/model``, and with
+    ``train.best_by`` the best checkpoint's into ``out_dir/best_model``."""
+    export_checkpoint(outcome.checkpoint, out_dir / MODEL_DIR, spec)
+    if outcome.best is not None:
+        export_checkpoint(outcome.best.checkpoint, out_dir / BEST_MODEL_DIR, spec)
+
+
+def export_checkpoint(checkpoint: Checkpoint, directory: Path, spec: TrainSpec) -> None:
+    """A checkpoint's model (local, or downloaded from S3) into ``directory``: its model files, or
+    its shards gathered into a full model; a DPO run's with the reference it was tuned against
+    (``reference.record``)."""
     def copy() -> None:
-        with outcome.checkpoint.as_directory() as d:
+        with checkpoint.as_directory() as d:
             checkpointer.export(Path(d), directory, spec.model, spec.tokenizer(), spec.s3)
 
     storage.retried(copy, spec.s3)
@@ -258,8 +273,19 @@ def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample)
         etl=data.manifest_json() | {"cache_hit": data.cache_hit},
         etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"},
         **mixture_summary(data, rows),
+        **best_summary(outcome, out_dir),
     )
     return Outputs(sample, summary)
+
+
+def best_summary(outcome: FitResult, out_dir: Path) -> dict:
+    """``summary.json``'s ``best_checkpoint`` (``train.best_by``), logged as well."""
+    if outcome.best is None or outcome.diverged is not None:
+        return {}
+    best = outcome.best
+    log.info("best checkpoint by %s: step %d (%.4f), its model in %s", best.by, best.step,
+             best.value, out_dir / BEST_MODEL_DIR)
+    return {"best_checkpoint": best.summary(str(out_dir / BEST_MODEL_DIR))}
 
 
 def mixture_summary(data: PreparedData | MixedData, rows: list[dict]) -> dict:
@@ -273,9 +299,9 @@ def mixture_summary(data: PreparedData | MixedData, rows: list[dict]) -> dict:
 def write_sample(settings: Settings, out_dir: Path) -> Sample:
     """The model of ``out_dir/model`` continues ``sample.prompt`` into ``samples.txt``; a chat
     model (data.format=chat) replies to it as a user turn."""
-    model, tokenizer = load_model_dir(out_dir / "model")
+    model, tokenizer = load_model_dir(out_dir / MODEL_DIR)
     sample = settings.sample
-    chat = model_template(out_dir / "model")
+    chat = model_template(out_dir / MODEL_DIR)
     if settings.data.chat and chat is not None:
         text = chat_reply(model, tokenizer, chat, sample, settings.seed)
     else:
@@ -284,7 +310,7 @@ def write_sample(settings: Settings, out_dir: Path) -> Sample:
     (out_dir / "samples.txt").write_text(text + "\n")
     return Sample(text, {"num_params": model.num_params(),
                          "trainable_params": trainable_params(model, settings.model,
-                                                              out_dir / "model"),
+                                                              out_dir / MODEL_DIR),
                          "flops_per_token": model.flops_per_token()})
 
 

@@ -38,6 +38,7 @@ NOT_IN_FINGERPRINT = (
     "eval_batches",
     "checkpoint_interval",
     "keep_checkpoints",
+    "best_by",
     "eval_tasks",
     "task_interval",
     "task_limit",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
-from raydp_llm.checkpoint.model_dir import save_model_dir
+from raydp_llm.checkpoint.model_dir import load_model_dir, save_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.config import GPTConfig
@@ -120,17 +120,20 @@ def test_bad_tasks_are_one_line(tasks, tmp_path):
 def test_tasks_scored_at_a_runs_checkpoints_equal_evaluate_on_them(ray_cluster, corpus_dir,
                                                                    tasks, tmp_path):
     """``train.eval_tasks``: the task columns at each checkpoint's step are what evaluate gives on
-    that checkpoint afterwards."""
+    that checkpoint afterwards; ``train.best_by`` names the best checkpoint by a task score and
+    exports it to ``best_model/``."""
     mc = tasks["dir"] / "mc.yaml"
     summary = train(make_config(
         "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.batch_size=8", "train.max_steps=8", "train.eval_interval=2",
         "train.checkpoint_interval=4", f"train.eval_tasks=[{mc}]", f"data.path={corpus_dir}",
+        "train.best_by=task_tiny_mc_acc", "train.keep_checkpoints=1",
         f"data.cache_dir={CACHE_DIR}", "sample.max_new_tokens=5", NO_CHECK), tmp_path / "run")
     assert summary["status"] == "finished"
     rows = {r["step"]: r for r in read_metrics(tmp_path / "run" / "metrics.csv")}
     assert sorted(rows) == [2, 4, 6, 8]
     assert rows[2]["task_tiny_mc_acc"] is None and rows[6]["task_tiny_mc_acc"] is None
+    _assert_the_best_checkpoint_is_exported(summary, rows, tmp_path / "run")
     (checkpoint,) = [p.parent for p in (tmp_path / "run").glob(
         "ray_results/*/checkpoint_*/train_state.json") if json.loads(p.read_text())["step"] == 8]
     after = evaluate(make_config(f"model_dir={checkpoint}", f"tasks=[{mc}]",
@@ -138,3 +141,20 @@ def test_tasks_scored_at_a_runs_checkpoints_equal_evaluate_on_them(ray_cluster, 
     assert rows[8]["task_tiny_mc_acc"] == pytest.approx(after["tasks"]["tiny_mc"]["acc"],
                                                         abs=1e-9)
     assert rows[4]["task_tiny_mc_acc"] is not None
+
+
+def _assert_the_best_checkpoint_is_exported(summary: dict, rows: dict, run_dir: Path) -> None:
+    """The best of the checkpoints at steps 4 and 8 by the task's accuracy (the later of
+    equals), with its value in metrics.csv; best_model/ holds its weights."""
+    best = summary["best_checkpoint"]
+    scores = {step: rows[step]["task_tiny_mc_acc"] for step in (4, 8)}
+    assert best["by"] == "task_tiny_mc_acc" and best["order"] == "max"
+    assert best["step"] == max(scores, key=lambda step: (scores[step], step))
+    assert best["value"] == pytest.approx(scores[best["step"]], abs=1e-12)
+    assert best["model"] == str(run_dir / "best_model")
+    state = json.loads((Path(best["checkpoint"]) / "train_state.json").read_text())
+    assert state["step"] == best["step"]  # kept, though train.keep_checkpoints=1
+    exported, _ = load_model_dir(run_dir / "best_model")
+    kept, _ = load_model_dir(Path(best["checkpoint"]))
+    for name, tensor in kept.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], tensor), name
