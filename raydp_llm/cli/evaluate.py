@@ -42,6 +42,7 @@ from raydp_llm.data.prepare import dataset_store, write_json
 from raydp_llm.data.stream import Windows, iter_windows
 from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.hf import is_hf_dir
+from raydp_llm.training import tracking
 from raydp_llm.training.dpo import dpo_loss, means
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.objectives import logps_of
@@ -134,9 +135,19 @@ def metrics(totals: dict, chars_per_token: float | None) -> dict:
 
 
 def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) -> dict:
-    """Evaluate ``settings.model_dir`` on ``settings.data`` into ``out_dir`` (windows of
-    ``window`` tokens, default the model's block size); returns what ``evaluation.json``
+    """Evaluate ``settings.model_dir`` on ``settings.data`` or ``settings.tasks`` into ``out_dir``
+    (``evaluated``), logged to MLflow with ``tracking=mlflow``; returns what ``evaluation.json``
     holds."""
+    tracker = tracking.tracker(settings.tracking)  # its store reached before any engine starts
+    evaluation = evaluated(settings, out_dir, window)
+    tracker.log_evaluation(settings, evaluation, out_dir)
+    return evaluation
+
+
+def evaluated(settings: EvaluateSettings, out_dir: Path, window: int | None = None) -> dict:
+    """Evaluate ``settings.model_dir`` on ``settings.data`` into ``out_dir`` (windows of
+    ``window`` tokens, default the model's block size), or on ``settings.tasks``; returns what
+    ``evaluation.json`` holds."""
     total = Stopwatch()
     if settings.tasks:  # benchmark tasks instead of a corpus
         return evaluate_tasks(settings, out_dir, total)

@@ -8,6 +8,7 @@ import dataclasses
 import io
 import re
 import sys
+import typing
 from dataclasses import fields, is_dataclass
 from typing import Iterator
 
@@ -20,11 +21,14 @@ def field_help(schema: type | None = None) -> dict[str, str]:
     docs: dict[str, str] = {}
 
     def walk(schema, prefix: str) -> None:
+        hints = typing.get_type_hints(schema)
         for f in fields(schema):
             if "help" in f.metadata:
                 docs.setdefault(prefix + f.name, f.metadata["help"])
             if f.default_factory is not dataclasses.MISSING and is_dataclass(f.default_factory()):
                 walk(type(f.default_factory()), f"{prefix}{f.name}.")
+            elif is_dataclass(hints.get(f.name)):  # a section a group fills (tracking)
+                walk(hints[f.name], f"{prefix}{f.name}.")
 
     roots = [(None, schema)] if schema else [(group, root) for (group, _), root in SCHEMAS.items()]
     for group, root in roots:

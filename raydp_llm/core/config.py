@@ -355,7 +355,7 @@ class Settings:
     s3: S3Settings = setting(S3Settings(), "S3 access for s3:// data, storage and checkpoints; "
                                            "credentials come from the standard AWS chain "
                                            "(environment, ~/.aws, instance role)")
-    tracking: TrackingSettings = setting(TrackingSettings(), "experiment tracking: "
+    tracking: TrackingSettings = setting(MISSING, "experiment tracking: "
                                          f"{TrackingKind.listed()} (settings, metrics, outputs)")
 
 

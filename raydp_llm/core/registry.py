@@ -77,7 +77,7 @@ def _writable(schema: type) -> DictConfig:
 
 def _set_writable(node: DictConfig | ListConfig) -> None:
     OmegaConf.set_readonly(node, False)
-    if isinstance(node, DictConfig):
+    if isinstance(node, DictConfig) and not node._is_missing():  # a group fills it (tracking)
         for _, child in node.items_ex(resolve=False):
             if OmegaConf.is_config(child):
                 _set_writable(child)

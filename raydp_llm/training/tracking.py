@@ -160,6 +160,19 @@ class NoTracking:
     def finish(self, out_dir: Path, status: str) -> None:
         pass
 
+    def log_evaluation(self, settings, evaluation: dict, out_dir: Path) -> None:
+        pass
+
+
+def evaluation_figures(evaluation: dict) -> dict[str, float]:
+    """An evaluation's numbers as MLflow metrics: its figures (loss, perplexity, accuracy, ...,
+    and the times), and its tasks' scores as ``task_<task>_<metric>``, as training logs them."""
+    from raydp_llm.training.tasks import columns
+
+    figures = {k: float(v) for k, v in evaluation.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return figures | columns(evaluation.get("tasks") or {})
+
 
 class MlflowTracking(NoTracking):
     """One training run's MLflow run, logged from the driver. A tracking server that fails during
@@ -245,6 +258,25 @@ class MlflowTracking(NoTracking):
 
         self._guarded("the outputs", upload)
         self._guarded("the end", lambda: self.client.set_terminated(self.run_id, status))
+
+    def log_evaluation(self, settings, evaluation: dict, out_dir: Path) -> None:
+        """An ``evaluate`` command's own MLflow run: its settings, its figures
+        (``evaluation_figures``) and ``evaluation.json``, tagged with the model it scored."""
+        from mlflow.entities import Metric
+
+        def log() -> None:
+            name = f"evaluate {Path(evaluation['model_dir']).name}"
+            self.run_id = self.client.create_run(self.experiment, run_name=name).info.run_id
+            self._log_batch(flat_params(settings), {
+                "raydp_llm.evaluated": evaluation["model_dir"],
+                "mlflow.source.git.commit": git_commit(Path.cwd())})
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.run_id, metrics=[
+                Metric(k, v, now, 0) for k, v in evaluation_figures(evaluation).items()])
+            self.client.log_artifact(self.run_id, str(out_dir / "evaluation.json"))
+            self.client.set_terminated(self.run_id, "FINISHED")
+
+        self._guarded("the evaluation", log)
 
     def _guarded(self, what: str, work) -> None:
         try:

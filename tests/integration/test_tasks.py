@@ -80,8 +80,10 @@ def test_local_tasks_score_as_the_harness_run_directly(tasks, tmp_path, capsys):
     from lm_eval.tasks import TaskManager
 
     d = tasks["dir"]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = make_config(f"model_dir={tasks['model']}", f"tasks=[{d / 'mc.yaml'},{d / 'gen.yaml'}]",
-                      "eval_batch_size=2", config_name="evaluate")
+                      "eval_batch_size=2", "tracking=mlflow", f"tracking.uri={store}",
+                      config_name="evaluate")
     result = evaluate(cfg, tmp_path)
     printed = capsys.readouterr().out
     assert json.loads((tmp_path / "evaluation.json").read_text())["tasks"] == result["tasks"]
@@ -95,6 +97,22 @@ def test_local_tasks_score_as_the_harness_run_directly(tasks, tmp_path, capsys):
         direct["tiny_gen"]["exact_match,none"], abs=1e-6)
     assert f"task tiny_mc acc {result['tasks']['tiny_mc']['acc']:.4f}" in printed
     assert result["harness"]["results"]["tiny_mc"]["sample_len"] == len(QUESTIONS)
+    _assert_logged_to_mlflow(store, result, str(tasks["model"]))
+
+
+def _assert_logged_to_mlflow(store: str, result: dict, model_dir: str) -> None:
+    """``tracking=mlflow``: evaluate's own run holds the task scores as training's columns
+    (``task_<task>_<metric>``), the settings, the model it scored and evaluation.json."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("raydp_llm").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["raydp_llm.evaluated"] == model_dir
+    assert run.data.metrics["task_tiny_mc_acc"] == pytest.approx(result["tasks"]["tiny_mc"]["acc"])
+    assert run.data.metrics["task_tiny_gen_exact_match"] == pytest.approx(
+        result["tasks"]["tiny_gen"]["exact_match"])
+    assert run.data.params["num_fewshot"] == "null" and run.data.params["eval_batch_size"] == "2"
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["evaluation.json"]
 
 
 def test_bad_tasks_are_one_line(tasks, tmp_path):
