@@ -28,11 +28,12 @@ def main(argv: list[str]) -> int:
     except UsageError as err:
         print(f"{USAGE}: {err}", file=sys.stderr)
         return 2
-    if (s.data.path is None) != (s.out is None):
-        print(f"{USAGE}: batch answers need both data.path (the prompts) and out (where the "
-              "answers go)", file=sys.stderr)
+    table = s.data.path or s.data.query
+    if s.data.path and s.data.query or (table is None) != (s.out is None):
+        print(f"{USAGE}: batch answers need the prompts (data.path, or data.query) and out "
+              "(where the answers go)", file=sys.stderr)
         return 2
-    if s.data.path is not None:
+    if table is not None:
         return _answer_table(s)
     # torch: seconds to import, after the arguments are known good
     from raydp_llm.checkpoint.model_dir import load_model_dir

@@ -376,9 +376,17 @@ class PromptTable:
     path: Optional[str] = setting(None, "Parquet or JSON Lines files of prompts (a file, a "
                                         "directory or a glob), a prompt per row; null = the one "
                                         "prompt")
+    query: Optional[str] = setting(None, "a Spark SQL query whose rows are the prompts (over "
+                                         "the catalog, or files: parquet.`/path`), instead of "
+                                         "data.path")
     format: str = setting("parquet", "parquet | jsonl",
                           check=Check(lambda v: v in ("parquet", "jsonl"), "parquet | jsonl"))
     text_column: str = setting("prompt", "the column holding each row's prompt")
+    messages_column: Optional[str] = setting(None, "the column holding each row's conversation "
+                                                   "(a list of {role, content}) instead: "
+                                                   "rendered with the model's chat template and "
+                                                   "its generation prompt, answered with the "
+                                                   "next assistant turn")
 
 
 @dataclass(frozen=True)
@@ -395,11 +403,11 @@ class GenerateSettings(SampleSettings):
     chat: bool = setting(False, "the prompt is a user turn: rendered with the model's chat "
                                 "template and its generation prompt; the reply stops at the end "
                                 "of the turn")
-    s3: S3Settings = setting(S3Settings(), "S3 access for an s3:// model_dir")
+    s3: S3Settings = setting(S3Settings(), "S3 access for an s3:// model_dir, data.path or out")
     data: PromptTable = setting(PromptTable(), "batch answers: the prompts")
-    out: Optional[str] = setting(None, "batch answers: the directory of the Parquet parts (the "
-                                       "input's columns, completion, completion_tokens, "
-                                       "mean_logprob); a rerun continues it")
+    out: Optional[str] = setting(None, "batch answers: the directory (or s3:// prefix) of the "
+                                       "Parquet parts (the input's columns, completion, "
+                                       "completion_tokens, mean_logprob); a rerun continues it")
     rows_per_part: int = setting(64, "batch answers: rows per Parquet part, the unit a rerun "
                                      "skips when written", check=COUNT)
     actors: Optional[int] = setting(None, "batch answers: Ray actors, each holding the model "

@@ -1,7 +1,7 @@
-"""Batch answers (cli/answers.py): a model's answer to every row of a table of prompts, by Ray Data
-actors, into Parquet parts. Greedy answers equal one-prompt ``generate``'s; a job killed halfway
-(SIGKILL on the driver and all it started) and started again writes every row exactly once; bad
-input is one line before Ray starts."""
+"""Batch answers (cli/answers.py): a model's answer to every row of a table of prompts (files, or a
+Spark SQL query's rows), by Ray Data actors, into Parquet parts. Greedy answers equal one-prompt
+``generate``'s; a job killed halfway (SIGKILL on the driver and all it started) and started again
+writes every row exactly once; bad input is one line before Ray starts."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import pytest
 import torch
 
 from helpers.paths import ROOT
+from helpers.s3 import BUCKET
 from helpers.terminal import wait_for
 from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.cli.answers import answer_table
 from raydp_llm.cli.keyvalue import parse_args
+from raydp_llm.core import storage
 from raydp_llm.core.config import GenerateSettings, GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer
@@ -72,6 +74,46 @@ def test_greedy_answers_equal_one_prompt_generate(ray_cluster, job, tmp_path):
         assert row["completion_tokens"] == 12 and row["mean_logprob"] < 0
     again = answer_table(settings(job, tmp_path / "out", "actors=2"))
     assert again["answered"] == 0  # every part is there: nothing is answered twice
+
+
+def test_a_querys_rows_are_answered_as_the_same_rows_from_files(ray_cluster, job, tmp_path):
+    """``data.query`` (Spark SQL over the prompts' Parquet file): the rows it selects, answered
+    as the same rows of ``data.path``."""
+    query = f"SELECT id, prompt FROM parquet.`{job['dir'] / 'prompts.parquet'}` WHERE id % 3 = 0"
+    done = answer_table(parse_args(GenerateSettings, [
+        f"model_dir={job['model']}", f"data.query={query}", f"out={tmp_path / 'q'}",
+        "max_new_tokens=12", "temperature=0", "rows_per_part=3"], required=("model_dir",)))
+    assert (done["rows"], done["parts"]) == (4, 2)
+    from_query = answers(tmp_path / "q").to_pylist()
+    assert [r["id"] for r in from_query] == [0, 3, 6, 9]
+    model = job["net"].eval()
+    for row in from_query:
+        assert row["prompt"] + row["completion"] == sample_text(model, job["tokenizer"],
+                                                                row["prompt"], 12, 0.0, None, 0)
+
+
+def test_prompts_on_s3_answered_into_s3(ray_cluster, job, s3, tmp_path):
+    """``data.path`` and ``out`` as ``s3://`` URIs: the same answers as from local files, each part
+    one object, and a rerun answers nothing twice."""
+    storage.copy(job["dir"] / "prompts.parquet", f"s3://{BUCKET}/answers/in/p.parquet", s3)
+    out = f"s3://{BUCKET}/answers/out"
+    args = [f"model_dir={job['model']}", f"data.path=s3://{BUCKET}/answers/in/",
+            f"out={out}", "max_new_tokens=12", "temperature=0", "rows_per_part=4",
+            f"s3.endpoint_url={s3.endpoint_url}"]
+    done = answer_table(parse_args(GenerateSettings, args, required=("model_dir",)))
+    assert (done["rows"], done["parts"], done["answered"], done["out"]) == (10, 3, 3, out)
+    keys = [f.base_name for f in storage.list_objects(out, s3)]
+    assert keys == ["answers.json", "part-00000.parquet", "part-00001.parquet",
+                    "part-00002.parquet"]
+    fs, path = storage.resolve(out, s3)
+    rows = pq.read_table([f"{path}/{k}" for k in keys[1:]], filesystem=fs).to_pylist()
+    model = job["net"].eval()
+    assert [r["id"] for r in rows] == list(range(len(PROMPTS)))
+    for row in rows:
+        assert row["prompt"] + row["completion"] == sample_text(model, job["tokenizer"],
+                                                                row["prompt"], 12, 0.0, None, 0)
+    again = answer_table(parse_args(GenerateSettings, args, required=("model_dir",)))
+    assert again["answered"] == 0
 
 
 def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_path):

@@ -1,7 +1,7 @@
 """Instruction tuning end to end on the real engines: a GPT trained on conversations replies to a
-user turn and stops at the end of its turn (``generate chat=true``); evaluate scores the same
-conversations packed and unpacked alike. (Transformers' families see packed conversations apart:
-tests/unit/test_chat_training.py.)"""
+user turn and stops at the end of its turn (``generate chat=true``, and batch answers over a table
+of turns or conversations); evaluate scores the same conversations packed and unpacked alike.
+(Transformers' families see packed conversations apart: tests/unit/test_chat_training.py.)"""
 
 from __future__ import annotations
 
@@ -9,15 +9,22 @@ import json
 import subprocess
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.paths import ROOT
 from raydp_llm.checkpoint.model_dir import load_model_dir
+from raydp_llm.cli.answers import answer_table
 from raydp_llm.cli.evaluate import run as evaluate
+from raydp_llm.cli.keyvalue import parse_args
 from raydp_llm.cli.train import run as train
+from raydp_llm.core.config import GenerateSettings, SampleSettings
+from raydp_llm.core.errors import InputError
 from raydp_llm.data.chat import model_template
+from raydp_llm.training.generation import chat_reply
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
@@ -87,3 +94,37 @@ def test_evaluate_scores_the_assistants_tokens_alike_packed_or_not(chat_run, cha
     assert packed["windows"] < unpacked["windows"] == chat["conversations"]
     assert packed["loss"] == pytest.approx(unpacked["loss"], abs=1e-3)
     assert packed["loss"] < 0.1  # the replies are learned
+
+
+def test_batch_answers_reply_to_turns_and_conversations_and_stop_at_the_turns_end(chat_run,
+                                                                                  tmp_path):
+    """``generate data.path=... out=...`` on a chat model: a prompt column as user turns
+    (``chat=true``) and a column of conversations (``data.messages_column``), each rendered with
+    the model's template and answered until the end of the turn, as one-prompt ``chat_reply``."""
+    model_dir = chat_run["out"] / "model"
+    questions = ["Is pebble a word?", "Is maple a word?", "Is river a word?"]
+    pq.write_table(pa.table({
+        "prompt": questions,
+        "messages": [[{"role": "user", "content": q}] for q in questions],
+    }), tmp_path / "prompts.parquet")
+    common = [f"model_dir={model_dir}", f"data.path={tmp_path / 'prompts.parquet'}",
+              "max_new_tokens=40", "temperature=0", "rows_per_part=2", "actors=1"]
+    answer_table(batch(*common, "chat=true", f"out={tmp_path / 'a'}"))
+    answer_table(batch(*common, "data.messages_column=messages", f"out={tmp_path / 'b'}"))
+    model, tokenizer = load_model_dir(model_dir)
+    chat = model_template(model_dir)
+    for out in (tmp_path / "a", tmp_path / "b"):
+        rows = pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()
+        assert [r["prompt"] for r in rows] == questions
+        for r in rows:
+            alone = chat_reply(model, tokenizer, chat, SampleSettings(
+                prompt=r["prompt"], max_new_tokens=40, temperature=0.0), seed=0)
+            assert r["completion"] == alone == "Yes."
+            assert r["completion_tokens"] < 40  # stopped at the end of the turn
+    with pytest.raises(InputError, match=r"^data.messages_column=turns: .* has no such column"):
+        answer_table(batch(*common, "data.messages_column=turns", f"out={tmp_path / 'c'}"))
+
+
+def batch(*args: str) -> GenerateSettings:
+    """``generate``'s settings for batch answers, as its command line makes them."""
+    return parse_args(GenerateSettings, list(args), required=("model_dir",))

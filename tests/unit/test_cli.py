@@ -223,6 +223,8 @@ def test_generate_without_a_model_dir_prints_usage(tmp_path):
         ["prompt=x"],
         [f"model_dir={tmp_path}", "temperature=hot"],
         [f"model_dir={tmp_path}", "colour=red"],
+        [f"model_dir={tmp_path}", "data.path=prompts/"],  # batch answers: no out
+        [f"model_dir={tmp_path}", "data.path=p/", "data.query=SELECT 1", "out=answers/"],
     ):
         out = subprocess.run(
             [sys.executable, "-m", "raydp_llm.generate", *args], capture_output=True, text=True

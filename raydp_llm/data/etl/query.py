@@ -18,7 +18,7 @@ from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from raydp_llm.core.config import DataSettings
+from raydp_llm.core.config import DataSettings, PromptTable
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.data.corpus import Corpus, local_path
 
@@ -28,10 +28,11 @@ SRC = "query"  # every row's ``src``: the manifest's one "file"
 NAME_CHARS = 80  # of the query's text in the corpus name
 
 
-def query_rows(spark: SparkSession, data: DataSettings,
+def query_rows(spark: SparkSession, data: DataSettings | PromptTable,
                columns: Iterable[str] = ()) -> DataFrame:
     """The rows of ``data.query``, planned and checked: a query Spark rejects, a result without one
-    of ``columns``, or one without rows is one line. A chat reader passes its own columns."""
+    of ``columns``, or one without rows is one line. A chat reader passes its own columns, batch
+    answers (``generate``'s ``PromptTable``) its prompt column."""
     with rejected():
         rows = spark.sql(data.query)
     for column in columns:
