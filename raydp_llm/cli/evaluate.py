@@ -27,7 +27,7 @@ from raydp_llm.checkpoint.layout import MODEL_FILES, PREFERENCE_RECORD, ModelDir
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
-from raydp_llm.cli.inputs import check_inputs, given, one_corpus, typed_settings
+from raydp_llm.cli.inputs import check_inputs, given, typed_settings
 from raydp_llm.cli.scores import score_documents
 from raydp_llm.core import storage
 from raydp_llm.core.config import DpoSettings, EvaluateSettings, source_settings
@@ -155,7 +155,7 @@ def evaluated(settings: EvaluateSettings, out_dir: Path, window: int | None = No
     if settings.data.sources:
         return run_sources(settings, model, out_dir, total)
     judge = PairJudge.of(settings, model) if settings.data.pairs else None
-    corpus = one_corpus(settings, "evaluate")  # bad input fails here, before Ray starts
+    corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
         data, timings = session.prepare(corpus, out_dir, every_token=True), session.timings
         scores = None

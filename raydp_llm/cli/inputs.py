@@ -198,14 +198,6 @@ def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
     return corpus_of(settings)
 
 
-def one_corpus(settings: Settings, command: str) -> Corpus:
-    """``check_inputs`` for a command that reads one corpus: a mixture is one line."""
-    if settings.data.sources:
-        raise InputError(f"data.sources: {command} reads one corpus, not a mixture; give "
-                         "data.path=... (a source's path) instead")
-    return check_inputs(settings)
-
-
 def corpus_of(settings: Settings) -> Corpus:
     """The corpus ``data.*`` names: its files listed (fingerprinted), or none yet for a query."""
     d, s3 = settings.data, S3Options.of(settings.s3)

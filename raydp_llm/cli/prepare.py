@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
-from raydp_llm.cli.inputs import one_corpus, typed_settings
+from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Stopwatch
 
@@ -26,7 +26,7 @@ from raydp_llm.core.timing import Stopwatch
 def main(cfg: DictConfig) -> None:
     settings, out_dir = typed_settings(cfg), Path(HydraConfig.get().runtime.output_dir)
     total = Stopwatch()
-    corpus = one_corpus(settings, "prepare")  # bad input fails here, before Ray starts
+    corpus = check_inputs(settings)  # bad input fails here, before Ray starts (a mixture: each)
     from raydp_llm.cli import prepare_job  # Ray, Spark, torch: seconds to import
 
     prepare_job.run_checked(settings, corpus, out_dir, total)

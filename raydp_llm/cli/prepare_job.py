@@ -3,6 +3,7 @@ input: Ray, Spark's ETL (or its cache), the manifest, the removed documents, a f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import textwrap
@@ -13,13 +14,19 @@ from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, curation_lines, dataset_store, write_json
+from raydp_llm.training.mixed_data import each_source
 from raydp_llm.training.session import job_session
 
 REMOVED_SAMPLE_TEXT = "removed_sample.txt"
 
 
-def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, total: Stopwatch) -> None:
-    """The ETL on checked ``settings`` into the ETL cache (or ``out_dir``), what it made printed."""
+def run_checked(settings: Settings, corpus: Corpus | dict[str, Corpus], out_dir: Path,
+                total: Stopwatch) -> None:
+    """The ETL on checked ``settings`` into the ETL cache (or ``out_dir``), what it made printed;
+    a mixture's (``corpus``: one per source) source by source."""
+    if settings.data.sources:
+        run_sources(settings, corpus, out_dir, total)
+        return
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
         with session.prepared(corpus, out_dir) as data:
             manifest = data.manifest_json() | {"cache_hit": data.cache_hit,
@@ -32,6 +39,27 @@ def run_checked(settings: Settings, corpus: Corpus, out_dir: Path, total: Stopwa
               f"copy); a sample: {out_dir / REMOVED_SAMPLE_TEXT}")
     print(f"  done in {total.seconds():.0f}s; manifest.json and etl_stats.json in "
           f"{out_dir}")
+
+
+def run_sources(settings: Settings, corpora: dict[str, Corpus], out_dir: Path,
+                total: Stopwatch) -> None:
+    """A mixture (``data.sources``): each source's ETL into its own cache entry, the one a
+    training run of the mixture reads, its manifest in ``out_dir/sources/<name>/``; the
+    manifests by source in ``out_dir/manifest.json``."""
+    manifests = {}
+    with job_session(settings, dataset_store(settings.data, out_dir)) as session, \
+            contextlib.ExitStack() as held:
+        for source, data in each_source(session, settings, corpora, out_dir, held, to_ray=False):
+            manifests[source.name] = data.manifest_json() | {"cache_hit": data.cache_hit,
+                                                             "dataset": str(data.entry),
+                                                             "weight": source.weight}
+            write_json(out_dir / "sources" / source.name / "manifest.json",
+                       manifests[source.name])
+            print(f"source {source.name} (weight {source.weight}): "
+                  f"{describe(data, manifests[source.name])}")
+    write_json(out_dir / "manifest.json", {"sources": manifests})
+    print(f"  done in {total.seconds():.0f}s; manifest.json in {out_dir}, each source's in "
+          f"{out_dir / 'sources'}/<name>/")
 
 
 def removed_documents(entry: Path | None, out_dir: Path) -> Path | None:

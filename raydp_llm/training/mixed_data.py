@@ -75,20 +75,28 @@ class MixedData:
 @contextlib.contextmanager
 def prepared_sources(session, settings: Settings, corpora: dict[str, Corpus],
                      out_dir: Path) -> Iterator[MixedData]:
-    """Each source's ETL (or cache entry) on the job's session, one after another, its Spark logs
-    in ``out_dir/sources/<name>``; a source's bad input is one line that names it."""
+    """Each source's ETL (or cache entry) on the job's session (``each_source``), mixed."""
     with contextlib.ExitStack() as held:
-        parts = []
-        for source in settings.data.sources:
-            logs = out_dir / "sources" / source.name
-            logs.mkdir(parents=True, exist_ok=True)
-            try:
-                parts.append(held.enter_context(session.prepared(
-                    corpora[source.name], logs, to_ray=True,
-                    settings=source_settings(settings, source))))
-            except InputError as err:
-                raise InputError(f"data.sources: {source.name}: {err}") from None
+        parts = [data for _, data in each_source(session, settings, corpora, out_dir, held,
+                                                 to_ray=True)]
         yield mixed(settings, parts)
+
+
+def each_source(session, settings: Settings, corpora: dict[str, Corpus], out_dir: Path,
+                held: contextlib.ExitStack, to_ray: bool) -> Iterator[tuple]:
+    """Each source and its data (its ETL or cache entry, held open in ``held``), one after
+    another, its Spark logs in ``out_dir/sources/<name>``; a source's bad input is one line that
+    names it."""
+    for source in settings.data.sources:
+        logs = out_dir / "sources" / source.name
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            data = held.enter_context(session.prepared(
+                corpora[source.name], logs, to_ray=to_ray,
+                settings=source_settings(settings, source)))
+        except InputError as err:
+            raise InputError(f"data.sources: {source.name}: {err}") from None
+        yield source, data
 
 
 def mixed(settings: Settings, parts: list[PreparedData]) -> MixedData:

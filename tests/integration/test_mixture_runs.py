@@ -1,8 +1,8 @@
 """A mixture of two sources on the real engines (``data.sources``): each source its own ETL cache
 entry, one tokenizer over their disjoint alphabets, each source's validation loss in metrics.csv,
 summary.json's mixture, each source learned better by the run that weights it more, an exact
-resume on another number of workers, evaluate's loss per source, and a source too small for a
-window named in one line."""
+resume on another number of workers, evaluate's loss per source, prepare's entry per source, and a
+source too small for a window named in one line."""
 
 from __future__ import annotations
 
@@ -127,3 +127,24 @@ def test_a_source_too_small_for_a_window_is_named(mixed, tmp_path):
                                ("tiny", tmp_path / "tiny.txt", 0.1))]
     with pytest.raises(InputError, match=r"^data.sources: tiny: .* giving 0 training"):
         train(make_config(*overrides), tmp_path / "run")
+
+
+def test_prepare_writes_each_sources_entry_that_the_run_reads(mixed, tmp_path, capsys):
+    """``python -m raydp_llm.prepare`` of a mixture: each source's ETL cache entry, the very one
+    the run read (here cache hits of the run's), its manifest by source."""
+    from raydp_llm.cli.inputs import check_inputs
+    from raydp_llm.cli.prepare_job import run_checked
+    from raydp_llm.core.timing import Stopwatch
+
+    settings = make_config(*mixed["overrides"])
+    run_checked(settings, check_inputs(settings), tmp_path, Stopwatch())
+    manifests = json.loads((tmp_path / "manifest.json").read_text())["sources"]
+    ran = mixed["summary"]["etl"]["sources"]
+    assert list(manifests) == ["domain", "replay"]
+    for name, weight in (("domain", 0.9), ("replay", 0.1)):
+        m = manifests[name]
+        assert m["etl_key"] == ran[name]["etl_key"] and m["cache_hit"] and m["weight"] == weight
+        assert m == json.loads((tmp_path / "sources" / name / "manifest.json").read_text())
+        assert m["tokens"] == mixed["summary"]["mixture"][name]["tokens"]
+    printed = capsys.readouterr().out
+    assert "source domain (weight 0.9): " in printed and "source replay (weight 0.1): " in printed

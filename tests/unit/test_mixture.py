@@ -9,7 +9,6 @@ import pytest
 
 from helpers.chunks import chunked
 from helpers.configs import make_config
-from raydp_llm.cli.inputs import one_corpus
 from raydp_llm.core.checks import validate
 from raydp_llm.core.config import source_settings
 from raydp_llm.core.errors import InputError
@@ -150,7 +149,3 @@ def test_a_sources_etl_settings_are_its_own_whatever_the_weights_or_the_other_so
     c = source_settings(other, other.data.sources[1])
     assert (c.data.format, c.data.text_column) == ("parquet", "body")
 
-
-def test_commands_that_read_one_corpus_refuse_a_mixture():
-    with pytest.raises(InputError, match=r"^data.sources: prepare reads one corpus"):
-        one_corpus(make_config(TWO), "prepare")
