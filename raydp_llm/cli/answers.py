@@ -11,10 +11,8 @@ of the same command skips the parts written and answers the rest, so every row i
 
 from __future__ import annotations
 
-import glob
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +25,17 @@ from raydp_llm.core.config import GenerateSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.chat import ChatTemplate, model_template
+from raydp_llm.data.corpus import resolve_corpus
 
 JOB_FILE = "answers.json"  # in out: the job whose parts it holds
 
 
 def read_prompts(s: GenerateSettings) -> pa.Table:
-    """Every row of ``data.path`` (files sorted by name), its prompt (or messages) column
-    checked."""
+    """Every row of ``data.path`` (its files found as a corpus's: a file, a directory's, a glob's,
+    local or on S3, sorted by name), its prompt (or messages) column checked."""
     given, s3 = s.data.path, S3Options.of(s.s3)
     suffix = (".parquet",) if s.data.format == "parquet" else (".jsonl", ".json")
-    files = [f for f in prompt_files(given, s3) if f.endswith(suffix)]
+    files = [f for f in resolve_corpus(given, s3=s3).files if f.endswith(suffix)]
     if not files:
         raise InputError(f"data.path={given}: no {' or '.join(suffix)} files there; give the "
                          f"prompts as data.format={s.data.format} files")
@@ -47,15 +46,6 @@ def read_prompts(s: GenerateSettings) -> pa.Table:
         raise InputError(f"data.{setting}={column}: {given} has no such column; "
                          f"its columns: {', '.join(table.column_names)}")
     return table
-
-
-def prompt_files(given: str, s3: S3Options) -> list[str]:
-    """The files ``data.path`` names, sorted: a file, a directory's files or a glob's, local or
-    on S3 (``s3://`` URIs)."""
-    if storage.is_s3(given):
-        return [f"s3://{f.path}" for f in storage.list_objects(given, s3)]
-    pattern = os.path.join(given, "*") if os.path.isdir(given) else given
-    return sorted(glob.glob(pattern))
 
 
 def read_file(uri: str, data_format: str, s3: S3Options) -> pa.Table:
@@ -100,15 +90,16 @@ def prompt_text(row: dict, s: GenerateSettings, chat: ChatTemplate | None) -> st
 def query_prompts(s: GenerateSettings) -> pa.Table:
     """The rows of ``data.query`` (Spark SQL over the catalog, or files), collected on the driver,
     their prompt (or messages) column checked; Spark stops before the actors start. Spark's logs
-    go to a temporary directory: ``out`` holds answers only."""
+    go to a temporary directory, gone with Spark: ``out`` holds answers only."""
     import tempfile
 
     from raydp_llm.core.config import ClusterSettings
     from raydp_llm.data.etl.query import query_rows
     from raydp_llm.engines.spark import spark_session
 
-    logs = Path(tempfile.mkdtemp(prefix="raydp_llm_prompts_"))
-    with spark_session(ClusterSettings(), app_name="generate", log_dir=logs, hive=True) as spark:
+    with tempfile.TemporaryDirectory(prefix="raydp_llm_prompts_") as logs, \
+            spark_session(ClusterSettings(), app_name="generate", log_dir=Path(logs),
+                          hive=True) as spark:
         _, column = prompt_column(s)
         rows = query_rows(spark, s.data, [column])
         # PySpark 3.5's Arrow collect (toPandas' own): lists of structs (messages) stay as they are
@@ -182,6 +173,7 @@ class Answerer:
 
         torch.set_num_threads(1)  # an actor per CPU
         self.s, self.table, self.out, self.chat = s, table, out, chat
+        self.end = chat.end_of_turn() if chat else None  # where a reply stops
         self.model, self.tokenizer = load_model_dir(s.model_dir, s3=S3Options.of(s.s3))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -191,9 +183,8 @@ class Answerer:
     def write_part(self, part: int) -> int:
         first = part * self.s.rows_per_part
         rows = self.table.slice(first, self.s.rows_per_part)
-        end = self.chat.end_of_turn() if self.chat else None
         answers = [answer(self.model, self.tokenizer, prompt_text(row, self.s, self.chat), self.s,
-                          first + i, end)
+                          first + i, self.end)
                    for i, row in enumerate(rows.to_pylist())]
         for name in ("completion", "completion_tokens", "mean_logprob"):
             rows = rows.append_column(name, pa.array([a[name] for a in answers]))
@@ -208,13 +199,13 @@ def answer(model, tokenizer, prompt: str, s: GenerateSettings, row: int,
     text): its text, its tokens and their mean log-probability."""
     import torch
 
-    from raydp_llm.training.generation import prompt_ids
+    from raydp_llm.training.generation import prompt_ids, turn_stop
 
     idx = prompt_ids(model, tokenizer, prompt)
     start = idx.size(1)
     gen = torch.Generator(device=idx.device).manual_seed(s.seed + row)
     logprobs: list = []
-    stop = None if end is None else (lambda ids: end in tokenizer.decode(ids[0, start:].tolist()))
+    stop = None if end is None else turn_stop(tokenizer, start, end)
     with torch.no_grad():
         out = model.generate(idx, s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
                              generator=gen, logprobs=logprobs, stop=stop)

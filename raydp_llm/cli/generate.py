@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
         print(f"{USAGE}: {err}", file=sys.stderr)
         return 2
     table = s.data.path or s.data.query
-    if s.data.path and s.data.query or (table is None) != (s.out is None):
+    if (s.data.path and s.data.query) or (table is None) != (s.out is None):
         print(f"{USAGE}: batch answers need the prompts (data.path, or data.query) and out "
               "(where the answers go)", file=sys.stderr)
         return 2

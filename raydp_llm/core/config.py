@@ -374,8 +374,8 @@ class PromptTable:
     """``generate``'s batch answers: a table of prompts, an answer per row (``out``)."""
 
     path: Optional[str] = setting(None, "Parquet or JSON Lines files of prompts (a file, a "
-                                        "directory or a glob), a prompt per row; null = the one "
-                                        "prompt")
+                                        "directory read recursively, a glob, or s3://), a "
+                                        "prompt per row; null = the one prompt")
     query: Optional[str] = setting(None, "a Spark SQL query whose rows are the prompts (over "
                                          "the catalog, or files: parquet.`/path`), instead of "
                                          "data.path")

@@ -3,6 +3,8 @@ next tokens."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 from torch.nn import functional as F
@@ -49,15 +51,17 @@ def chat_reply(model: LanguageModel, tokenizer: Tokenizer, chat: ChatTemplate,
     rendered = chat.render(messages, add_generation_prompt=True)
     idx = prompt_ids(model, tokenizer, rendered)
     start = idx.size(1)
-
-    def reply(ids: torch.Tensor) -> str:
-        return tokenizer.decode(ids[0, start:].tolist())
-
     gen = torch.Generator(device=idx.device).manual_seed(seed)
     end = chat.end_of_turn()
     out = model.generate(idx, sample.max_new_tokens, temperature=sample.temperature,
-                         top_k=sample.top_k, generator=gen, stop=lambda ids: end in reply(ids))
-    return reply(out).split(end, 1)[0]
+                         top_k=sample.top_k, generator=gen, stop=turn_stop(tokenizer, start, end))
+    return tokenizer.decode(out[0, start:].tolist()).split(end, 1)[0]
+
+
+def turn_stop(tokenizer: Tokenizer, start: int, end: str) -> Callable[[torch.Tensor], bool]:
+    """``generate``'s stop for a chat reply: true once the text after the prompt's ``start``
+    tokens holds the turn's ``end``."""
+    return lambda ids: end in tokenizer.decode(ids[0, start:].tolist())
 
 
 @torch.no_grad()
