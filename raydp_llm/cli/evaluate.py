@@ -216,7 +216,8 @@ def run_sources(settings: EvaluateSettings, model: LanguageModel, out_dir: Path,
     corpora = check_inputs(settings)  # a corpus per source; bad input fails before Ray starts
     weight_sum = sum(s.weight for s in settings.data.sources)
     prepared, sources = {}, {}
-    with job_session(settings, dataset_store(settings.data, out_dir)) as session:
+    with job_session(settings, dataset_store(settings.data, out_dir)) as session, \
+            session.one_spark(out_dir):
         for source in settings.data.sources:
             own = source_settings(settings, source)
             logs = out_dir / "sources" / source.name

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PythonException
 
-from raydp_llm.core.config import DataSettings, Settings
+from raydp_llm.core.config import ClusterSettings, DataSettings, Settings
 from raydp_llm.core.console import PhaseBar, console_bar
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.storage import S3Options
@@ -83,18 +83,56 @@ def dataset_store(data: DataSettings, out_dir: Path) -> Path:
     return Path(data.cache_dir) if data.cache else out_dir / "dataset"
 
 
+class SharedSpark:
+    """Spark for one ETL or several in a row: the first that needs Spark starts it (its timings get
+    ``spark_start_s``), a later one finds it running (a mixture's sources: one Spark, not one each).
+    It stops when ``scope`` closes. Each ETL runs as a job group of its own, and its stats count
+    that group's jobs only."""
+
+    def __init__(self, cluster: ClusterSettings, name: str, log_dir: Path, hive: bool,
+                 scope: contextlib.ExitStack):
+        self.cluster, self.name, self.log_dir, self.hive = cluster, name, log_dir, hive
+        self.scope = scope
+        self.session = None  # the SparkSession, once started
+
+    def started(self, timings: dict):
+        """The running SparkSession, started now (timed into ``timings``) if it was not."""
+        if self.session is None:
+            with timed(timings, "spark_start_s"):
+                self.session = self.scope.enter_context(spark_session(
+                    self.cluster, app_name=self.name, log_dir=self.log_dir, hive=self.hive))
+        return self.session
+
+    @contextlib.contextmanager
+    def job_group(self, group: str) -> Iterator[None]:
+        """The Spark jobs started in this block (on this thread) belong to ``group``."""
+        context = self.session.sparkContext
+        context.setJobGroup(group, f"the ETL of {group}")
+        try:
+            yield
+        finally:
+            context._jsc.clearJobGroup()
+
+    def stats(self, group: str) -> dict:
+        """Spark's own metrics of ``group``'s jobs, from its event log, once its listeners have
+        written every event so far (Spark flushes the log at each job's end)."""
+        self.session.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+        return read_event_log(self.log_dir / EVENT_LOG_DIR, job_group=group)
+
+
 @contextlib.contextmanager
 def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
-             store: Path | None) -> Iterator[PreparedData]:
+             store: Path | None, spark: SharedSpark | None = None) -> Iterator[PreparedData]:
     """Chunks from the ETL cache (``data.cache``) or from a Spark ETL run on the running Ray.
 
     A Spark run writes its dataset to ``store/<key>`` when ``store`` is given; with ``to_ray`` the
     workers read their chunks from there, or, without a store, from Ray's object store
     (``from_spark``). Spark's driver log goes to ``out_dir``. One run at a time checks or builds a
     key (``cache.locked``). A ``data.query``'s key needs its input files, which Spark lists once it
-    has planned the query: Spark starts first, and a cache hit skips only the ETL."""
+    has planned the query: Spark starts first, and a cache hit skips only the ETL. ``spark``: a
+    Spark shared with other ETLs (else this ETL's own)."""
     job = EtlJob(settings, EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer)), None,
-              out_dir)
+              out_dir, spark=spark)
     with contextlib.ExitStack() as kept:  # Spark's lifetime when cluster.keep_executors
         if settings.data.query is not None:
             data = _spark_etl(job, to_ray, store, kept)
@@ -145,6 +183,14 @@ class EtlJob:
     key: str | None
     out_dir: Path
     cache_dir: Path | None = None
+    spark: SharedSpark | None = None  # a Spark shared with other ETLs; None: its own
+
+    def own_spark(self, scope: contextlib.ExitStack) -> SharedSpark:
+        """``spark``, or a Spark of this ETL's own that stops when ``scope`` closes."""
+        if self.spark is not None:
+            return self.spark
+        return SharedSpark(self.settings.cluster, self.settings.name, self.out_dir,
+                           self.settings.data.query is not None, scope)
 
 
 @dataclass
@@ -155,6 +201,7 @@ class _SparkRun:
     staged: Path | None
     sources: dict | None
     etl_clock: Stopwatch
+    stats: dict  # Spark's metrics of the ETL's jobs (spark_stats.read_event_log)
 
 
 def _spark_etl(
@@ -168,18 +215,18 @@ def _spark_etl(
         with contextlib.ExitStack() as local, console_bar(len(_phases(settings, to_ray, store)),
                                                           "ETL", "phase") as bar:
             progress = PhaseBar(bar)
-            scope = kept if settings.cluster.keep_executors else local
-            with timed(timings, "spark_start_s"):
-                spark = scope.enter_context(spark_session(
-                    settings.cluster, app_name=settings.name, log_dir=job.out_dir,
-                    hive=settings.data.query is not None))
-            progress.done("spark start", timings["spark_start_s"])
+            shared = job.own_spark(kept if settings.cluster.keep_executors else local)
+            spark = shared.started(timings)
+            progress.done("spark start", timings.get("spark_start_s", 0.0))
             if job.key is None:
                 job = query_job(spark, job, store, held)
                 entry = cache.lookup(job.cache_dir, job.key) if job.cache_dir else None
                 if entry is not None:  # Spark started only to plan the query
                     return _from_cache(entry, job.out_dir, to_ray, "the query's ETL skipped")
-            run = _run_in_spark(spark, job, to_ray, store, progress)
+            group = job.key or settings.name
+            with shared.job_group(group):
+                run = _run_in_spark(spark, job, to_ray, store, progress)
+            run.stats = shared.stats(group)
         return _after_spark(job, run, timings, to_ray)
 
 
@@ -219,11 +266,11 @@ def _run_in_spark(spark, job: EtlJob, to_ray: bool, store: Path | None,
     if to_ray and not store:
         sources = _phase(out, "convert", progress, lambda: to_object_store(out))
     check_unchanged(plan.corpus, plan.s3)  # every pass read the same inputs
-    return _SparkRun(out, staged, sources, etl_clock)
+    return _SparkRun(out, staged, sources, etl_clock, stats={})
 
 
 def _after_spark(job: EtlJob, run: _SparkRun, timings: dict, to_ray: bool) -> PreparedData:
-    """Once Spark has stopped: the ETL's report, Spark's stats (its event log), the cache entry
+    """After the ETL (its own Spark stopped): the ETL's report, Spark's stats, the cache entry
     committed with them."""
     out, sources = run.out, run.sources
     _report(out, job.settings.name)
@@ -231,8 +278,8 @@ def _after_spark(job: EtlJob, run: _SparkRun, timings: dict, to_ray: bool) -> Pr
     stats = {
         "phase_s": {k: round(v, 3) for k, v in out.phase_s.items()},
         "curation": out.manifest.curation,
-        "spark_start_s": round(timings["spark_start_s"], 3),
-        **read_event_log(job.out_dir / EVENT_LOG_DIR),
+        "spark_start_s": round(timings.get("spark_start_s", 0.0), 3),  # 0: Spark was running
+        **run.stats,
     }
     write_json(job.out_dir / STATS_FILE, stats)
     entry = cache.commit(run.staged, stats) if run.staged else None

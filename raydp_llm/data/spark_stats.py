@@ -45,12 +45,32 @@ def _task_totals(events: list[dict]) -> dict:
     }
 
 
-def read_event_log(directory: Path) -> dict:
-    """Totals over the newest event log in ``directory``, and the same per stage."""
+def _of_group(events: list[dict], group: str) -> list[dict]:
+    """The job, stage and task events of the jobs of job group ``group``."""
+    jobs = [e for e in events if e["Event"] == "SparkListenerJobStart"
+            and (e.get("Properties") or {}).get("spark.jobGroup.id") == group]
+    stages = {s for job in jobs for s in job["Stage IDs"]}
+    ids = {job["Job ID"] for job in jobs}
+
+    def mine(e: dict) -> bool:
+        if e["Event"] in ("SparkListenerJobStart", "SparkListenerJobEnd"):
+            return e["Job ID"] in ids
+        if "Stage Info" in e:
+            return e["Stage Info"]["Stage ID"] in stages
+        return e.get("Stage ID", -1) in stages
+
+    return [e for e in events if mine(e)]
+
+
+def read_event_log(directory: Path, job_group: str | None = None) -> dict:
+    """Totals over the newest event log in ``directory``, and the same per stage; with
+    ``job_group``, over that group's jobs only (a Spark that ran several ETLs)."""
     logs = sorted(Path(directory).glob("*"), key=lambda p: p.stat().st_mtime)
     if not logs:
         return {}
     events = [json.loads(line) for line in logs[-1].read_text().splitlines() if line.strip()]
+    if job_group is not None:
+        events = _of_group(events, job_group)
     stages = []
     for e in events:
         if e["Event"] == "SparkListenerStageCompleted":
@@ -69,7 +89,8 @@ def read_event_log(directory: Path) -> dict:
                 }
             )
     return {
-        "event_log": str(logs[-1]),
+        # a running Spark's log is renamed without ".inprogress" when Spark stops
+        "event_log": str(logs[-1]).removesuffix(".inprogress"),
         "jobs": sum(e["Event"] == "SparkListenerJobStart" for e in events),
         "stages": len(stages),
         **_task_totals(events),

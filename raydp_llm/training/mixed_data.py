@@ -85,18 +85,20 @@ def prepared_sources(session, settings: Settings, corpora: dict[str, Corpus],
 def each_source(session, settings: Settings, corpora: dict[str, Corpus], out_dir: Path,
                 held: contextlib.ExitStack, to_ray: bool) -> Iterator[tuple]:
     """Each source and its data (its ETL or cache entry, held open in ``held``), one after
-    another, its Spark logs in ``out_dir/sources/<name>``; a source's bad input is one line that
-    names it."""
-    for source in settings.data.sources:
-        logs = out_dir / "sources" / source.name
-        logs.mkdir(parents=True, exist_ok=True)
-        try:
-            data = held.enter_context(session.prepared(
-                corpora[source.name], logs, to_ray=to_ray,
-                settings=source_settings(settings, source)))
-        except InputError as err:
-            raise InputError(f"data.sources: {source.name}: {err}") from None
-        yield source, data
+    another, on one Spark (``session.one_spark``: its logs in ``out_dir``, each source's stats in
+    ``out_dir/sources/<name>``), stopped after the last source; a source's bad input is one line
+    that names it."""
+    with session.one_spark(out_dir, held):
+        for source in settings.data.sources:
+            logs = out_dir / "sources" / source.name
+            logs.mkdir(parents=True, exist_ok=True)
+            try:
+                data = held.enter_context(session.prepared(
+                    corpora[source.name], logs, to_ray=to_ray,
+                    settings=source_settings(settings, source)))
+            except InputError as err:
+                raise InputError(f"data.sources: {source.name}: {err}") from None
+            yield source, data
 
 
 def mixed(settings: Settings, parts: list[PreparedData]) -> MixedData:

@@ -9,10 +9,10 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from raydp_llm.core.config import Settings, TrainSettings
+from raydp_llm.core.config import Settings, TrainSettings, source_settings
 from raydp_llm.core.timing import Span
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prepare import PreparedData, prepared
+from raydp_llm.data.prepare import PreparedData, SharedSpark, prepared
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.spec import windows_of
@@ -25,6 +25,25 @@ class JobSession:
     def __init__(self, settings: Settings, store: Path | None, ray_up: Span):
         self.settings, self.store, self.ray_up = settings, store, ray_up
         self.timings = {"ray_start_s": ray_up.seconds}
+        self.spark: SharedSpark | None = None  # within ``one_spark``: the ETLs' Spark
+
+    @contextlib.contextmanager
+    def one_spark(self, out_dir: Path, held: contextlib.ExitStack | None = None
+                  ) -> Iterator[None]:
+        """The ETLs in this block share one Spark (a mixture's sources), started by the first that
+        misses the cache, its logs in ``out_dir``; it stops at the block's end (with
+        ``cluster.keep_executors``, when ``held`` closes)."""
+        every = [self.settings] + [source_settings(self.settings, s)
+                                   for s in self.settings.data.sources]
+        hive = any(s.data.query is not None for s in every)  # a query needs Hive's catalog
+        with contextlib.ExitStack() as own:
+            keep = held is not None and self.settings.cluster.keep_executors
+            self.spark = SharedSpark(self.settings.cluster, self.settings.name, out_dir, hive,
+                                     held if keep else own)
+            try:
+                yield
+            finally:
+                self.spark = None
 
     @contextlib.contextmanager
     def prepared(self, corpus: Corpus, out_dir: Path, to_ray: bool = False,
@@ -34,7 +53,8 @@ class JobSession:
         with ``every_token``); Spark's lifetime is this block's. The ETL's seconds join
         ``timings`` at its end. ``settings``: a mixture's source's (the job's when None)."""
         settings = settings or self.settings
-        with prepared(settings, corpus, out_dir, to_ray=to_ray, store=self.store) as data:
+        with prepared(settings, corpus, out_dir, to_ray=to_ray, store=self.store,
+                      spark=self.spark) as data:
             data.windows = windows_of(settings, data.index, data.manifest, every_token)
             yield data
             self.timings |= data.timings

@@ -7,6 +7,7 @@ source too small for a window named in one line."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -72,6 +73,23 @@ def test_each_source_trains_at_its_weight_and_validates_on_its_own(mixed):
     tokenizer = load_tokenizer(run_dir / "model" / "tokenizer.json")
     assert set("abcdefghQRSTUVWXYZ") <= set(tokenizer.chars)
     assert (run_dir / "loss.png").is_file()
+
+
+def test_the_sources_etls_share_one_spark_and_each_counts_its_own_jobs(mixed):
+    """One Spark application ran both sources' ETLs (started once, by the first), each as a job
+    group keyed by its cache key; each source's etl_stats.json counts that group's jobs only."""
+    run_dir, keys = mixed["out"] / "run", mixed["summary"]["etl"]["sources"]
+    logs = list((run_dir / "spark-events").iterdir())
+    assert len(logs) == 1, logs
+    starts = [e for e in map(json.loads, logs[0].read_text().splitlines())
+              if e["Event"] == "SparkListenerJobStart"]
+    groups = Counter(e["Properties"].get("spark.jobGroup.id") for e in starts)
+    for name, started in (("domain", True), ("replay", False)):
+        stats = json.loads((run_dir / "sources" / name / "etl_stats.json").read_text())
+        assert stats["jobs"] == groups[keys[name]["etl_key"]] > 0, (name, groups)
+        assert stats["tasks"] > 0 and (stats["spark_start_s"] > 0) == started
+    # and the start-up's warm-up job, in no group
+    assert set(groups) == {None, keys["domain"]["etl_key"], keys["replay"]["etl_key"]}
 
 
 def test_each_source_is_learned_better_by_the_run_that_weights_it_more(mixed, tmp_path):
