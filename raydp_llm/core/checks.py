@@ -185,9 +185,10 @@ def _check_sources(settings: Settings) -> None:
     if settings.train.epochs:
         raise InputError(f"train.epochs={settings.train.epochs}: a mixture counts epochs per "
                          "source; give train.max_steps instead")
-    if settings.cluster.keep_executors:  # each source's ETL starts and stops its own Spark
-        raise InputError("cluster.keep_executors=true: a mixture runs its sources' ETLs one "
-                         "after another, each stopping Spark; set cluster.keep_executors=false")
+    if settings.cluster.keep_executors:  # the sources are handed over from their own entries
+        raise InputError("cluster.keep_executors=true: a mixture runs its sources' ETLs on one "
+                         "Spark, stopped once the last is prepared; set "
+                         "cluster.keep_executors=false")
     tok = settings.tokenizer
     if tok.kind == "bpe" and not tok.path:
         raise InputError("data.sources: a mixture is encoded with one tokenizer, and a BPE "
@@ -231,14 +232,15 @@ def _multiples_near(value: int, step: int) -> str:
 
 def cpus_needed(c: ClusterSettings, t: TrainSettings) -> tuple[float, str]:
     """Ray CPUs the job needs at its peak, and the formula that gives them: the Spark executors and
-    the DDP workers (an elastic group's fewest), at once with ``keep_executors``, else one after the
-    other."""
+    the DDP workers (an elastic group's fewest), at once with ``keep_executors`` or ``keep_spark``,
+    else one after the other."""
     workers = t.min_workers or t.num_workers
     workers_key = "train.min_workers" if t.min_workers else "train.num_workers"
     spark, train = c.executors * c.executor_ray_cpus, workers * t.cpus_per_worker
-    need = spark + train if c.keep_executors else max(spark, train)
+    kept = c.keep_executors or c.keep_spark  # Spark runs through training
+    need = spark + train if kept else max(spark, train)
     formula = (f"cluster.executors={c.executors} × "
                f"cluster.executor_ray_cpus={c.executor_ray_cpus:g} "
-               f"{'+' if c.keep_executors else 'and'} {workers_key}={workers} × "
+               f"{'+' if kept else 'and'} {workers_key}={workers} × "
                f"train.cpus_per_worker={t.cpus_per_worker:g}")
     return need, formula

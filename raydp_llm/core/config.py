@@ -276,6 +276,9 @@ class ClusterSettings:
     executor_memory: str = setting("1g", "JVM heap per executor")
     keep_executors: bool = setting(False, "keep Spark running through training (its Ray CPUs stay "
                                           "taken); false = stop it after the hand-off")
+    keep_spark: bool = setting(False, "keep Spark up after the job for the next one in this "
+                                      "process with these cluster settings (a sweep, the tests); "
+                                      "its Ray CPUs stay taken until Ray stops")
     driver_memory: str = setting("1g", "Spark driver JVM heap")
     quick_jvm: bool = setting(True, "Spark's JVMs compile with C1 alone (-XX:TieredStopAtLevel=1) "
                                     "and the driver maps its classes from an archive the first "

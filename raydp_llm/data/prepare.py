@@ -12,9 +12,11 @@ import contextlib
 import json
 import logging
 import re
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
+from urllib.parse import urlsplit
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PythonException
@@ -34,7 +36,7 @@ from raydp_llm.data.etl.run import phase_names, run_etl
 from raydp_llm.data.spark_stats import read_event_log
 from raydp_llm.data.stream import ChunkIndex, RunWindows, SplitChunks
 from raydp_llm.engines.dashboard import RunGauges
-from raydp_llm.engines.spark import EVENT_LOG_DIR, spark_session
+from raydp_llm.engines.spark import kept_spark, spark_session
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,12 @@ class SharedSpark:
         self.session = None  # the SparkSession, once started
 
     def started(self, timings: dict):
-        """The running SparkSession, started now (timed into ``timings``) if it was not."""
+        """The running SparkSession: the one an earlier job kept (``cluster.keep_spark``), or
+        started now (timed into ``timings``)."""
+        if self.session is None:
+            self.session = kept_spark(self.cluster, self.hive)
+            if self.session is not None:
+                log.info("Spark kept running by an earlier job: its start skipped")
         if self.session is None:
             with timed(timings, "spark_start_s"):
                 self.session = self.scope.enter_context(spark_session(
@@ -104,20 +111,27 @@ class SharedSpark:
         return self.session
 
     @contextlib.contextmanager
-    def job_group(self, group: str) -> Iterator[None]:
-        """The Spark jobs started in this block (on this thread) belong to ``group``."""
-        context = self.session.sparkContext
-        context.setJobGroup(group, f"the ETL of {group}")
+    def job_group(self, name: str) -> Iterator[str]:
+        """The Spark jobs started in this block (on this thread) belong to a group of their own,
+        named ``name`` and a suffix (yielded): a Spark kept for later jobs may run the same ETL
+        again. Spark's cached results are dropped at its end when Spark is kept."""
+        context, group = self.session.sparkContext, f"{name}/{uuid.uuid4().hex[:8]}"
+        context.setJobGroup(group, f"the ETL of {name}")
         try:
-            yield
+            yield group
         finally:
             context._jsc.clearJobGroup()
+        if self.cluster.keep_spark:
+            self.session.catalog.clearCache()
 
     def stats(self, group: str) -> dict:
         """Spark's own metrics of ``group``'s jobs, from its event log, once its listeners have
         written every event so far (Spark flushes the log at each job's end)."""
-        self.session.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
-        return read_event_log(self.log_dir / EVENT_LOG_DIR, job_group=group)
+        context = self.session.sparkContext
+        context._jsc.sc().listenerBus().waitUntilEmpty()
+        # a kept Spark logs where the job that started it ran
+        log_dir = Path(urlsplit(context.getConf().get("spark.eventLog.dir")).path)
+        return read_event_log(log_dir, job_group=group)
 
 
 @contextlib.contextmanager
@@ -223,8 +237,7 @@ def _spark_etl(
                 entry = cache.lookup(job.cache_dir, job.key) if job.cache_dir else None
                 if entry is not None:  # Spark started only to plan the query
                     return _from_cache(entry, job.out_dir, to_ray, "the query's ETL skipped")
-            group = job.key or settings.name
-            with shared.job_group(group):
+            with shared.job_group(job.key or settings.name) as group:
                 run = _run_in_spark(spark, job, to_ray, store, progress)
             run.stats = shared.stats(group)
         return _after_spark(job, run, timings, to_ray)

@@ -34,11 +34,9 @@ def check_cpus(cluster: ClusterSettings, train: TrainSettings) -> None:
     need, formula = cpus_needed(cluster, train)
     have = ray.cluster_resources().get("CPU", 0)
     if need > have:
-        fix = (
-            "set cluster.keep_executors=false or lower them"
-            if cluster.keep_executors
-            else "lower them"
-        )
+        kept = [f"cluster.{name}=false" for name in ("keep_executors", "keep_spark")
+                if getattr(cluster, name)]
+        fix = f"set {' and '.join(kept)} or lower them" if kept else "lower them"
         raise InputError(f"the Ray cluster has {have:g} CPUs but the job needs {need:g}: "
                          f"{formula}; {fix}")
 

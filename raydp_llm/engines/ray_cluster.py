@@ -25,6 +25,7 @@ from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.timing import Span
 from raydp_llm.engines.dashboard import announce_dashboard
 from raydp_llm.engines.java import JVM_FLAGS, ensure_java
+from raydp_llm.engines.spark import stop_kept_spark
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
         announce_dashboard(cfg, context.dashboard_url, context.address_info["gcs_address"])
         yield up
     finally:
+        stop_kept_spark()  # a Spark kept for a later job (cluster.keep_spark) runs on this Ray
         ray.shutdown()
 
 

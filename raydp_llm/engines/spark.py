@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -22,26 +23,100 @@ import ray
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines.class_archive import ClassArchive
-from raydp_llm.engines.java import JVM_FLAGS, QUICK_START_FLAGS, ensure_java
+from raydp_llm.engines.java import ensure_java
+from raydp_llm.engines.spark_settings import (
+    EVENT_LOG_DIR,
+    FETCH_MEMORY_KEY,
+    fetch_task_memory,
+    spark_configs,
+    warn_unknown_settings,
+)
 
 log = logging.getLogger(__name__)
 
-LOG4J_FILE = Path(__file__).resolve().parents[1] / "log4j2.properties"
-EVENT_LOG_DIR = "spark-events"  # under the run directory
 USER_SPARK_LOCAL_IP = os.environ.get("SPARK_LOCAL_IP")
+
+
+@dataclass
+class _Kept:
+    """The Spark a job of this process kept running (``cluster.keep_spark``) for the next."""
+
+    settings: tuple  # what it was started with: the cluster settings and Hive's catalog or not
+    session: "pyspark.sql.SparkSession"  # noqa: F821
+    stop: contextlib.ExitStack  # closing it stops Spark
+
+
+_kept: _Kept | None = None  # one Spark per process: PySpark has one SparkContext, RayDP one app
+
+
+def _kept_as(cfg: ClusterSettings, hive: bool) -> tuple:
+    """What a kept Spark must have been started with to serve a job: every cluster setting but
+    how long Spark stays up."""
+    return replace(cfg, keep_executors=False, keep_spark=False), hive
+
+
+def kept_spark(cfg: ClusterSettings, hive: bool = False):
+    """The Spark an earlier job of this process kept (``cluster.keep_spark``) if it was started with
+    these settings and all its executors are still up; else None (a kept Spark with other
+    settings, or one that lost an executor, is stopped)."""
+    if _kept is None or hive:  # a query's catalog lives in its own run directory: never kept
+        return None
+    context = _kept.session.sparkContext
+    try:
+        healthy = not context._jsc.sc().isStopped() and _executors(context) >= cfg.executors
+    except Exception:  # noqa: BLE001 - its driver JVM is gone: not healthy, whatever the error
+        healthy = False
+    if healthy and _kept.settings == _kept_as(cfg, hive):
+        return _kept.session
+    stop_kept_spark()
+    return None
+
+
+def stop_kept_spark() -> None:
+    """Stop the Spark a job kept (``cluster.keep_spark``), if any: before another starts, and
+    before Ray stops."""
+    global _kept
+    kept, _kept = _kept, None
+    if kept is not None:
+        log.info("stopping the Spark kept running (cluster.keep_spark)")
+        kept.stop.close()
 
 
 @contextlib.contextmanager
 def spark_session(
     cfg: ClusterSettings, app_name: str, log_dir: Path, hive: bool = False
 ) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
-    """A RayDP Spark session with ``cfg.executors`` executors; always stopped on exit.
+    """A RayDP Spark session with ``cfg.executors`` executors, stopped on exit, unless
+    ``cfg.keep_spark``: then the one an earlier job kept if it serves (``kept_spark``), else a
+    new one kept running for the next job; it stops before another Spark starts, or when Ray
+    stops.
 
     Unless ``cfg.verbose``, the Spark driver JVM writes its stdout and stderr to
     ``log_dir/spark-driver.log``; Spark's event log goes to ``log_dir/spark-events/``. With
     ``hive``, its catalog is Hive's (``hive_configs``: a ``data.query`` reads its tables).
     """
+    global _kept
+    keep = cfg.keep_spark and not hive  # a query's catalog lives in its own run directory
+    kept = kept_spark(cfg, hive) if keep else None
+    if kept is not None:
+        yield kept
+        return
+    stop_kept_spark()
+    if not keep:
+        with _started_spark(cfg, app_name, log_dir, hive) as spark:
+            yield spark
+        return
+    with contextlib.ExitStack() as starting:
+        spark = starting.enter_context(_started_spark(cfg, app_name, log_dir, hive))
+        _kept = _Kept(_kept_as(cfg, hive), spark, starting.pop_all())
+    yield spark
 
+
+@contextlib.contextmanager
+def _started_spark(
+    cfg: ClusterSettings, app_name: str, log_dir: Path, hive: bool
+) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
+    """``spark_session``'s Spark, started; always stopped on exit."""
     archive = driver_archive(cfg, ensure_java())
     configs = spark_configs(cfg, log_dir, hive, archive.flags() if archive else [])
     configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
@@ -103,96 +178,6 @@ def _stop(cfg: ClusterSettings, placement, wait_for_cpus: bool,
     if placement is not None:
         ray.util.remove_placement_group(placement)
     _wait_for_cpus(cpus_after)
-
-
-FETCH_MEMORY_KEY = "spark.ray.raydp_recoverable_fetch.task.resource.memory"
-
-
-def fetch_task_memory(nodes: list[dict]) -> int:
-    """Bytes of Ray's ``memory`` resource each ``from_spark`` fetch task reserves: a node's memory
-    over twice its CPUs, so a node runs about two fetches per CPU at a time.
-
-    Why: RayDP asks 0 CPU and 0 memory for them, and a fetch waits in ``ray.get`` on an executor
-    (a waiting task gives its CPU back anyway), so Ray starts a Python worker for every partition
-    at once: 150 processes for 90 chunks, RAM exhausted and the hand-off stuck. Memory, unlike CPU,
-    stays reserved while a task waits."""
-    shares = [
-        node["Resources"]["memory"] / (2 * node["Resources"]["CPU"])
-        for node in nodes
-        if node.get("Alive") and node["Resources"].get("CPU") and node["Resources"].get("memory")
-    ]
-    return int(min(shares, default=0))
-
-
-JAVA_OPTION_KEYS = frozenset({
-    "spark.driver.extraJavaOptions",
-    "spark.executor.extraJavaOptions",
-    "spark.ray.raydp_app_master.extraJavaOptions",
-})
-
-
-def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
-                  driver_flags: list[str] | tuple = ()) -> dict[str, str]:
-    """The Spark settings every session gets (and Hive's catalog with ``hive``), then
-    ``cfg.spark_conf`` over them (its Java options follow ours in the same setting).
-    ``driver_flags``: more for the driver's JVM (its class archive)."""
-    level = "info" if cfg.verbose else "warn"
-    java_opts = " ".join(JVM_FLAGS + (QUICK_START_FLAGS if cfg.quick_jvm else []))
-    driver_opts = " ".join([java_opts, *driver_flags, f"-Draydp_llm.log.level={level}"])
-    configs = {
-        # The Spark driver's log4j2 file (RayDP passes it as -Dlog4j2.configurationFile).
-        "spark.log4j.config.file.name": str(LOG4J_FILE),
-        "spark.driver.extraJavaOptions": driver_opts,
-        "spark.executor.extraJavaOptions": java_opts,
-        "spark.ray.raydp_app_master.extraJavaOptions": java_opts,
-        # Ray CPUs each executor actor reserves; below executor_cores leaves room for the Ray
-        # tasks that run beside Spark (from_spark's fetch and Ray Data's metadata tasks).
-        "spark.ray.raydp_spark_executor.actor.resource.cpu": str(cfg.executor_ray_cpus),
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.enabled": str(bool(cfg.spark_ui)).lower(),
-        # Spark's own per-task metrics, read back by spark_stats.py once Spark has stopped.
-        "spark.eventLog.enabled": "true",
-        "spark.eventLog.dir": (log_dir / EVENT_LOG_DIR).resolve().as_uri(),
-        "spark.eventLog.compress": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": cfg.driver_memory,
-        # Executors hold Spark's share of CPUs; Ray Train gets them back after the ETL.
-        "spark.sql.shuffle.partitions": str(cfg.executors * cfg.executor_cores * 2),
-        # one big text file still spreads over the executors
-        "spark.sql.files.maxPartitionBytes": "16m",
-        # Each executor's Python workers use its cores, not the machine's (tokenizers' thread pool).
-        "spark.executorEnv.RAYON_NUM_THREADS": str(cfg.executor_cores),
-        "spark.default.parallelism": str(cfg.executors * cfg.executor_cores * 2),
-    }
-    if hive:
-        configs |= hive_configs(cfg, log_dir, configs["spark.driver.extraJavaOptions"])
-    user = {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
-    for key in JAVA_OPTION_KEYS & user.keys():  # added to ours: Spark on JDK 17 needs --add-opens
-        user[key] = f"{configs[key]} {user[key]}"
-    return configs | user
-
-
-METASTORE_DIR = "metastore_db"  # under the run directory: an embedded cluster's Hive metastore
-WAREHOUSE_DIR = "spark-warehouse"  # and its tables' files
-
-
-def hive_configs(cfg: ClusterSettings, log_dir: Path, driver_java: str) -> dict[str, str]:
-    """Hive's catalog for a ``data.query``. On the embedded cluster its metastore (Derby, and
-    Derby's log) and its warehouse live in the run directory, never in the working directory;
-    elsewhere (EMR) the cluster's metastore is the user's, set in ``cluster.spark_conf`` (Glue's
-    client factory or ``spark.hadoop.hive.metastore.uris``: docs/configuration.md)."""
-    configs = {"spark.sql.catalogImplementation": "hive"}
-    if cfg.address != "local":
-        return configs
-    run_dir = log_dir.resolve()
-    metastore = run_dir / METASTORE_DIR
-    return configs | {
-        "spark.sql.warehouse.dir": (run_dir / WAREHOUSE_DIR).as_uri(),
-        "spark.hadoop.javax.jdo.option.ConnectionURL":
-            f"jdbc:derby:;databaseName={metastore};create=true",
-        # derby.log is written where derby.system.home points (the working directory otherwise)
-        "spark.driver.extraJavaOptions": f"{driver_java} -Dderby.system.home={run_dir}",
-    }
 
 
 def _driver_environment(cfg: ClusterSettings, configs: dict[str, str]) -> None:
@@ -261,38 +246,6 @@ def _driver_jvm_beside_master(pool: ThreadPoolExecutor) -> Iterator[None]:
         SparkCluster._set_up_master = set_up_master
 
 
-# Families of settings Spark reads by prefix (no fixed list of keys): they are never reported as
-# unknown.
-SPARK_PREFIXES = (
-    "spark.ray.",
-    "spark.executorEnv.",
-    "spark.hadoop.",
-    "spark.sql.catalog.",
-    "spark.executor.resource.",
-    "spark.driver.resource.",
-    "spark.task.resource.",
-    "spark.metrics.conf.",
-    "spark.sql.hive.",
-)
-
-
-def warn_unknown_settings(spark, settings: dict) -> None:
-    """One warning per ``cluster.spark_conf`` key that this Spark does not know (a misspelt key is
-    passed on and does nothing): Spark's own registry of settings, ``ConfigEntry``, holds every core
-    and SQL setting."""
-    find = spark.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry.findEntry
-    for key in map(str, settings):
-        if key.startswith(SPARK_PREFIXES) or find(key) is not None:
-            continue
-        log.warning(
-            "cluster.spark_conf: Spark %s has no setting %s, so it does nothing; check "
-            "its spelling (https://spark.apache.org/docs/%s/configuration.html)",
-            spark.version,
-            key,
-            spark.version,
-        )
-
-
 def executor_placement_group(cfg: ClusterSettings, timeout_s: float = 180.0):
     """With ``cluster.placement``: a placement group of one bundle per executor (its Ray CPUs and
     heap) placed by that strategy, for RayDP to start the executors in; None without."""
@@ -314,16 +267,18 @@ def executor_placement_group(cfg: ClusterSettings, timeout_s: float = 180.0):
 def _wait_for_executors(spark, executors: int, timeout_s: float = 180.0) -> None:
     """Block until all executors have registered: RayDP returns before they have, and the first
     stage would run on whichever came first."""
-    status = (
-        spark.sparkContext._jsc.sc().getExecutorMemoryStatus
-    )  # the driver's block manager counts too
-    deadline = time.monotonic() + timeout_s
-    while status().size() - 1 < executors:
+    deadline, context = time.monotonic() + timeout_s, spark.sparkContext
+    while _executors(context) < executors:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {status().size() - 1} of {executors} Spark executors "
+            raise RuntimeError(f"only {_executors(context)} of {executors} Spark executors "
                                f"registered within {timeout_s:.0f}s: the Ray cluster lacks CPUs or "
                                "memory for them (see the Ray logs)")
         time.sleep(0.1)
+
+
+def _executors(context) -> int:
+    """The executors registered with the driver (its own block manager not counted)."""
+    return context._jsc.sc().getExecutorMemoryStatus().size() - 1
 
 
 def _python_worker_job(spark, slots: int) -> "pyspark.sql.DataFrame":  # noqa: F821

@@ -19,6 +19,9 @@ CACHE_DIR = tempfile.mkdtemp(prefix="raydp_llm_test_cache_")
 # The contamination check costs about 5 s an ETL: the tests of other things leave it off (the
 # curated ETL tests and the two-node run keep it).
 NO_CHECK = "data.decontaminate=off"
+# Spark's start costs about 10 s: the tests' in-process jobs keep Spark running for the next one
+# with the same cluster settings (the tests of Spark's own start and stop set it false).
+KEEP_SPARK = "cluster.keep_spark=true"
 
 
 def compose_config(*overrides: str, config_name: str = "config"):
@@ -32,7 +35,10 @@ def compose_config(*overrides: str, config_name: str = "config"):
 
 def make_config(*overrides: str, config_name: str = "config"):
     """The typed settings an entry point makes of that config at its door
-    (``cli.inputs.typed_settings``), the contamination check off unless an override sets it."""
+    (``cli.inputs.typed_settings``), the contamination check off and Spark kept between jobs
+    unless an override sets them."""
     if not any(o.startswith("data.decontaminate=") for o in overrides):
         overrides = (NO_CHECK, *overrides)
+    if not any(o.startswith("cluster.keep_spark=") for o in overrides):
+        overrides = (KEEP_SPARK, *overrides)
     return typed_settings(compose_config(*overrides, config_name=config_name), overrides)

@@ -28,7 +28,7 @@ def test_the_driver_writes_then_maps_its_archive_and_never_maps_a_truncated_one(
     from raydp_llm.engines.spark import spark_session
 
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "jvm"))
-    cluster = make_config().cluster
+    cluster = make_config("cluster.keep_spark=false").cluster  # each driver JVM exits
 
     def session(name: str):
         return spark_session(cluster, app_name=name, log_dir=tmp_path / name)

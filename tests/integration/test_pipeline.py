@@ -98,6 +98,7 @@ def test_train_end_to_end_on_two_ddp_workers(ray_cluster, corpus_dir, tmp_path):
     cfg = make_config(
         f"data.path={corpus_dir}",
         f"data.cache_dir={tmp_path / 'cache'}",  # a Spark ETL here
+        "cluster.keep_spark=false",  # Spark's own start and stop, timed in the summary
         *E2E_RUN,
     )
     run_dir = tmp_path / "run"
@@ -249,6 +250,7 @@ def _assert_greedy_workers_are_refused_before_the_etl(corpus_dir) -> None:
         f"data.path={corpus_dir}",
         "data.cache=false",
         "cluster.keep_executors=true",
+        "cluster.keep_spark=false",
         "train.cpus_per_worker=64",
     )
     with pytest.raises(InputError, match=r"the embedded Ray has \d+ CPUs \(cluster.num_cpus\) but "
@@ -276,6 +278,7 @@ def test_kept_executors_stay_up_until_the_run_ends_and_the_chunks_outlive_spark(
     from pyspark import SparkContext
 
     cfg = make_config(f"data.path={corpus_dir}", "data.cache=false", "cluster.keep_executors=true",
+                      "cluster.keep_spark=false",
                       "train.num_workers=1", "cluster.spark_ui=true", "model.block_size=64",
                       "data.chunk_tokens=20000")
     with prepared(
@@ -370,9 +373,9 @@ def _assert_only_inputs_and_etl_settings_change_the_key(cfg, corpus, corpus_dir,
 
 def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     cache_dir = tmp_path / "cache"
-    cfg = make_config(
-        f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}"
-    )
+    cfg = make_config(  # Spark's own start, timed
+        f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}",
+        "cluster.keep_spark=false")
     corpus = check_inputs(cfg)
     key = cache.cache_key(corpus, cfg.data, cfg.tokenizer, cfg.seed)
     (cache_dir / key).mkdir(parents=True)  # a partial entry: no manifest

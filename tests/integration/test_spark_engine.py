@@ -9,7 +9,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_unknown_spark_settings_are_warned_about(spark, caplog):
-    from raydp_llm.engines.spark import warn_unknown_settings
+    from raydp_llm.engines.spark_settings import warn_unknown_settings
 
     warn_unknown_settings(
         spark,

@@ -23,7 +23,7 @@ from raydp_llm.data.etl.query import query_corpus
 from raydp_llm.data.etl.records import EtlPlan
 from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.prepare import EtlJob, etl_tokenizer, query_job
-from raydp_llm.engines.spark import METASTORE_DIR, WAREHOUSE_DIR
+from raydp_llm.engines.spark_settings import METASTORE_DIR, WAREHOUSE_DIR
 
 pytestmark = pytest.mark.integration
 

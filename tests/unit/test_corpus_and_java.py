@@ -47,7 +47,7 @@ def test_user_java_options_add_to_the_module_flags(tmp_path):
     """cluster.spark_conf's Java options follow ours: replacing them would drop the --add-opens
     flags, and Spark's executors would die on JDK 17."""
     from raydp_llm.core.config import ClusterSettings
-    from raydp_llm.engines.spark import spark_configs
+    from raydp_llm.engines.spark_settings import spark_configs
 
     user = {"spark.executor.extraJavaOptions": "-Dmine=1", "spark.driver.memory": "2g"}
     configs = spark_configs(ClusterSettings(spark_conf=user, quick_jvm=False), tmp_path)
@@ -62,7 +62,7 @@ def test_user_java_options_add_to_the_module_flags(tmp_path):
 def test_from_spark_fetches_reserve_memory_so_few_run_at_once():
     """Each node runs about two fetch tasks per CPU: a fetch waiting on its executor keeps its
     memory reservation (not its CPU), so Ray cannot start a worker for every partition at once."""
-    from raydp_llm.engines.spark import fetch_task_memory
+    from raydp_llm.engines.spark_settings import fetch_task_memory
 
     gib = 2**30
     nodes = [
