@@ -100,7 +100,7 @@ class SharedSpark:
     def started(self, timings: dict):
         """The running SparkSession: the one an earlier job kept (``cluster.keep_spark``), or
         started now (timed into ``timings``)."""
-        if self.session is None:
+        if self.session is None and self.cluster.keep_spark:
             self.session = kept_spark(self.cluster, self.hive)
             if self.session is not None:
                 log.info("Spark kept running by an earlier job: its start skipped")
@@ -145,6 +145,7 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
     key (``cache.locked``). A ``data.query``'s key needs its input files, which Spark lists once it
     has planned the query: Spark starts first, and a cache hit skips only the ETL. ``spark``: a
     Spark shared with other ETLs (else this ETL's own)."""
+    out_dir.mkdir(parents=True, exist_ok=True)  # its logs and stats, also when Spark was kept
     job = EtlJob(settings, EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer)), None,
               out_dir, spark=spark)
     with contextlib.ExitStack() as kept:  # Spark's lifetime when cluster.keep_executors

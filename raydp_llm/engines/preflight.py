@@ -31,7 +31,8 @@ def preflight(cluster: ClusterSettings, train: TrainSettings | None, store: Path
 
 
 def check_cpus(cluster: ClusterSettings, train: TrainSettings) -> None:
-    need, formula = cpus_needed(cluster, train)
+    # a Spark kept from an earlier job holds its CPUs through training
+    need, formula = cpus_needed(cluster, train, cluster.keep_executors or cluster.keep_spark)
     have = ray.cluster_resources().get("CPU", 0)
     if need > have:
         kept = [f"cluster.{name}=false" for name in ("keep_executors", "keep_spark")
