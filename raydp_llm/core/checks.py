@@ -59,7 +59,9 @@ def validate(settings: Settings) -> None:
                          f"data.halo_tokens={settings.data.halo_tokens}, the longest window the "
                          "ETL output serves; set data.halo_tokens to at least the block size")
     _check_checkpoints(t)
-    # a joined cluster's CPUs are known once it is reached (engines/preflight.py)
+    # a joined cluster's CPUs are known once it is reached (engines/preflight.py, which counts a
+    # Spark kept for the next job too: the embedded Ray a job starts has room for it, as it counts
+    # the workers' CPUs twice, ray_cluster.embedded_cpus)
     if c.address == "local":
         cpus = c.num_cpus or os.cpu_count()
         need, formula = cpus_needed(c, t)
@@ -189,12 +191,6 @@ def _check_sources(settings: Settings) -> None:
         raise InputError("cluster.keep_executors=true: a mixture runs its sources' ETLs on one "
                          "Spark, stopped once the last is prepared; set "
                          "cluster.keep_executors=false")
-    tok = settings.tokenizer
-    if tok.kind == "bpe" and not tok.path:
-        raise InputError("data.sources: a mixture is encoded with one tokenizer, and a BPE "
-                         "trained per source would differ; give tokenizer.path (e.g. the "
-                         "tokenizer.json of python -m raydp_llm.prepare on a sample), a model "
-                         "that brings its own (model=hf), or tokenizer=char")
     for source in d.sources:
         fmt = source.format or d.format
         if fmt not in MIXED_FORMATS:
@@ -230,14 +226,15 @@ def _multiples_near(value: int, step: int) -> str:
     return " or ".join(str(n) for n in (below, below + step) if n > 0)
 
 
-def cpus_needed(c: ClusterSettings, t: TrainSettings) -> tuple[float, str]:
+def cpus_needed(c: ClusterSettings, t: TrainSettings, kept: bool | None = None
+                ) -> tuple[float, str]:
     """Ray CPUs the job needs at its peak, and the formula that gives them: the Spark executors and
-    the DDP workers (an elastic group's fewest), at once with ``keep_executors`` or ``keep_spark``,
-    else one after the other."""
+    the DDP workers (an elastic group's fewest), at once when Spark is ``kept`` through training
+    (default: ``keep_executors``), else one after the other."""
     workers = t.min_workers or t.num_workers
     workers_key = "train.min_workers" if t.min_workers else "train.num_workers"
     spark, train = c.executors * c.executor_ray_cpus, workers * t.cpus_per_worker
-    kept = c.keep_executors or c.keep_spark  # Spark runs through training
+    kept = c.keep_executors if kept is None else kept
     need = spark + train if kept else max(spark, train)
     formula = (f"cluster.executors={c.executors} × "
                f"cluster.executor_ray_cpus={c.executor_ray_cpus:g} "

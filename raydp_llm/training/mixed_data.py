@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import logging
 import math
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from raydp_llm.core.config import Settings, source_settings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import Tokenizer
+from raydp_llm.data.cache import ETL_VERSION
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.etl.records import Manifest
 from raydp_llm.data.mixture import MixtureSpec, one_tokenizer
 from raydp_llm.data.prepare import PreparedData
 from raydp_llm.data.stream import RunWindows
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,6 +95,7 @@ def each_source(session, settings: Settings, corpora: dict[str, Corpus], out_dir
     ``out_dir/sources/<name>``), stopped after the last source; a source's bad input is one line
     that names it."""
     with session.one_spark(out_dir, held):
+        settings = with_mixture_bpe(session, settings, corpora, session.store or out_dir)
         for source in settings.data.sources:
             logs = out_dir / "sources" / source.name
             logs.mkdir(parents=True, exist_ok=True)
@@ -99,6 +106,56 @@ def each_source(session, settings: Settings, corpora: dict[str, Corpus], out_dir
             except InputError as err:
                 raise InputError(f"data.sources: {source.name}: {err}") from None
             yield source, data
+
+
+def with_mixture_bpe(session, settings: Settings, corpora: dict[str, Corpus],
+                     home: Path) -> Settings:
+    """With ``tokenizer=bpe`` and no ``tokenizer.path``: the settings with the mixture's BPE as
+    ``tokenizer.path``, trained on a sample of the sources at their weights on the session's Spark
+    (``etl/mixture_sample.py``), or found in ``home/tokenizers/`` where a run of the same sources,
+    weights and tokenizer settings wrote it (so its sources' ETL cache entries are hits); else the
+    settings as they are."""
+    tok = settings.tokenizer
+    if tok.kind != "bpe" or tok.path:
+        return settings
+    path = home / "tokenizers" / f"mixture-{mixture_bpe_key(settings, corpora)}.json"
+    if not path.is_file():
+        from raydp_llm.data.etl.mixture_sample import mixture_bpe
+        from raydp_llm.data.etl.records import EtlPlan
+
+        plans = {s.name: EtlPlan.of(source_settings(settings, s), corpora[s.name])
+                 for s in settings.data.sources}
+        weights = {s.name: s.weight for s in settings.data.sources}
+        tokenizer, drawn = mixture_bpe(session.spark.started(session.timings), plans, weights,
+                                       tok.sample_mb, tok.vocab_size)
+        for d in drawn:
+            log.info("mixture BPE: %s (weight %.3g) gave %d of its %d bytes", d.name, d.weight,
+                     d.sampled_bytes, d.text_bytes)
+        write_atomically(path.with_suffix(".sample.json"),
+                         json.dumps([asdict(d) for d in drawn], indent=2))
+        write_atomically(path, tokenizer.to_json())
+    log.info("mixture BPE: %s", path)
+    return replace(settings, tokenizer=replace(tok, path=str(path)))
+
+
+def mixture_bpe_key(settings: Settings, corpora: dict[str, Corpus]) -> str:
+    """What the mixture's BPE is made of, hashed: each source's inputs, reading and weight, the
+    tokenizer's settings and the seed."""
+    sources = [{"name": s.name, "weight": s.weight, "format": s.format, "query": s.query,
+                "text_column": s.text_column, "inputs": corpora[s.name].fingerprints,
+                "markdown": corpora[s.name].markdown} for s in settings.data.sources]
+    blob = json.dumps({"version": ETL_VERSION, "sources": sources, "seed": settings.seed,
+                       "format": settings.data.format, "text_column": settings.data.text_column,
+                       "tokenizer": asdict(settings.tokenizer)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` into ``path``, whole or not at all (a run reading it meanwhile sees no half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 def mixed(settings: Settings, parts: list[PreparedData]) -> MixedData:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,3 +170,36 @@ def test_prepare_writes_each_sources_entry_that_the_run_reads(mixed, tmp_path, c
         assert m["tokens"] == mixed["summary"]["mixture"][name]["tokens"]
     printed = capsys.readouterr().out
     assert "source domain (weight 0.9): " in printed and "source replay (weight 0.1): " in printed
+
+
+def test_a_mixtures_bpe_is_trained_on_a_sample_of_the_sources_at_their_weights(ray_cluster,
+                                                                               tmp_path):
+    """tokenizer=bpe: one BPE for both sources, trained on a sample in which each source has its
+    weight's share (all of the 0.9 source, a ninth of that from the 0.1 one), written where the next
+    prepare of the same mixture finds it: that one's sources hit the cache."""
+    from raydp_llm.cli.inputs import check_inputs
+    from raydp_llm.cli.prepare_job import run_checked
+    from raydp_llm.core.timing import Stopwatch
+
+    for name, alphabet in (("domain", "abcdefgh"), ("replay", "QRSTUVWXYZ")):  # lines to draw
+        (tmp_path / f"{name}.txt").write_text("".join(words(alphabet, 10, seed)
+                                                      for seed in range(2000)))
+    settings = make_config(*RUN, sources(("domain", tmp_path / "domain.txt", 0.9),
+                                         ("replay", tmp_path / "replay.txt", 0.1)),
+                           "tokenizer=bpe", "tokenizer.vocab_size=300")
+    for out in ("first", "second"):
+        run_checked(settings, check_inputs(settings), tmp_path / out, Stopwatch())
+    first, second = (json.loads((tmp_path / out / "manifest.json").read_text())["sources"]
+                     for out in ("first", "second"))
+    for name in ("domain", "replay"):
+        assert first[name]["tokenizer"] == "bpe" and first[name]["vocab_size"] == 300
+        assert not first[name]["cache_hit"] and second[name]["cache_hit"]
+        assert second[name]["etl_key"] == first[name]["etl_key"]
+    (path,) = Path(CACHE_DIR, "tokenizers").glob("mixture-" + "[0-9a-f]" * 20 + ".json")
+    drawn = {d["name"]: d for d in json.loads(path.with_suffix(".sample.json").read_text())}
+    domain, replay = drawn["domain"], drawn["replay"]
+    assert domain["weight"] == 0.9 and domain["sampled_bytes"] == domain["text_bytes"]
+    assert replay["sampled_bytes"] == pytest.approx(domain["sampled_bytes"] / 9, rel=0.2)
+    vocab = load_tokenizer(path).tok.get_vocab()
+    merged = [t for t in vocab if len(t) > 1 and t.isalpha()]
+    assert any(t.islower() for t in merged) and len(vocab) == 300

@@ -116,7 +116,6 @@ TWO = "data.sources=[{name: a, path: /x.txt, weight: 0.7}, {name: b, path: /y.tx
      r"^data.sources: the name a is given to 2 sources; give each source its own name$"),
     ([TWO, "data.path=/z.txt"], r"^data.sources and data.path \(or data.query\) are both given"),
     ([TWO, "train.epochs=2"], r"^train.epochs=2: a mixture counts epochs per source"),
-    ([TWO, "tokenizer=bpe"], r"^data.sources: a mixture is encoded with one tokenizer"),
     ([TWO, "data.format=chat"], r"^data.sources: a has data.format=chat; a mixture blends"),
     ([TWO, "cluster.keep_executors=true"], r"^cluster.keep_executors=true: a mixture runs"),
 ])
