@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -401,3 +402,32 @@ def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
     assert hit.stats == stats  # the hit reports what the ETL that made the entry cost
 
     _assert_only_inputs_and_etl_settings_change_the_key(cfg, corpus, corpus_dir, key)
+
+
+def test_a_kept_spark_serves_the_next_job_with_its_settings_and_is_stopped_for_others(
+        ray_cluster, corpus_dir, tmp_path, caplog):
+    """cluster.keep_spark (the tests' default): the next ETL with the same cluster settings skips
+    Spark's start and its stats count its own jobs; a job with other settings stops it first."""
+    import logging
+
+    from pyspark import SparkContext
+
+    from raydp_llm.engines.spark import kept_spark
+
+    def etl(*overrides: str, out: str):
+        cfg = make_config(f"data.path={corpus_dir}", f"data.cache_dir={tmp_path / 'cache'}",
+                          *overrides)
+        return cfg, prepare(cfg, check_inputs(cfg), tmp_path / out, to_ray=False,
+                            store=tmp_path / "cache")
+
+    cfg, first = etl("model.block_size=16", out="first")
+    kept = kept_spark(cfg.cluster)
+    assert not first.cache_hit and kept is not None
+    with caplog.at_level(logging.INFO, logger="raydp_llm"):
+        _, second = etl("model.block_size=16", "seed=7", out="second")  # another key, same jobs
+    assert not second.cache_hit and "spark_start_s" not in second.timings
+    assert "Spark kept running by an earlier job: its start skipped" in caplog.text
+    # the event log holds both ETLs' jobs, the stats of each its own
+    assert kept_spark(cfg.cluster) is kept and second.stats["jobs"] == first.stats["jobs"] > 0
+    assert kept_spark(replace(cfg.cluster, executor_memory="768m")) is None  # stopped
+    assert SparkContext._active_spark_context is None
