@@ -58,7 +58,11 @@ class SweepSummary(Callback):
         if self.tracking.kind == "mlflow":
             sweep_dir = Path(config.hydra.sweep.dir).resolve()
             self.parent_run = tracking.open_sweep(self.tracking, sweep_dir, config.name)
-        self.ray.enter_context(ray_session(cluster, f"{config.name} sweep"))
+        # the jobs' DDP workers counted twice, as a job's own embedded Ray counts them (room for
+        # the worker group beside Spark, and for a Spark kept between jobs: cluster.keep_spark)
+        train = OmegaConf.to_object(config.train)
+        self.ray.enter_context(ray_session(cluster, f"{config.name} sweep",
+                                           waiting_cpus=train.num_workers * train.cpus_per_worker))
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         self.job_clock = Stopwatch()
