@@ -9,13 +9,14 @@ import hashlib
 import json
 import logging
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from raydp_llm.core import storage
 from raydp_llm.core.config import Settings, source_settings
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data.cache import ETL_VERSION
 from raydp_llm.data.corpus import Corpus
@@ -131,9 +132,10 @@ def with_mixture_bpe(session, settings: Settings, corpora: dict[str, Corpus],
         for d in drawn:
             log.info("mixture BPE: %s (weight %.3g) gave %d of its %d bytes", d.name, d.weight,
                      d.sampled_bytes, d.text_bytes)
-        write_atomically(path.with_suffix(".sample.json"),
-                         json.dumps([asdict(d) for d in drawn], indent=2))
-        write_atomically(path, tokenizer.to_json())
+        s3 = S3Options.of(settings.s3)  # a run reading them meanwhile sees no half
+        storage.write_text(path.with_suffix(".sample.json"),
+                           json.dumps([asdict(d) for d in drawn], indent=2), s3)
+        storage.write_text(path, tokenizer.to_json(), s3)
     log.info("mixture BPE: %s", path)
     return replace(settings, tokenizer=replace(tok, path=str(path)))
 
@@ -148,14 +150,6 @@ def mixture_bpe_key(settings: Settings, corpora: dict[str, Corpus]) -> str:
                        "format": settings.data.format, "text_column": settings.data.text_column,
                        "tokenizer": asdict(settings.tokenizer)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """``text`` into ``path``, whole or not at all (a run reading it meanwhile sees no half)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{os.getpid()}")
-    part.write_text(text)
-    os.replace(part, path)
 
 
 def mixed(settings: Settings, parts: list[PreparedData]) -> MixedData:
