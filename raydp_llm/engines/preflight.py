@@ -8,7 +8,6 @@ embedded Ray before it starts.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -48,7 +47,7 @@ def fits_beside_spark(cluster: ClusterSettings, train: TrainSettings) -> bool:
     ``started``), else once Spark has stopped (a group that cannot be placed would time out).
     The CPU more is for the Ray tasks that run beside Spark (from_spark's fetches, Ray Data's
     metadata tasks): the waiting workers hold theirs, and the hand-off must not wait for them."""
-    need, _ = cpus_needed(replace(cluster, keep_executors=True), train)
+    need, _ = cpus_needed(cluster, train, kept=True)
     return ray.cluster_resources().get("CPU", 0) >= need + 1
 
 
