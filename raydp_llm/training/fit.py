@@ -21,7 +21,12 @@ from pathlib import Path
 import ray
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.callbacks import DatasetsCallback
+from ray.train.v2._internal.callbacks.placement_group_callback import (
+    PlacementGroupCleanerCallback,
+)
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.storage import S3Options, resolve
@@ -93,9 +98,10 @@ def startup_timeline(marks: dict, origin: float) -> dict:
             for name, (a, b) in STARTUP_SPANS.items() if a in marks and b in marks}
 
 
-class ControllerHandle(ControllerCallback):
+class ControllerHandle(ControllerCallback, WorkerGroupCallback):
     """Ray Train's controller posts its own handle to the run's hand-off once it runs, for the
-    driver to abort the run (``StartedFit.abort``)."""
+    driver to abort the run (``StartedFit.abort``), and each worker group's placement group once
+    it started, for the driver to free it should the controller die (``StartedFit.close``)."""
 
     def __init__(self, handoff):
         self.handoff = handoff
@@ -103,15 +109,32 @@ class ControllerHandle(ControllerCallback):
     def after_controller_start(self, train_run_context) -> None:
         self.handoff.set_controller.remote(ray.get_runtime_context().current_actor)
 
+    def after_worker_group_start(self, worker_group) -> None:
+        state = worker_group.get_worker_group_state()
+        self.handoff.set_group.remote(state.placement_group_handle.placement_group)
+
+
+class LeanTorchTrainer(TorchTrainer):
+    """Ray Train's ``TorchTrainer`` without two helper actors that a run here never needs, each a
+    fresh Python process that the run's start waits for (together about 2.5 s of a 2-worker run's
+    start and end on 2 cores, benchmarks/startup.py):
+    - the Ray Datasets manager: the data comes through the hand-off, never as Ray Datasets;
+    - the detached placement group cleaner, for a controller that dies while the driver lives:
+      the driver frees the run's group itself then (``StartedFit.close``)."""
+
+    def _create_default_callbacks(self) -> list:
+        unused = (DatasetsCallback, PlacementGroupCleanerCallback)
+        return [c for c in super()._create_default_callbacks() if not isinstance(c, unused)]
+
 
 def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: Launch,
-                  recorder: MetricsWriter) -> TorchTrainer:
+                  recorder: MetricsWriter) -> LeanTorchTrainer:
     """Ray Train's trainer of ``train_loop``: the workers as the ``train`` settings say,
     checkpoints into ``launch.storage/<run>/``, ``recorder`` writing the metrics, the controller's
     handle posted to the run's hand-off."""
     filesystem, storage_path = resolve(launch.storage, s3)
     workers = (train.min_workers, train.num_workers) if train.min_workers else train.num_workers
-    return TorchTrainer(
+    return LeanTorchTrainer(
         train_loop,
         train_loop_config={"run": run},  # the spec and the data come through run.handoff
         scaling_config=ScalingConfig(
@@ -218,7 +241,14 @@ class StartedFit:
         self.thread.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        ray.kill(self.run.handoff)
+        """Free the run's placement group if it outlived the run (its controller died without
+        removing it: killed, out of memory), then end the hand-off."""
+        try:
+            group = ray.get(self.run.handoff.group.remote(), timeout=30)
+            if group is not None and placement_group_table(group)["state"] != "REMOVED":
+                remove_placement_group(group)
+        finally:
+            ray.kill(self.run.handoff)
 
 
 @contextmanager

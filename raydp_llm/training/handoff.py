@@ -34,7 +34,8 @@ class Delivery:
 
 @ray.remote(num_cpus=0)
 class Handoff:
-    """The driver's delivery to the workers, the controller's handle, and rank 0's latest step,
+    """The driver's delivery to the workers, the controller's handle and its worker group's
+    placement group, and rank 0's latest step,
     loss and throughput with the moments it reached (``post``, ``mark``). The delivery comes as
     ``[ObjectRef]`` of a ``Delivery``: inside a list Ray leaves the reference as it is, so this
     actor never loads the spec and the data (nor imports what they are made of); None: the driver
@@ -45,6 +46,7 @@ class Handoff:
         self.ready = asyncio.Event()
         self.delivery: list | None = None
         self.handle = None
+        self.placement_group = None  # the worker group's, the latest
         self.latest: dict = {}
         self.marks: dict = {}
 
@@ -64,6 +66,12 @@ class Handoff:
 
     async def controller(self):
         return self.handle
+
+    async def set_group(self, placement_group) -> None:
+        self.placement_group = placement_group
+
+    async def group(self):
+        return self.placement_group
 
     async def post(self, latest: dict) -> None:
         self.latest = latest

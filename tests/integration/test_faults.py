@@ -160,6 +160,24 @@ def test_a_checkpoint_resumes_with_another_number_of_workers(reference, override
     )
 
 
+def live_placement_groups() -> set[str]:
+    from ray.util import placement_group_table
+
+    return {k for k, pg in placement_group_table().items() if pg["state"] != "REMOVED"}
+
+
+def idle_cpus() -> float:
+    """The Ray's CPUs free now (Spark kept for the next job holds some)."""
+    import ray
+
+    return ray.available_resources().get("CPU", 0.0)
+
+
+def wait_for_cpus(cpus: float) -> None:
+    """Until ``cpus`` are free: a group's removal returns its CPUs a moment after the run ends."""
+    wait_for(lambda: idle_cpus() >= cpus, 30, f"{cpus} free CPUs")
+
+
 def test_an_elastic_group_trains_with_the_workers_that_fit(reference, overrides, tmp_path):
     """train.min_workers: 4 workers asked for, as many as the tests' Ray has CPUs fit (3: the
     machine's 2 and one more); the run goes ahead with those. Its data is the reference run's
@@ -170,6 +188,7 @@ def test_an_elastic_group_trains_with_the_workers_that_fit(reference, overrides,
 
     stop_kept_spark()  # its executor's CPU would fit one worker fewer
     fit = int(ray.cluster_resources()["CPU"])
+    wait_for_cpus(fit)  # the run before's worker group's, returned a moment after it ended
     summary = run(
         make_config(
             *overrides,
@@ -185,6 +204,39 @@ def test_an_elastic_group_trains_with_the_workers_that_fit(reference, overrides,
     rows = read_metrics(tmp_path / "run" / "metrics.csv")
     assert summary["status"] == "finished" and [r["step"] for r in rows] == [20, 40]
     assert 1 < fit < 4 and {r["workers"] for r in rows} == {fit}
+
+
+def test_a_killed_controller_fails_the_run_and_frees_its_workers_cpus(ray_cluster, overrides,
+                                                                     tmp_path):
+    """SIGKILL of Ray Train's controller mid-run, the driver alive (as one job of a sweep): the run
+    fails, and its worker group's placement group, which outlives the controller in Ray, is freed
+    by the driver (Ray Train's own detached cleaner actor is not started: fit.LeanTorchTrainer).
+    Last of the elastic runs: Ray Train's autoscaling coordinator keeps the dead controller's
+    request for CPUs until it expires (a minute), and an elastic group sees fewer meanwhile."""
+    import ray
+    from ray.util.state import list_actors
+
+    from raydp_llm.engines.spark import stop_kept_spark
+
+    out, killed, before = tmp_path / "run", {}, live_placement_groups()
+
+    def kill_the_controller():
+        wait_for(lambda: has_row(out, 20), 300, "the first evaluation")
+        (controller,) = list_actors(
+            filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")]
+        )
+        killed["groups"] = live_placement_groups() - before  # the run's worker group's
+        os.kill(controller.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_controller, daemon=True)
+    killer.start()
+    with pytest.raises(Exception, match="TrainController"):
+        run(make_config(*overrides), out)
+    killer.join()
+    assert len(killed["groups"]) == 1
+    assert live_placement_groups() == before
+    stop_kept_spark()
+    wait_for_cpus(ray.cluster_resources()["CPU"])  # the workers' back: never, were it not freed
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(
