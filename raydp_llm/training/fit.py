@@ -20,16 +20,17 @@ from pathlib import Path
 
 import ray
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.callbacks import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import (
     PlacementGroupCleanerCallback,
 )
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.storage import S3Options, resolve
+from raydp_llm.training.backend import ProcessGroupConfig
 from raydp_llm.training.best import Best, best_of, checkpoint_config
 from raydp_llm.training.handoff import Delivery, Handoff
 from raydp_llm.training.loop import RunContext, train_loop
@@ -114,10 +115,10 @@ class ControllerHandle(ControllerCallback, WorkerGroupCallback):
         self.handoff.set_group.remote(state.placement_group_handle.placement_group)
 
 
-class LeanTorchTrainer(TorchTrainer):
-    """Ray Train's ``TorchTrainer`` without two helper actors that a run here never needs, each a
-    fresh Python process that the run's start waits for (together about 2.5 s of a 2-worker run's
-    start and end on 2 cores, benchmarks/startup.py):
+class LeanTorchTrainer(DataParallelTrainer):
+    """Ray Train's ``TorchTrainer`` whose controller imports no torch (backend.py), without two
+    helper actors that a run here never needs, each a fresh Python process that the run's start
+    waits for (together about 2.5 s of a 2-worker run's start and end on 2 cores):
     - the Ray Datasets manager: the data comes through the hand-off, never as Ray Datasets;
     - the detached placement group cleaner, for a controller that dies while the driver lives:
       the driver frees the run's group itself then (``StartedFit.close``)."""
@@ -137,6 +138,7 @@ def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: 
     return LeanTorchTrainer(
         train_loop,
         train_loop_config={"run": run},  # the spec and the data come through run.handoff
+        backend_config=ProcessGroupConfig(backend="nccl" if train.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=train.use_gpu,
