@@ -106,9 +106,10 @@ def test_s3_corpora_are_listed_with_sizes_and_times(s3, corpus_dir):
     with pytest.raises(InputError, match=r"data.path=s3://b/x: cannot read it \(.*\); check the "
                                          r"URI, the AWS credentials \(environment, ~/.aws, "
                                          r"instance role\) and s3.endpoint_url"):
-        check_inputs(
-            make_config("data.path=s3://b/x", "s3.endpoint_url=http://127.0.0.1:9")
-        )  # nothing listens
+        check_inputs(  # nothing listens; each attempt is refused (10 of them back off for 25 s)
+            make_config("data.path=s3://b/x", "s3.endpoint_url=http://127.0.0.1:9",
+                        "s3.max_attempts=2")
+        )
 
 
 @pytest.mark.integration
