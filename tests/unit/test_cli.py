@@ -3,11 +3,12 @@ starts."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -16,16 +17,6 @@ from raydp_llm.cli.common import cli_errors
 from raydp_llm.core.errors import InputError, RunFailure
 
 RAY_LATEST = "/tmp/ray/session_latest"
-
-
-def run_cli(module: str, *args: str, tmp_path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args, f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def ray_session_dir() -> str | None:
@@ -161,9 +152,9 @@ EVALUATE = [
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory) -> dict:
-    """Every bad-input command of this module, run at once (each is a Python start, ~5 s; on 2
-    cores, 4 at a time take a third of the time of one after another), and whether a Ray session was
-    started meanwhile."""
+    """Every bad-input command of this module, each its own process, forked from one interpreter
+    that imported the entry points once (helpers/cli_batch.py: each command is ~3 s of imports),
+    two at a time; and whether a Ray session was started meanwhile."""
     cases = (
         [
             (m, tuple(o.split()))
@@ -173,13 +164,20 @@ def cli(tmp_path_factory) -> dict:
         + [("raydp_llm.train", tuple(o.split())) for o, _ in BAD_SETTINGS + HYDRA_ERRORS]
         + [("raydp_llm.evaluate", args) for args, _ in EVALUATE]
     )
-    run_dirs = [tmp_path_factory.mktemp("run") for _ in cases]
+    work = tmp_path_factory.mktemp("cli")
+    commands = [[m, [*args, f"hydra.run.dir={work / str(i)}"], str(work / f"{i}")]
+                for i, (m, args) in enumerate(cases)]
     before = ray_session_dir()
-    with ThreadPoolExecutor(4) as pool:
-        results = list(
-            pool.map(lambda case, d: run_cli(case[0], *case[1], tmp_path=d), cases, run_dirs)
-        )
-    return {"outputs": dict(zip(cases, results)), "ray_started": ray_session_dir() != before}
+    batch = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "cli_batch.py"), "2"],
+                           input=json.dumps(commands), cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+    assert batch.returncode == 0, batch.stderr[-3000:]
+    outputs = {
+        case: subprocess.CompletedProcess(command[:2], status, Path(f"{prefix}.out").read_text(),
+                                          Path(f"{prefix}.err").read_text())
+        for case, (*command, prefix), status in zip(cases, commands, json.loads(batch.stdout))
+    }
+    return {"outputs": outputs, "ray_started": ray_session_dir() != before}
 
 
 def assert_one_line_error_before_any_engine(cli: dict, module: str, args, message: str) -> None:
