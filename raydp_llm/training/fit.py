@@ -24,7 +24,6 @@ from ray.train.v2._internal.callbacks import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import (
     PlacementGroupCleanerCallback,
 )
-from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.placement_group import placement_group_table, remove_placement_group
 
@@ -32,6 +31,7 @@ from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.storage import S3Options, resolve
 from raydp_llm.training.backend import ProcessGroupConfig
 from raydp_llm.training.best import Best, best_of, checkpoint_config
+from raydp_llm.training.controller_hooks import ControllerHandle
 from raydp_llm.training.handoff import Delivery, Handoff
 from raydp_llm.training.loop import RunContext, train_loop
 from raydp_llm.training.metrics import (
@@ -97,22 +97,6 @@ def startup_timeline(marks: dict, origin: float) -> dict:
     ``origin`` (a ``time.time()``: the command's start), for those whose marks were reached."""
     return {name.removesuffix("_s"): [round(marks[a] - origin, 2), round(marks[b] - origin, 2)]
             for name, (a, b) in STARTUP_SPANS.items() if a in marks and b in marks}
-
-
-class ControllerHandle(ControllerCallback, WorkerGroupCallback):
-    """Ray Train's controller posts its own handle to the run's hand-off once it runs, for the
-    driver to abort the run (``StartedFit.abort``), and each worker group's placement group once
-    it started, for the driver to free it should the controller die (``StartedFit.close``)."""
-
-    def __init__(self, handoff):
-        self.handoff = handoff
-
-    def after_controller_start(self, train_run_context) -> None:
-        self.handoff.set_controller.remote(ray.get_runtime_context().current_actor)
-
-    def after_worker_group_start(self, worker_group) -> None:
-        state = worker_group.get_worker_group_state()
-        self.handoff.set_group.remote(state.placement_group_handle.placement_group)
 
 
 class LeanTorchTrainer(DataParallelTrainer):
@@ -232,11 +216,12 @@ class StartedFit:
         handoff, deadline = self.run.handoff, time.monotonic() + wait_s
         handoff.deliver.remote(None)  # after a delivery, ignored: the workers have theirs
         try:  # the controller posts its handle once it runs: seconds after the launch
-            controller = ray.get(handoff.controller.remote(), timeout=wait_s)
-            while controller is None and self.thread.is_alive() and time.monotonic() < deadline:
+            box = ray.get(handoff.controller.remote(), timeout=wait_s)
+            while box is None and self.thread.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.2)
-                controller = ray.get(handoff.controller.remote(), timeout=wait_s)
-            if controller is not None:
+                box = ray.get(handoff.controller.remote(), timeout=wait_s)
+            if box is not None:
+                controller = ray.get(box[0], timeout=wait_s)
                 ray.get(controller.abort.remote(), timeout=wait_s)
         except (ray.exceptions.RayError, TimeoutError):  # abort ends the controller: expected
             pass

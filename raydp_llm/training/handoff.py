@@ -4,11 +4,11 @@ and warms up, then waits here for what only the ETL can tell (the spec: the voca
 windows, the steps; the chunks; the checkpoint to resume), which the driver delivers once it has
 it. A restarted group finds it here at once.
 
-Ray Train's controller leaves its handle here too (``fit.ControllerHandle``): its own Ctrl-C
-handler is the main thread's, and the driver's main thread runs the ETL while the group starts, so
-the driver aborts the run itself (``Handoff.controller``). And rank 0 posts its progress here for
-the driver's display (progress.py): one actor a run, not two (each is a fresh Python process,
-about a second of CPU on the way to the first step).
+Ray Train's controller leaves its handle here too (``controller_hooks.ControllerHandle``): its own
+Ctrl-C handler is the main thread's, and the driver's main thread runs the ETL while the group
+starts, so the driver aborts the run itself (``Handoff.controller``). And rank 0 posts its
+progress here for the driver's display (progress.py): one actor a run, not two (each is a fresh
+Python process, about a second of CPU on the way to the first step).
 
 This module imports Ray alone: the actor's process imports it, and ray.train would cost it seconds
 of CPU while Spark starts.
