@@ -17,3 +17,16 @@ def write_lines(path: Path, lines: list[str]) -> None:
     with pa.CompressedOutputStream(str(path), codec) as out:
         out.write(data)
 
+
+
+SQL_DOCS = 60  # the rows of sql_documents(): half of them English, half French
+
+
+def sql_documents(n: int = SQL_DOCS):
+    """A table of distinct documents (``id``, ``lang``, ``text``) for queries to select from."""
+    import pyarrow as pa
+
+    langs = ["en" if i % 2 else "fr" for i in range(n)]
+    texts = [f"Document {i} in {lang}: the quick brown fox jumps over the lazy dog, {i * 7}."
+             for i, lang in enumerate(langs)]
+    return pa.table({"id": list(range(n)), "lang": langs, "text": texts})

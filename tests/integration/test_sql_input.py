@@ -4,17 +4,13 @@ Spark with Hive's catalog in a local warehouse)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import subprocess
-import sys
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers.configs import CACHE_DIR, make_config
+from helpers.configs import make_config
+from helpers.corpora import SQL_DOCS, sql_documents
 from helpers.paths import ROOT
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
@@ -27,15 +23,6 @@ from raydp_llm.engines.spark_settings import METASTORE_DIR, WAREHOUSE_DIR
 
 pytestmark = pytest.mark.integration
 
-DOCS = 60  # half of them English, half French
-
-
-def table(n: int = DOCS) -> pa.Table:
-    """Distinct documents, each with its language and number."""
-    langs = ["en" if i % 2 else "fr" for i in range(n)]
-    texts = [f"Document {i} in {lang}: the quick brown fox jumps over the lazy dog, {i * 7}."
-             for i, lang in enumerate(langs)]
-    return pa.table({"id": list(range(n)), "lang": langs, "text": texts})
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +44,7 @@ def spark(ray_cluster, hive_dir):
 @pytest.fixture(scope="module")
 def docs_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("sql") / "docs.parquet"
-    pq.write_table(table(), path)
+    pq.write_table(sql_documents(), path)
     return path
 
 
@@ -83,11 +70,11 @@ def key_of(spark, *overrides: str) -> str:
 def test_a_where_clause_over_a_parquet_file_selects_its_documents(spark, docs_file):
     out = etl(spark, *sql(f"SELECT text FROM parquet.`{docs_file}` WHERE lang = 'en'"))
     manifest = out.manifest.to_json()
-    assert manifest["documents"] == DOCS // 2
+    assert manifest["documents"] == SQL_DOCS // 2
     assert manifest["format"] == "sql" and manifest["document_split"] == "line"
     assert manifest["corpus"].startswith("query: SELECT text FROM parquet.")
     every = etl(spark, *sql(f"SELECT text FROM parquet.`{docs_file}`"))
-    assert every.manifest.documents == DOCS
+    assert every.manifest.documents == SQL_DOCS
     assert every.manifest.characters > manifest["characters"]
 
 
@@ -106,14 +93,14 @@ def test_a_catalog_table_lives_in_the_run_directory_and_is_queried(spark, hive_d
 
 def test_the_cache_key_holds_the_query_and_its_input_files(spark, tmp_path):
     path = tmp_path / "docs.parquet"
-    pq.write_table(table(), path)
+    pq.write_table(sql_documents(), path)
     query = f"SELECT text FROM parquet.`{path}` WHERE lang = 'en'"
     key = key_of(spark, *sql(query))
     assert key_of(spark, *sql(query)) == key
     assert key_of(spark, *sql(query.replace("'en'", "'fr'"))) != key
     corpus = query_corpus(spark, make_config(*sql(query)).data)
     assert [f["path"] for f in corpus.fingerprints] == [str(path)]
-    pq.write_table(table(DOCS + 2), path)  # the input file changes
+    pq.write_table(sql_documents(SQL_DOCS + 2), path)  # the input file changes
     assert key_of(spark, *sql(query)) != key
 
 
@@ -147,35 +134,3 @@ def test_bad_queries_are_one_line(spark, docs_file, query, message):
     with pytest.raises(InputError, match=message) as caught:
         etl(spark, *sql(query.format(docs=docs_file)))
     assert "\n" not in str(caught.value)
-
-
-@pytest.mark.slow  # an end-to-end run
-def test_prepare_runs_a_query_end_to_end_and_a_second_run_hits_the_cache(ray_cluster, docs_file,
-                                                                         tmp_path, caplog):
-    """``python -m raydp_llm.prepare`` with a query: its own Ray and Spark, Hive's files in its run
-    directory; the same query again (a prepare job in this process, on the session's Ray) skips
-    the ETL."""
-    from raydp_llm.cli.prepare_job import run_checked
-    from raydp_llm.core.timing import Stopwatch
-
-    query = f"SELECT text FROM parquet.`{docs_file}` WHERE lang = 'en'"
-    overrides = ["data.format=sql", f'data.query="{query}"', f"data.cache_dir={CACHE_DIR}",
-                 "data.decontaminate=off"]
-    done = subprocess.run(
-        [sys.executable, "-m", "raydp_llm.prepare", *overrides,
-         f"hydra.run.dir={tmp_path / 'first'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=os.environ | {"PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    settings = make_config(*overrides)
-    (tmp_path / "second").mkdir()
-    with caplog.at_level(logging.INFO, logger="raydp_llm"):
-        run_checked(settings, check_inputs(settings), tmp_path / "second", Stopwatch())
-    manifests = {run: json.loads(next((tmp_path / run).rglob("manifest.json")).read_text())
-                 for run in ("first", "second")}
-    assert [m["documents"] for m in manifests.values()] == [DOCS // 2] * 2
-    assert manifests["first"]["etl_key"] == manifests["second"]["etl_key"]
-    assert not manifests["first"]["cache_hit"] and manifests["second"]["cache_hit"]
-    assert "ETL cache hit" in caplog.text and "the query's ETL skipped" in caplog.text
-    assert (tmp_path / "first" / METASTORE_DIR).is_dir()
-    assert not (tmp_path / METASTORE_DIR).exists() and not (tmp_path / "derby.log").exists()
