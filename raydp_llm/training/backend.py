@@ -15,13 +15,16 @@ import os
 from dataclasses import dataclass
 
 import ray
+from ray._private import ray_constants
 from ray.exceptions import GetTimeoutError
 from ray.train._internal.utils import get_address_and_port
 from ray.train.backend import Backend, BackendConfig
+from ray.train.constants import (
+    DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+    TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+)
 
 log = logging.getLogger(__name__)
-
-SHUTDOWN_TIMEOUT_S = 30  # as Ray Train's TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S default
 
 
 @dataclass
@@ -81,11 +84,12 @@ class ProcessGroup(Backend):
 
     def on_shutdown(self, worker_group, backend_config: ProcessGroupConfig) -> None:
         leaving = worker_group.execute_async(_leave, destroy_process_group=len(worker_group) > 1)
+        timeout_s = ray_constants.env_integer(TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+                                              DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S)
         try:
-            ray.get(leaving, timeout=SHUTDOWN_TIMEOUT_S)
+            ray.get(leaving, timeout=timeout_s)
         except GetTimeoutError:
-            log.warning("the workers did not leave the process group within %ss",
-                        SHUTDOWN_TIMEOUT_S)
+            log.warning("the workers did not leave the process group within %ss", timeout_s)
 
 
 def _set_environment(address: str, port: int) -> None:

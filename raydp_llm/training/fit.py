@@ -11,6 +11,7 @@ the group beside Spark, it is started by ``StartedFit.train`` once the data is t
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from raydp_llm.core.config import TrainSettings
+from raydp_llm.core.errors import first_line
 from raydp_llm.core.storage import S3Options, resolve
 from raydp_llm.training.backend import ProcessGroupConfig
 from raydp_llm.training.best import Best, best_of, checkpoint_config
@@ -44,6 +46,7 @@ from raydp_llm.training.metrics import (
 from raydp_llm.training.progress import TrainingProgress
 from raydp_llm.training.spec import TrainSpec
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Launch:
@@ -229,11 +232,15 @@ class StartedFit:
 
     def close(self) -> None:
         """Free the run's placement group if it outlived the run (its controller died without
-        removing it: killed, out of memory), then end the hand-off."""
+        removing it: killed, out of memory), then end the hand-off. Called as the run's block
+        ends, also on an error, which a failure here must not replace: it is logged."""
         try:
             group = ray.get(self.run.handoff.group.remote(), timeout=30)
             if group is not None and placement_group_table(group)["state"] != "REMOVED":
                 remove_placement_group(group)
+        except (ray.exceptions.RayError, TimeoutError) as err:
+            log.warning("the run's worker group could not be checked for removal (%s)",
+                        first_line(err, with_type=True))
         finally:
             ray.kill(self.run.handoff)
 

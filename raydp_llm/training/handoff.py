@@ -35,8 +35,8 @@ class Delivery:
 @ray.remote(num_cpus=0)
 class Handoff:
     """The driver's delivery to the workers, the controller's handle and its worker group's
-    placement group, and rank 0's latest step,
-    loss and throughput with the moments it reached (``post``, ``mark``). The delivery comes as
+    placement group, and rank 0's latest step, loss and throughput with the moments it reached
+    (``post``, ``mark``). The delivery comes as
     ``[ObjectRef]`` of a ``Delivery``: inside a list Ray leaves the reference as it is, so this
     actor never loads the spec and the data (nor imports what they are made of); None: the driver
     gave up before training, and the workers return at once. Async: every worker waits on it at

@@ -18,7 +18,6 @@ def write_lines(path: Path, lines: list[str]) -> None:
         out.write(data)
 
 
-
 SQL_DOCS = 60  # the rows of sql_documents(): half of them English, half French
 
 
