@@ -47,6 +47,17 @@ class Checkpointer:
         load = sharded.load if self.sharded else full.load
         return load(directory, model, optimizer)
 
+    def model_dir_of(self, checkpoint: Path, model: LanguageModel, scratch: Path,
+                     cfg: ModelConfig, tokenizer: Tokenizer, rank: int,
+                     s3: S3Options = S3Options()) -> Path | None:
+        """The model directory that ``checkpoint`` (just written) exports to, on rank 0; None on
+        the others. A full checkpoint is one already; a sharded run's live ``model`` is gathered
+        into ``scratch`` (every worker calls this at once: the workers' parts of the checkpoint
+        lie on their own disks until Ray Train gathers them)."""
+        if self.sharded:
+            return sharded.gathered(model, scratch, cfg, tokenizer, s3)
+        return checkpoint if rank == 0 else None
+
     def check(self, location: str, model: ModelConfig, shown_as: str,
               s3: S3Options = S3Options()) -> None:
         """``location`` can start this run: one line, named ``shown_as``, when not."""

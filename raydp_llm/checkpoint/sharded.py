@@ -125,12 +125,35 @@ def export(checkpoint_dir: Path, directory: Path, cfg: ModelConfig, tokenizer: T
     trained = {"model": _trained(model, sd.get_model_state_dict(model, options=options))}
     dcp.load(trained, checkpoint_id=Path(checkpoint_dir) / SHARDS, no_dist=True)
     sd.set_model_state_dict(model, trained["model"], options=options)
+    return _write_whole(model, Path(directory), tokenizer)
+
+
+def gathered(model: LanguageModel, directory: Path, cfg: ModelConfig, tokenizer: Tokenizer,
+             s3: S3Options = S3Options()) -> Path | None:
+    """A live sharded run's ``model`` (FSDP's shards, or a LoRA model) as the model directory
+    ``export`` would write of its checkpoint, on rank 0 (every worker calls it at once: FSDP gathers
+    the shards into rank 0's memory, the whole model once); None on the other ranks. What
+    ``train.eval_tasks`` scores while training: the workers' checkpoint parts lie on their own
+    disks until Ray Train gathers them."""
+    _, sd = _dcp()
+    options = sd.StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 alone holds it
+    state = sd.get_model_state_dict(model, options=options)
+    if _rank() != 0:
+        return None
+    whole = build_model(cfg, s3)
+    whole.load_state_dict(state)
+    return _write_whole(whole, Path(directory), tokenizer)
+
+
+def _write_whole(model: LanguageModel, directory: Path, tokenizer: Tokenizer) -> Path:
+    """``model`` into a new, sealed model ``directory`` (whole or absent); a LoRA model's adapter
+    in ``adapter/`` and merged into the weights."""
     with whole_or_absent(directory) as tmp:
         if _lora(model):
             save_adapter(model.net, tmp / ADAPTER_DIR)
             model.net = merged(model.net)
         save_model_dir(tmp, model, tokenizer)
-    return Path(directory)
+    return directory
 
 
 def _streamed(checkpoint_dir: Path, directory: Path, cfg: ModelConfig,

@@ -200,6 +200,7 @@ def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) 
     timings["total_s"] = total.seconds()
     evaluation = {"model_dir": settings.model_dir, "tasks": found["tasks"],
                   **{k: round(v, 2) for k, v in timings.items()}, "harness": found["harness"]}
+    out_dir.mkdir(parents=True, exist_ok=True)  # a model directory the harness reads as it is
     write_json(out_dir / "evaluation.json", evaluation)
     show_tasks(settings.model_dir, found["tasks"], out_dir)
     return evaluation

@@ -151,7 +151,7 @@ def _check_query(d: DataSettings) -> None:
 
 
 def _check_tasks(settings: Settings) -> None:
-    """``train.eval_tasks`` are scored at checkpoints, on a checkpoint that is a whole model."""
+    """``train.eval_tasks`` are scored at checkpoints."""
     t = settings.train
     if not t.eval_tasks:
         return
@@ -160,10 +160,6 @@ def _check_tasks(settings: Settings) -> None:
         raise InputError(f"train.task_interval={t.task_interval} is not a multiple of the "
                          f"checkpoint interval ({every or 'only the final checkpoint'}); tasks "
                          "are scored at checkpoints: give a multiple, or null (every checkpoint)")
-    if t.strategy == "fsdp" or getattr(getattr(settings.model, "lora", None), "r", 0):
-        raise InputError("train.eval_tasks: a sharded checkpoint (train.strategy=fsdp or LoRA) is "
-                         "not scored while training yet; score its model/ afterwards with "
-                         "python -m raydp_llm.evaluate model_dir=... tasks=[...]")
 
 
 MIXED_FORMATS = ("text", "ids", "parquet", "jsonl", "sql")  # pre-training text: what mixes

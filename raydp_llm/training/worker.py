@@ -270,17 +270,20 @@ class Worker:
         self.checkpoints.save(directory, self.model, spec.tokenizer(), self.optimizer, stamped)
 
     def task_columns(self, checkpoint: Path, step: int) -> dict:
-        """``train.eval_tasks`` scored on the checkpoint just written (a whole model: rank 0's) when
-        due at ``step``, as ``metrics.csv`` columns; nothing on other ranks or steps (they wait in
-        the report that follows)."""
-        t = self.spec.train
-        due = t.eval_tasks and self.placement.rank == 0 and \
-            (t.task_interval is None or step % t.task_interval == 0)
-        if not due:
+        """``train.eval_tasks`` scored on the model of the checkpoint just written, when due at
+        ``step``, as ``metrics.csv`` columns, by rank 0 (every worker gathers a sharded model's
+        shards first); nothing on other ranks (they wait in the report that follows)."""
+        t, spec = self.spec.train, self.spec
+        if not t.eval_tasks or (t.task_interval is not None and step % t.task_interval):
             return {}
-        harness = HarnessSettings(limit=t.task_limit, seed=self.spec.seed)
-        with tempfile.TemporaryDirectory() as out:  # the GPT-2 export: not in the checkpoint
-            return task_columns(run_tasks(t.eval_tasks, checkpoint, Path(out), harness)["tasks"])
+        with tempfile.TemporaryDirectory() as out:  # the gathered model, the GPT-2 export
+            model_dir = self.checkpoints.model_dir_of(
+                checkpoint, self.model, Path(out) / "model", spec.model, spec.tokenizer(),
+                self.placement.rank, spec.s3)
+            if model_dir is None:
+                return {}
+            harness = HarnessSettings(limit=t.task_limit, seed=spec.seed)
+            return task_columns(run_tasks(t.eval_tasks, model_dir, Path(out), harness)["tasks"])
 
     @torch.no_grad()
     def precompute_reference(self, state: TrainState) -> None:

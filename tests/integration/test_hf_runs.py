@@ -2,7 +2,8 @@
 2 DDP workers, its model/ loads with from_pretrained, the run resumes exactly, 2 FSDP workers that
 load it shard by shard follow its curve, and evaluate scores a directory trained elsewhere. LoRA on
 2 FSDP workers: Ray Train gathers both workers' shards into one sealed checkpoint, which a 1-worker
-run continues; model/ is the merged model beside its adapter."""
+run continues; model/ is the merged model beside its adapter; its task scores while training are
+evaluate's on model/."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.etl import every_token_scores, stream_of
+from helpers.tasks import write_tasks
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.errors import InputError
@@ -129,8 +131,9 @@ def lora_on_fsdp(ray_cluster, hf_files, hf_families, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("lora_fsdp")
     overrides = [*RUN, f"model.path={hf_families['llama']}", f"data.path={hf_files}",
                  "train.strategy=fsdp", "model.lora.r=4", "model.lora.alpha=32"]
-    summary = train(make_config(*overrides), out / "run")
-    return {"out": out, "summary": summary, "overrides": overrides}
+    tasks = write_tasks(out)  # scored at both checkpoints: the shards gathered, the LoRA merged
+    summary = train(make_config(*overrides, f"train.eval_tasks=[{tasks['mc']}]"), out / "run")
+    return {"out": out, "summary": summary, "overrides": overrides, "tasks": tasks}
 
 
 def test_lora_on_fsdp_workers_exports_the_merged_model_and_its_adapter(lora_on_fsdp, hf_families):
@@ -147,6 +150,18 @@ def test_lora_on_fsdp_workers_exports_the_merged_model_and_its_adapter(lora_on_f
     start = AutoModelForCausalLM.from_pretrained(hf_families["llama"])
     x = torch.arange(16)[None]
     assert not torch.allclose(merged(input_ids=x).logits, start(input_ids=x).logits, atol=1e-4)
+
+
+def test_tasks_scored_on_a_lora_fsdp_run_equal_evaluate_on_its_model(lora_on_fsdp, tmp_path):
+    """``train.eval_tasks`` on sharded LoRA checkpoints: the score at the last one is what
+    evaluate gives on the run's model/ (its merged export) afterwards."""
+    run_dir, mc = lora_on_fsdp["out"] / "run", lora_on_fsdp["tasks"]["mc"]
+    rows = {r["step"]: r for r in read_metrics(run_dir / "metrics.csv")}
+    assert rows[4]["task_tiny_mc_acc"] is not None
+    after = evaluate(make_config(f"model_dir={run_dir / 'model'}", f"tasks=[{mc}]",
+                                 config_name="evaluate"), tmp_path / "after")
+    assert rows[8]["task_tiny_mc_acc"] == pytest.approx(after["tasks"]["tiny_mc"]["acc"],
+                                                        abs=1e-9)
 
 
 def test_a_sharded_checkpoint_of_two_workers_continues_on_one(lora_on_fsdp, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
+from helpers.tasks import MC_TASK, QUESTIONS, task_rows, write_tasks
 from raydp_llm.checkpoint.model_dir import load_model_dir, save_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
@@ -24,51 +25,13 @@ from raydp_llm.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # lm-evaluation-harness runs
 
-QUESTIONS = [("Who loves Juliet?", ["Romeo", "Tybalt", "Paris"], 0),
-             ("Who is the Moor?", ["Iago", "Othello", "Cassio"], 1),
-             ("Who sees the ghost?", ["Hamlet", "Lear", "Puck"], 0),
-             ("Who is the fairy king?", ["Prospero", "Oberon", "Macbeth"], 1)]
-MC_TASK = """task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-"""
-GEN_TASK = """task: tiny_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}} "
-doc_to_target: "{{{{target}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 4
-  do_sample: false
-metric_list:
-  - metric: exact_match
-"""
-
-
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory) -> dict:
     """A tiny GPT (untrained: the scores are the harness's arithmetic, not skill) whose characters
     cover the tasks, and the two task YAMLs over JSON Lines."""
     d = tmp_path_factory.mktemp("tasks")
-    rows = [{"question": q, "choices": c, "answer": a, "target": c[a]} for q, c, a in QUESTIONS]
-    (d / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "mc.yaml").write_text(MC_TASK.format(data=d / "data.jsonl"))
-    (d / "gen.yaml").write_text(GEN_TASK.format(data=d / "data.jsonl"))
-    tokenizer = CharTokenizer("".join(json.dumps(rows)) + " \n")
+    write_tasks(d)
+    tokenizer = CharTokenizer("".join(json.dumps(task_rows())) + " \n")
     torch.manual_seed(0)
     model = build_model(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=1,
                                   n_head=2, n_embd=32))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from helpers.gloo import placement, run, spawned
 from helpers.pairs import pair_data, pair_spec
@@ -108,7 +109,19 @@ def _two_workers(rank, world, spec_of, data, keep1: Path, keep2: Path, pairs: di
                                     data, rank, world),
         "curve": run(fsdp, data, rank, world, keep2),
         "resumed_from_1": run(fsdp, data, rank, world, keep2 / "from1", keep1 / "step_20"),
+        "gathered": _gathered(fsdp, data, rank, world, keep2 / "step_40", keep2 / "gathered"),
     }
+
+
+def _gathered(spec, data, rank, world, checkpoint: Path, out: Path) -> bool:
+    """The 2-worker run's last checkpoint loaded by 2 FSDP workers, whose live shards are gathered
+    into ``out`` on rank 0 (``sharded.gathered``: what ``train.eval_tasks`` scores)."""
+    dist.barrier()  # every rank's part of the checkpoint is in place
+    worker = Worker(spec, data, placement(rank, world))
+    worker.load_checkpoint(checkpoint)
+    written = sharded.gathered(worker.model, out, spec.model,
+                               tokenizer_from_json(spec.tokenizer_json))
+    return written is not None
 
 
 @pytest.fixture(scope="module")
@@ -185,12 +198,14 @@ def test_the_fsdp_curve_on_two_workers_is_the_ddp_curve_on_one(layouts):
 def test_dpo_on_two_fsdp_workers_follows_one_workers_curve(layouts):
     """DPO with the policy and its frozen reference both sharded over 2 workers: the first
     step's gradients of one unsharded worker within 1e-6, and its loss curve. (The curve is held
-    to 1e-2, not 2e-3: at lr 1e-2 the sigmoid's float noise grows to ~3e-3 by step 40.)"""
+    to 3e-2, not 2e-3: at lr 1e-2 the sigmoid's float noise grows by step 40 to ~3e-3 where the
+    CPU has AVX-512, to 1.4e-2 in the validation loss on an AVX2-only EPYC, whose kernels round
+    otherwise. The first step's gradients are the exact check.)"""
     assert_close(layouts["two"]["dpo_grads"], layouts["dpo_grads"], 1e-6)
     two, one = layouts["two"]["dpo_curve"], layouts["dpo_curve"]
     assert [r[0] for r in two] == [40, 80]
     for a, b in zip(two, one, strict=True):
-        assert abs(a[1] - b[1]) <= 1e-2 and abs(a[2] - b[2]) <= 1e-2, (a, b)
+        assert abs(a[1] - b[1]) <= 3e-2 and abs(a[2] - b[2]) <= 3e-2, (a, b)
     assert two[-1][2] < 0.5 * math.log(2)  # it learns the planted preference
 
 
@@ -263,6 +278,23 @@ def test_export_gathers_the_sharded_model_into_a_hugging_face_directory(layouts,
     x = torch.arange(BLOCK).remainder(VOCAB)[None]
     assert (net(x).logits - net1(x).logits).abs().max() < 1e-3
     assert net.lm_head.weight.shape == (VOCAB, 16)
+
+
+def test_the_live_shards_gathered_on_rank_0_are_the_checkpoints_export(layouts, data,
+                                                                       tmp_path):
+    """``train.eval_tasks`` on a sharded run scores the workers' shards gathered on rank 0 into a
+    model directory: to the bit the one ``export`` writes of the same checkpoint."""
+    from safetensors.torch import load_file
+
+    s = spec(data, strategy="fsdp")
+    exported = sharded.export(layouts["keep2"] / "step_40", tmp_path / "model", s.model,
+                              tokenizer_from_json(s.tokenizer_json))
+    gathered = layouts["keep2"] / "gathered"
+    assert layouts["two"]["gathered"]  # rank 0 wrote it
+    assert integrity.problem(gathered) is None
+    mine, theirs = (load_file(d / "model.safetensors") for d in (gathered, exported))
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 def test_a_sharded_checkpoint_resumes_only_a_sharded_run(layouts, data):
