@@ -1,23 +1,26 @@
 """``python -m raydp_llm.generate model_dir=DIR data.path=PROMPTS out=DIR``: the model's answer to
-every row of a table of prompts, on the cluster.
+every row of a table of prompts, on the cluster, the table never whole in one process.
 
-The rows are cut into parts of ``rows_per_part``, in the input's order (files sorted by name). Ray
-Data hands the parts that ``out`` does not hold yet to ``Answerer`` actors, each holding the model
-once; an actor answers its part's prompts one by one with the sampling ``generate`` uses for one
-prompt (a row's seed is ``seed`` + its row number, so the answers do not depend on the parts or the
-actors), and writes the part as one Parquet file under a temporary name, renamed when whole: a rerun
-of the same command skips the parts written and answers the rest, so every row is written once.
+The table's files are indexed by Ray tasks and cut into parts of ``rows_per_part`` rows of one
+file each, in the table's order (data/prompts.py); a query's rows are first written by Spark's
+executors as Parquet under ``out/_prompts/``. Ray Data hands the parts that ``out`` does not hold
+yet to ``Answerer`` actors, each holding the model once; an actor reads its part alone, answers its
+prompts one by one with the sampling ``generate`` uses for one prompt (a row's seed is ``seed`` +
+its row number, so the answers do not depend on the parts or the actors), and writes the part as
+one Parquet file under a temporary name, renamed when whole. The index stays in ``out``
+(``prompts.json``): a rerun of the same command answers the parts not written yet of the same
+rows, so every row is written once.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from raydp_llm.core import storage
@@ -26,34 +29,49 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.chat import ChatTemplate, model_template
 from raydp_llm.data.corpus import resolve_corpus
+from raydp_llm.data.prompts import (
+    INDEX_FILE,
+    STAGED_DIR,
+    Part,
+    PromptFile,
+    first_columns,
+    index_file,
+    load_index,
+    parts_of,
+    read_part,
+    save_index,
+    stage_query,
+)
 
 JOB_FILE = "answers.json"  # in out: the job whose parts it holds
+PART_FIELDS = [f.name for f in fields(Part)]  # a part as Ray Data hands it over: a row
 
 
-def read_prompts(s: GenerateSettings) -> pa.Table:
-    """Every row of ``data.path`` (its files found as a corpus's: a file, a directory's, a glob's,
-    local or on S3, sorted by name), its prompt (or messages) column checked."""
+def prompt_files(s: GenerateSettings) -> list[tuple[str, int]]:
+    """The files of ``data.path`` (a corpus's: a file, a directory's, a glob's, local or on S3,
+    sorted by name) with their sizes; the first one's prompt (or messages) column checked, before
+    any engine starts."""
     given, s3 = s.data.path, S3Options.of(s.s3)
     suffix = (".parquet",) if s.data.format == "parquet" else (".jsonl", ".json")
-    files = [f for f in resolve_corpus(given, s3=s3).files if f.endswith(suffix)]
+    corpus = resolve_corpus(given, s3=s3)
+    files = [(f, corpus.sizes.get(f)) for f in corpus.files if f.endswith(suffix)]
     if not files:
         raise InputError(f"data.path={given}: no {' or '.join(suffix)} files there; give the "
                          f"prompts as data.format={s.data.format} files")
-    table = pa.concat_tables([read_file(f, s.data.format, s3) for f in files],
-                             promote_options="default")
+    check_columns(s, files[0][0], first_columns(files[0][0], s.data.format, s3))
+    return files
+
+
+def check_columns(s: GenerateSettings, uri: str, columns: list[str] | None) -> None:
+    """``uri`` holds the prompt (or messages) column: one line when not."""
+    if columns is None:
+        raise InputError(f"data.path={s.data.path}: {uri} is not JSON Lines (its first row is "
+                         "not a JSON object); give one object per line, or data.format=parquet")
     setting, column = prompt_column(s)
-    if column not in table.column_names:
-        raise InputError(f"data.{setting}={column}: {given} has no such column; "
-                         f"its columns: {', '.join(table.column_names)}")
-    return table
-
-
-def read_file(uri: str, data_format: str, s3: S3Options) -> pa.Table:
-    fs, path = storage.resolve(uri, s3)
-    if data_format == "parquet":
-        return pq.read_table(path, filesystem=fs)
-    with fs.open_input_file(path) as f:
-        return pj.read_json(f)
+    if column not in columns:
+        shown = s.data.path or uri
+        raise InputError(f"data.{setting}={column}: {shown} has no such column; "
+                         f"its columns: {', '.join(columns)}")
 
 
 def prompt_column(s: GenerateSettings) -> tuple[str, str]:
@@ -87,10 +105,11 @@ def prompt_text(row: dict, s: GenerateSettings, chat: ChatTemplate | None) -> st
     return chat.render(messages, add_generation_prompt=True)
 
 
-def query_prompts(s: GenerateSettings) -> pa.Table:
-    """The rows of ``data.query`` (Spark SQL over the catalog, or files), collected on the driver,
-    their prompt (or messages) column checked; Spark stops before the actors start. Spark's logs
-    go to a temporary directory, gone with Spark: ``out`` holds answers only."""
+def staged_query(s: GenerateSettings, out: str) -> list[str]:
+    """The rows of ``data.query`` (Spark SQL over the catalog, or files), their prompt (or
+    messages) column checked, written by Spark's executors as Parquet files under
+    ``out/_prompts/``, never collected; Spark stops before the actors start. Spark's logs go to a
+    temporary directory, gone with Spark."""
     import tempfile
 
     from raydp_llm.core.config import ClusterSettings
@@ -102,23 +121,48 @@ def query_prompts(s: GenerateSettings) -> pa.Table:
                           hive=True) as spark:
         _, column = prompt_column(s)
         rows = query_rows(spark, s.data, [column])
-        # PySpark 3.5's Arrow collect (toPandas' own): lists of structs (messages) stay as they are
-        return pa.Table.from_batches(rows._collect_as_arrow())
+        return stage_query(rows, storage.join(out, STAGED_DIR), S3Options.of(s.s3))
 
 
-def claimed(table: pa.Table, s: GenerateSettings, out: str) -> pa.Table:
-    """``table``, once ``out`` is this job's (``claim_out``)."""
-    claim_out(out, job_identity(s, table.num_rows), S3Options.of(s.s3))
-    return table
+def indexed(s: GenerateSettings, out: str, listed: list[tuple[str, int]] | None
+            ) -> list[PromptFile]:
+    """The table's files, indexed: the index ``out`` keeps (a rerun's; ``data.path``'s files
+    checked unchanged since), else a new one, a Ray task per file (a query's rows staged first),
+    kept in ``out``."""
+    import ray
+
+    s3, where = S3Options.of(s.s3), storage.join(out, INDEX_FILE)
+    kept = load_index(where, s3)
+    if kept is not None:
+        if listed is not None and [(f.uri, f.size) for f in kept] != listed:
+            raise InputError(f"data.path={s.data.path}: its files changed since the job in "
+                             f"out={out} began (names or sizes differ); give a new out, or "
+                             "the files as they were")
+        return kept
+    if listed is None:
+        listed = [(uri, 0) for uri in staged_query(s, out)]
+    task = ray.remote(num_cpus=1)(index_file)
+    files = ray.get([task.remote(uri, size, table_format(s), s.rows_per_part, s3)
+                     for uri, size in listed])
+    for f in files:
+        check_columns(s, f.uri, f.columns)
+    save_index(where, files, s3)
+    return files
 
 
-def job_identity(s: GenerateSettings, rows: int) -> dict:
-    """What makes ``out``'s parts this job's: the model, the prompts, the sampling, the parts."""
+def table_format(s: GenerateSettings) -> str:
+    """The format of the files the parts are read from: a query's rows are staged as Parquet."""
+    return "parquet" if s.data.query else s.data.format
+
+
+def job_identity(s: GenerateSettings) -> dict:
+    """What makes ``out``'s parts this job's: the model, the prompts, the sampling, the parts
+    (the rows themselves: the index kept beside them, ``indexed``)."""
     return {"model_dir": s.model_dir, "data": {"path": s.data.path, "query": s.data.query,
                                                "format": s.data.format,
                                                "text_column": s.data.text_column,
                                                "messages_column": s.data.messages_column},
-            "chat": s.chat, "rows": rows, "rows_per_part": s.rows_per_part,
+            "chat": s.chat, "rows_per_part": s.rows_per_part,
             "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_k": s.top_k,
             "seed": s.seed}
 
@@ -162,33 +206,41 @@ def write_part_file(rows: pa.Table, out: str, part: int, s3: S3Options) -> None:
     tmp.replace(path)
 
 
-class Answerer:
-    """Ray Data's actor: the model loaded once; a batch of part numbers in, each part's rows
-    answered and written, their row counts out."""
+def plain(value):
+    """A value of a Ray Data batch as Python has it: numbers come as NumPy's, strings as str."""
+    return value.item() if isinstance(value, np.generic) else value
 
-    def __init__(self, s: GenerateSettings, table: pa.Table, out: str, chat: ChatTemplate | None):
+
+class Answerer:
+    """Ray Data's actor: the model loaded once; a batch of parts in (``Part``'s fields), each
+    part's rows read, answered and written, their row counts out."""
+
+    def __init__(self, s: GenerateSettings, out: str, chat: ChatTemplate | None,
+                 schemas: dict[str, str]):
         import torch
 
         from raydp_llm.checkpoint.model_dir import load_model_dir
 
         torch.set_num_threads(1)  # an actor per CPU
-        self.s, self.table, self.out, self.chat = s, table, out, chat
+        self.s, self.out, self.chat, self.schemas = s, out, chat, schemas
+        self.s3 = S3Options.of(s.s3)
         self.end = chat.end_of_turn() if chat else None  # where a reply stops
-        self.model, self.tokenizer = load_model_dir(s.model_dir, s3=S3Options.of(s.s3))
+        self.model, self.tokenizer = load_model_dir(s.model_dir, s3=self.s3)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = [self.write_part(int(p)) for p in batch["part"]]
-        return {"part": batch["part"], "rows": np.array(rows, dtype=np.int64)}
+        parts = [Part(**{k: plain(batch[k][i]) for k in PART_FIELDS})
+                 for i in range(len(batch["number"]))]
+        rows = [self.write_part(part) for part in parts]
+        return {"number": batch["number"], "rows": np.array(rows, dtype=np.int64)}
 
-    def write_part(self, part: int) -> int:
-        first = part * self.s.rows_per_part
-        rows = self.table.slice(first, self.s.rows_per_part)
-        answers = [answer(self.model, self.tokenizer, prompt_text(row, self.s, self.chat), self.s,
-                          first + i, self.end)
+    def write_part(self, part: Part) -> int:
+        rows = read_part(part, table_format(self.s), self.schemas.get(part.uri, ""), self.s3)
+        answers = [answer(self.model, self.tokenizer, prompt_text(row, self.s, self.chat),
+                          self.s, part.row0 + i, self.end)
                    for i, row in enumerate(rows.to_pylist())]
         for name in ("completion", "completion_tokens", "mean_logprob"):
             rows = rows.append_column(name, pa.array([a[name] for a in answers]))
-        write_part_file(rows, self.out, part, S3Options.of(self.s.s3))
+        write_part_file(rows, self.out, part.number, self.s3)
         return rows.num_rows
 
 
@@ -217,7 +269,8 @@ def answer(model, tokenizer, prompt: str, s: GenerateSettings, row: int,
 
 
 def answer_table(s: GenerateSettings) -> dict:
-    """Every prompt of ``data.path`` answered into ``out`` (the parts it lacks); what was done."""
+    """Every prompt of ``data.path`` (or ``data.query``) answered into ``out`` (the parts it
+    lacks); what was done."""
     import ray
     import ray.data
 
@@ -227,16 +280,18 @@ def answer_table(s: GenerateSettings) -> dict:
     # files: bad input is one line before Ray starts; a query's rows come from Spark on Ray
     s3 = S3Options.of(s.s3)
     chat, out = chat_template(s), s.out if storage.is_s3(s.out) else str(Path(s.out).absolute())
-    table = None if s.data.query else claimed(read_prompts(s), s, out)
+    listed = None if s.data.query else prompt_files(s)
+    claim_out(out, job_identity(s), s3)
     with ray_session(ClusterSettings(), "generate"):
-        if table is None:
-            table = claimed(query_prompts(s), s, out)
-        parts = math.ceil(table.num_rows / s.rows_per_part)
-        todo = [p for p in range(parts) if not storage.exists(part_file(out, p), s3)]
+        files = indexed(s, out, listed)
+        parts = parts_of(files, s.rows_per_part)
+        todo = [p for p in parts if not storage.exists(part_file(out, p.number), s3)]
         if todo:
             actors = s.actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
-            done = ray.data.from_items([{"part": p} for p in todo]).map_batches(
-                Answerer, fn_constructor_args=(s, table, out, chat), batch_size=1,
+            schemas = {f.uri: f.schema for f in files if f.schema}
+            done = ray.data.from_items([asdict(p) for p in todo]).map_batches(
+                Answerer, fn_constructor_args=(s, out, chat, schemas), batch_size=1,
                 concurrency=min(actors, len(todo)), num_cpus=1)
             done.materialize()
-    return {"rows": table.num_rows, "parts": parts, "answered": len(todo), "out": out}
+    return {"rows": sum(f.rows for f in files), "parts": len(parts), "answered": len(todo),
+            "out": out}

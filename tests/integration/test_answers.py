@@ -1,10 +1,12 @@
 """Batch answers (cli/answers.py): a model's answer to every row of a table of prompts (files, or a
-Spark SQL query's rows), by Ray Data actors, into Parquet parts. Greedy answers equal one-prompt
-``generate``'s; a job killed halfway (SIGKILL on the driver and all it started) and started again
+Spark SQL query's rows), by Ray Data actors, into Parquet parts, the table read a part at a time.
+Greedy answers equal one-prompt ``generate``'s, sampled ones too with the seed of the row's place
+in the table; a job killed halfway (SIGKILL on the driver and all it started) and started again
 writes every row exactly once; bad input is one line before Ray starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +21,7 @@ from helpers.paths import ROOT
 from helpers.s3 import BUCKET
 from helpers.terminal import wait_for
 from raydp_llm.checkpoint.model_dir import save_model_dir
-from raydp_llm.cli.answers import answer_table
+from raydp_llm.cli.answers import answer, answer_table
 from raydp_llm.cli.keyvalue import parse_args
 from raydp_llm.core import storage
 from raydp_llm.core.config import GenerateSettings, GPTConfig
@@ -44,7 +46,7 @@ def job(tmp_path_factory) -> dict:
     model = build_model(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1,
                                   n_head=2, n_embd=32))
     pq.write_table(pa.table({"id": list(range(len(PROMPTS))), "prompt": PROMPTS}),
-                   d / "prompts.parquet")
+                   d / "prompts.parquet", row_group_size=4)  # parts of 3 rows cross the groups
     return {"dir": d, "model": save_model_dir(d / "model", model, tokenizer), "net": model,
             "tokenizer": tokenizer}
 
@@ -92,6 +94,38 @@ def test_a_querys_rows_are_answered_as_the_same_rows_from_files(ray_cluster, job
                                                                 row["prompt"], 12, 0.0, None, 0)
 
 
+def test_sampled_answers_depend_on_the_row_not_on_its_file_or_part(ray_cluster, job, tmp_path):
+    """The prompts as two JSON Lines files (blank lines between rows), sampled (temperature 1): each
+    row's answer is the one-prompt answer with the seed + its row number in the whole table,
+    whatever file and part it lies in. A rerun after a file changed is one line."""
+    given = tmp_path / "in"
+    given.mkdir()
+    rows = [{"id": i, "prompt": p} for i, p in enumerate(PROMPTS)]
+    (given / "a.jsonl").write_text("\n\n".join(json.dumps(r) for r in rows[:4]) + "\n")
+    (given / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[4:]))
+    s = parse_args(GenerateSettings, [
+        f"model_dir={job['model']}", f"data.path={given}", "data.format=jsonl",
+        f"out={tmp_path / 'out'}", "max_new_tokens=12", "temperature=1.0", "rows_per_part=3",
+        "actors=2"], required=("model_dir",))
+    done = answer_table(s)
+    assert (done["rows"], done["parts"]) == (10, 4)  # 4 rows: parts of 3 and 1; 6 rows: 3 and 3
+    table = answers(tmp_path / "out").to_pylist()
+    assert [r["id"] for r in table] == list(range(len(PROMPTS)))
+    model, greedy = job["net"].eval(), 0
+    for row in table:
+        alone = answer(model, job["tokenizer"], row["prompt"], s, row["id"])
+        assert row["completion"] == alone["completion"]
+        assert row["mean_logprob"] == pytest.approx(alone["mean_logprob"], abs=1e-5)
+        greedy += row["prompt"] + row["completion"] == sample_text(
+            model, job["tokenizer"], row["prompt"], 12, 0.0, None, 0)
+    assert greedy < len(PROMPTS)  # sampled indeed: the seeds count
+    with (given / "b.jsonl").open("a") as f:
+        f.write(json.dumps({"id": 10, "prompt": "Exit"}) + "\n")
+    with pytest.raises(InputError, match=r"^data.path=.*: its files changed since the job in "
+                                         r"out=.* began"):
+        answer_table(s)
+
+
 def test_prompts_on_s3_answered_into_s3(ray_cluster, job, s3, tmp_path):
     """``data.path`` and ``out`` as ``s3://`` URIs: the same answers as from local files, each part
     one object, and a rerun answers nothing twice."""
@@ -104,9 +138,9 @@ def test_prompts_on_s3_answered_into_s3(ray_cluster, job, s3, tmp_path):
     assert (done["rows"], done["parts"], done["answered"], done["out"]) == (10, 3, 3, out)
     keys = [f.base_name for f in storage.list_objects(out, s3)]
     assert keys == ["answers.json", "part-00000.parquet", "part-00001.parquet",
-                    "part-00002.parquet"]
+                    "part-00002.parquet", "prompts.json"]
     fs, path = storage.resolve(out, s3)
-    rows = pq.read_table([f"{path}/{k}" for k in keys[1:]], filesystem=fs).to_pylist()
+    rows = pq.read_table([f"{path}/{k}" for k in keys[1:4]], filesystem=fs).to_pylist()
     model = job["net"].eval()
     assert [r["id"] for r in rows] == list(range(len(PROMPTS)))
     for row in rows:
@@ -145,3 +179,10 @@ def test_bad_input_is_one_line(job, tmp_path):
     (answer_dir / "answers.json").write_text('{"model_dir": "elsewhere"}')
     with pytest.raises(InputError, match=rf"^out={answer_dir} holds another job's answers"):
         answer_table(settings(job, answer_dir))
+    (tmp_path / "lists.jsonl").write_text('["ROMEO: "]\n')
+    with pytest.raises(InputError, match=r"lists.jsonl is not JSON Lines \(its first row is not "
+                                         r"a JSON object\)"):
+        answer_table(parse_args(GenerateSettings, [
+            f"model_dir={job['model']}", f"data.path={tmp_path / 'lists.jsonl'}",
+            "data.format=jsonl", f"out={tmp_path / 'c'}"], required=("model_dir",)))
+    assert not (tmp_path / "c").exists()  # refused before anything is written
