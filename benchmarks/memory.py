@@ -60,7 +60,7 @@ def llama(layers: int, seq: int, lora: bool):
 
         for p in model.parameters():
             p.requires_grad_(False)
-        model.net = add_adapters(model.net, LoraSettings(r=16, alpha=32.0))
+        model.net = add_adapters(model.net, LoraSettings(r=16, alpha=32.0), seed=0)
     return model, params
 
 

@@ -113,7 +113,7 @@ def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None) -> HFModel:
     if cfg.lora.r:
         from raydp_llm.models.lora import add_adapters  # peft: only for LoRA
 
-        net = add_adapters(net, cfg.lora)
+        net = add_adapters(net, cfg.lora, torch.initial_seed())  # the seed the caller set
     return HFModel(net, cfg)
 
 

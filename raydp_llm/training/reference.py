@@ -18,6 +18,7 @@ from torch import nn
 from raydp_llm.checkpoint.layout import REFERENCE_DIR, PreferenceRecord
 from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.core import integrity
+from raydp_llm.core.model_config import uses_lora
 from raydp_llm.models import gpt2
 from raydp_llm.models.factory import build_model
 from raydp_llm.training.objectives import without_dropout
@@ -30,6 +31,8 @@ def starting_model(spec: TrainSpec) -> nn.Module:
     Every worker builds the same weights, and so does the driver."""
     torch.manual_seed(spec.seed)
     model = build_model(spec.model, spec.s3)
+    if uses_lora(spec.model):  # peft's own draws (values replaced) leave no mark on the RNG
+        torch.manual_seed(spec.seed)
     if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (models/gpt2.py)
         gpt2.load_gpt2_weights(model, gpt2.read_gpt2_tensors(spec.model.init_from),
                                spec.model.init_from)

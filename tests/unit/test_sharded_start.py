@@ -1,8 +1,8 @@
 """A transformers checkpoint loaded shard by shard under FSDP (training/sharded_start.py), in gloo
 processes (helpers/gloo.py): each worker's shards are its slices of the whole model to the bit,
-from files in bfloat16, for a tied and an untied Llama, Qwen2 (biases) and GPT-2 (its own layout);
-training after the sharded load follows the whole load's curve, for DPO too; a worker's rows are
-FSDP2's."""
+from files in bfloat16, for a tied and an untied Llama, Qwen2 (biases) and GPT-2 (its own layout),
+and with LoRA adapters; training after the sharded load follows the whole load's curve, for DPO
+and LoRA too; a worker's rows are FSDP2's."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.checkpoint import sharded
 from raydp_llm.checkpoint.layout import SHARDS
 from raydp_llm.core import integrity
-from raydp_llm.core.model_config import HFConfig
+from raydp_llm.core.model_config import HFConfig, LoraSettings
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.models.tensor_files import TensorFiles, write_safetensors
 from raydp_llm.training import sharded_start
+from raydp_llm.training.reference import starting_model
 from raydp_llm.training.worker import Worker
 
 FAMILIES = ("llama", "llama_untied", "qwen2", "gpt2")
@@ -83,13 +84,17 @@ def _shards(rank, world, specs: dict) -> dict:
     return {"shards": every}
 
 
-def _curves(rank, world, lm, dpo, data, pairs, keep: Path) -> dict:
-    """The same runs loaded shard by shard and loaded whole (then sharded)."""
-    worker = Worker(dpo, pairs, placement(rank, world))
+def _curves(rank, world, specs: dict, data, pairs, keep: Path) -> dict:
+    """The same runs loaded shard by shard and loaded whole (then sharded): ``specs``' lm and
+    lora runs, and dpo's first step."""
+    lm, lora = specs["lm"], specs["lora"]
+    worker = Worker(specs["dpo"], pairs, placement(rank, world))
     first = worker.train_step(next(worker.data.steps(epoch=0, first_step=0)), lr=1e-3)
-    out = {"sharded": run(lm, data, rank, world, keep / "sharded"), "dpo_first_loss": first.loss}
+    out = {"sharded": run(lm, data, rank, world, keep / "sharded"), "dpo_first_loss": first.loss,
+           "lora_sharded": run(lora, data, rank, world, keep / "lora_sharded")}
     with mock.patch.object(sharded_start, "applies", return_value=False):
         out["whole"] = run(lm, data, rank, world, keep / "whole")
+        out["lora_whole"] = run(lora, data, rank, world, keep / "lora_whole")
     return out
 
 
@@ -98,7 +103,9 @@ def test_each_workers_shards_are_its_slices_of_the_whole_model_to_the_bit(checkp
 
     base = loop_spec(tiny_data(), max_steps=4)
     specs = {f: hf_spec(base, d) for f, d in checkpoints.items()}
+    specs["lora"] = lora_spec(base, checkpoints["llama"])
     shards = spawned(WORLD, functools.partial(_shards, specs=specs), tmp_path)["shards"]
+    _assert_lora_shards_are_the_whole_loads(shards, specs["lora"])
     for family, directory in checkpoints.items():
         whole = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         for name, param in whole.named_parameters():
@@ -112,6 +119,24 @@ def test_each_workers_shards_are_its_slices_of_the_whole_model_to_the_bit(checkp
     assert rows[0] == rows[1] + 1
 
 
+def _assert_lora_shards_are_the_whole_loads(shards: list, spec) -> None:
+    """LoRA loaded shard by shard: the frozen base from the files and the adapters drawn from the
+    seed, each worker's rows exactly those of the model every worker loaded whole before."""
+    whole = starting_model(spec)
+    adapters = 0
+    for name, param in whole.named_parameters():
+        pieces = [shards[r]["lora"][name] for r in range(WORLD)]
+        assert torch.equal(torch.cat(pieces), param.detach()), name
+        adapters += ".lora_A." in name and bool(param.abs().sum() > 0)
+    assert adapters >= 4  # drawn, not left empty
+
+
+def lora_spec(spec, directory: Path):
+    """``spec`` on ``directory``'s model with rank-4 LoRA adapters, FSDP."""
+    spec = hf_spec(spec, directory)
+    return replace(spec, model=replace(spec.model, lora=LoraSettings(r=4, alpha=32.0)))
+
+
 @pytest.fixture(scope="module")
 def runs(checkpoints, tmp_path_factory) -> dict:
     """On 2 workers: an untied Llama's run loaded shard by shard and loaded whole (its checkpoints
@@ -120,12 +145,15 @@ def runs(checkpoints, tmp_path_factory) -> dict:
     data, pairs = tiny_data(), pair_data()
     lm = hf_spec(loop_spec(data, max_steps=8), checkpoints["llama_untied"])
     dpo = hf_spec(pair_spec(pairs), checkpoints["qwen2"])
-    job = functools.partial(_curves, lm=lm, dpo=dpo, data=data, pairs=pairs, keep=keep)
+    lora = lora_spec(loop_spec(data, max_steps=8), checkpoints["llama"])
+    job = functools.partial(_curves, specs={"lm": lm, "dpo": dpo, "lora": lora}, data=data,
+                            pairs=pairs, keep=keep)
     return {**spawned(WORLD, job, keep), "keep": keep, "spec": lm}
 
 
 def test_training_after_a_sharded_load_follows_the_whole_loads_curve(runs):
     assert len(runs["sharded"]) >= 2 and runs["sharded"] == runs["whole"]
+    assert len(runs["lora_sharded"]) >= 2 and runs["lora_sharded"] == runs["lora_whole"]
     # the DPO reference, loaded shard by shard too, is the policy at the first step
     assert runs["dpo_first_loss"] == pytest.approx(math.log(2), abs=1e-6)
 
