@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from raydp_llm.checkpoint.layout import SHARDS, STATE_JSON
 from raydp_llm.checkpoint.model_dir import build_from_dir
 from raydp_llm.core import integrity, storage
@@ -66,14 +64,13 @@ SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_h
 def _check_same_shape(saved: HFModel, model: ModelConfig, shown_as: str, s3: S3Options) -> None:
     """A transformers checkpoint resumes a run whose model has its shape: model=hf's directory's
     config, or the Llama that model=llama's settings build."""
-    from raydp_llm.models.hf import new_llama
+    from raydp_llm.models.hf import llama_config
 
     if isinstance(model, HFConfig):
         config = storage.read_json(storage.join(model.path, CONFIG_FILE), s3)
     else:
-        with torch.device("meta"):
-            config = new_llama(replace(model, vocab_size=saved.config.vocab_size or 1)).config
-        config = config.to_dict()
+        vocab = saved.config.vocab_size or 1
+        config = llama_config(replace(model, vocab_size=vocab)).to_dict()
     have = saved.net.config.to_dict()
     differ = [k for k in SHAPE_KEYS if k in config and have.get(k) != config[k]]
     if differ:

@@ -25,6 +25,7 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
 from raydp_llm.models.base import LanguageModel, token_loss
 from raydp_llm.models.files import CONFIG_FILE, hf_tokenizer, local_copy
+from raydp_llm.models.init import fresh_values
 
 MAX_DEFAULT_BLOCK = 1024  # model=hf's block_size when none is given: min(positions, this)
 # config.json's key for the block size a model was trained with here: what evaluate and generate
@@ -107,8 +108,8 @@ class CacheState:
 def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None) -> HFModel:
     """``model=llama`` with fresh weights, or ``model=hf``'s directory loaded (with LoRA
     adapters when ``model.lora.r`` > 0)."""
-    if isinstance(cfg, LlamaConfig):
-        return HFModel(new_llama(cfg), cfg)
+    if isinstance(cfg, LlamaConfig):  # drawn from the seed the caller set
+        return HFModel(new_llama(cfg, torch.initial_seed()), cfg)
     net = load_net(local_copy(cfg.path, s3 or S3Options()))
     if cfg.lora.r:
         from raydp_llm.models.lora import add_adapters  # peft: only for LoRA
@@ -117,20 +118,34 @@ def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None) -> HFModel:
     return HFModel(net, cfg)
 
 
-def new_llama(cfg: LlamaConfig):
-    """transformers' LlamaForCausalLM of ``cfg``'s shape (its positions = the block size)."""
+def new_llama(cfg: LlamaConfig, seed: int):
+    """transformers' LlamaForCausalLM of ``cfg``'s shape (its positions = the block size), its
+    weights drawn from ``seed`` by name (``init.fresh_values``: the values a sharded build fills
+    its rows with, ``empty_llama``)."""
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():  # transformers' own init: drawn below instead
+        net = AutoModelForCausalLM.from_config(llama_config(cfg), attn_implementation="sdpa",
+                                               dtype=torch.float32)
+    net.tie_weights()  # skipped with the init
+    with torch.no_grad():
+        for _, param, draw in fresh_values(net, seed):
+            param.copy_(draw())
+    return net
+
+
+def llama_config(cfg: LlamaConfig):
+    """transformers' LlamaConfig of ``cfg``'s settings."""
     from transformers import LlamaConfig as HFLlamaConfig
 
-    config = HFLlamaConfig(
+    return HFLlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_width,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
         num_key_value_heads=cfg.n_kv_head or cfg.n_head, max_position_embeddings=cfg.block_size,
         rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
         tie_word_embeddings=cfg.tie_weights, attention_dropout=cfg.dropout, use_cache=False,
     )
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
-                                            dtype=torch.float32)
 
 
 def load_net(directory: Path):
@@ -167,10 +182,21 @@ def empty_net(directory: Path):
     """A Hugging Face directory's model with its parameters on the meta device, to be sharded
     and then filled shard by shard (``training/sharded_start.py``): the directory's config only,
     no weights read, no random init."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    return _empty(AutoConfig.from_pretrained(directory))
+
+
+def empty_llama(cfg: LlamaConfig):
+    """``model=llama``'s Llama with its parameters on the meta device, to be sharded and then
+    drawn shard by shard (``init.fresh_values``)."""
+    return _empty(llama_config(cfg))
+
+
+def _empty(config):
+    from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    config = AutoConfig.from_pretrained(directory)
     with no_init_weights(), _parameters_on_meta():
         net = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                attn_implementation="sdpa")

@@ -5,13 +5,13 @@ adapters merged into it (a Hugging Face directory that loads without peft)."""
 from __future__ import annotations
 
 import math
-import zlib
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from raydp_llm.core.model_config import LoraSettings
+from raydp_llm.models.init import named_generator
 
 ADAPTER_DIR = "adapter"  # in a LoRA run's model/: the PEFT adapter (adapter_config.json + weights)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -45,8 +45,8 @@ def adapter_init(name: str, shape, seed: int) -> torch.Tensor | None:
         return torch.zeros(shape)
     if ".lora_A." not in name:
         return None
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=generator)
+    return torch.nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5),
+                                          generator=named_generator(seed, name))
 
 
 def base_name(name: str) -> str:

@@ -1,17 +1,17 @@
-"""A transformers checkpoint loaded shard by shard (``train.strategy=fsdp`` with ``model=hf``): no
-worker ever holds the whole model.
+"""A transformers model built shard by shard under ``train.strategy=fsdp`` (``model=hf``'s
+checkpoint, or ``model=llama``'s fresh weights): no worker ever holds the whole model.
 
-Each worker builds the model with its parameters on the meta device (``hf.empty_net``: no memory,
-no random init), shards it as training does (``parallel.shard``: FSDP2 splits every parameter's
-rows over the workers), gives its shards memory, and reads into them only its own rows of each
-tensor from the safetensors files (``TensorFiles.read_rows``), in the files' dtype, converted to
-float32 a tensor at a time. The whole load (``from_pretrained`` in every worker, then sharding)
-read every byte of the model into every worker; a worker now reads 1/N of it (torchtitan and
-torchtune load the same way). With LoRA the adapters are added on the meta device too, sharded
-with the base, and each worker fills its rows of them from ``lora.adapter_init`` (drawn from the
-seed and the adapter's name: the values a whole load starts from). DDP runs need the whole model
-in every worker anyway.
-"""
+Each worker builds the model with its parameters on the meta device (``hf.empty_net``,
+``hf.empty_llama``: no memory, no random init), shards it as training does (``parallel.shard``:
+FSDP2 splits every parameter's rows over the workers), gives its shards memory, and fills only its
+own rows of each tensor: from the safetensors files (``TensorFiles.read_rows``), in the files'
+dtype, converted to float32 a tensor at a time; or, for a fresh Llama, drawn from the seed by the
+tensor's name (``init.fresh_values``: the values a whole build draws), one whole tensor at a time.
+The whole load (``from_pretrained`` in every worker, then sharding) read every byte of the model
+into every worker; a worker now reads 1/N of it (torchtitan and torchtune load the same way). With
+LoRA the adapters are added on the meta device too, sharded with the base, and each worker fills
+its rows of them from ``lora.adapter_init`` (drawn from the seed and the adapter's name). DDP runs
+need the whole model in every worker anyway."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from raydp_llm.core.model_config import HFConfig, uses_lora
+from raydp_llm.core.model_config import HFConfig, LlamaConfig, uses_lora
 from raydp_llm.models import lora
 from raydp_llm.models.files import local_copy
-from raydp_llm.models.hf import HFModel, empty_net
+from raydp_llm.models.hf import HFModel, empty_llama, empty_net
+from raydp_llm.models.init import fresh_values
 from raydp_llm.models.tensor_files import TensorFiles, weights_mismatch
 from raydp_llm.training import parallel
 
@@ -33,16 +34,19 @@ if TYPE_CHECKING:  # the spec is only read here; ``fill`` imports no engine (ben
 
 
 def applies(spec: TrainSpec) -> bool:
-    """Whether a worker loads its model shard by shard: FSDP, a transformers directory."""
-    return spec.train.strategy == "fsdp" and isinstance(spec.model, HFConfig)
+    """Whether a worker builds its model shard by shard: FSDP, a transformers directory or a
+    fresh Llama."""
+    return spec.train.strategy == "fsdp" and isinstance(spec.model, (HFConfig, LlamaConfig))
 
 
 def sharded_model(spec: TrainSpec, device: torch.device) -> HFModel:
     """``spec``'s model, sharded over the workers (torch.distributed initialized), each worker's
     shards read from the files; activation checkpointing applied as the worker would."""
-    directory = local_copy(spec.model.path, spec.s3)
     torch.manual_seed(spec.seed)
-    net = empty_net(directory)
+    directory = None  # a fresh Llama's values are drawn, not read
+    if isinstance(spec.model, HFConfig):
+        directory = local_copy(spec.model.path, spec.s3)
+    net = empty_llama(spec.model) if directory is None else empty_net(directory)
     if uses_lora(spec.model):
         net = lora.add_adapters(net, spec.model.lora, spec.seed)  # on the meta device: no values
     model = HFModel(net, spec.model)
@@ -73,27 +77,37 @@ def shard_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def fill(model: HFModel, directory: Path, seed: int = 0) -> None:
+def fill(model: HFModel, directory: Path | None, seed: int = 0) -> None:
     """Each of ``model``'s parameters (sharded: this worker's rows) read from ``directory``'s
-    safetensors (a tied head is the embedding it is tied to), a LoRA adapter's drawn from
-    ``seed`` (``lora.adapter_init``)."""
-    files = TensorFiles.of(directory)
+    safetensors (a tied head is the embedding it is tied to), or drawn from ``seed`` by name: a
+    fresh Llama's (``directory`` None: ``init.fresh_values``) and LoRA's adapters
+    (``lora.adapter_init``)."""
+    files = TensorFiles.of(directory) if directory is not None else None
+    drawn = {} if files is not None else {
+        name: draw for name, _, draw in fresh_values(model.net, seed)}
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    prefix = model.net.base_model_prefix
     for name, param in model.net.named_parameters():
         mine = parallel.local(param)
         start, stop = (0, param.shape[0]) if mine is param else shard_rows(param.shape[0], rank,
                                                                             world)
         init = lora.adapter_init(name, param.shape, seed)
+        if init is None and name in drawn:
+            init = drawn[name]()
         if init is not None:
             mine.copy_(init[start:stop])
             continue
-        key = files.find(lora.base_name(name), prefix)
-        if key is None:
-            raise weights_mismatch(directory, f"no tensor {name}")
-        stored = files.tensors[key].shape
-        if tuple(stored) != tuple(param.shape) or stop - start != len(mine):
-            raise weights_mismatch(directory, f"{key} is {tuple(stored)}, the config makes it "
-                                              f"{tuple(param.shape)}")
-        files.read_rows(key, start, mine)
+        _read(files, model.net.base_model_prefix, name, param, mine, start, stop)
+
+
+def _read(files: TensorFiles, prefix: str, name: str, param, mine, start: int, stop: int
+          ) -> None:
+    """``mine``, the rows ``[start, stop)`` of ``param`` (named ``name``), from the files."""
+    key = files.find(lora.base_name(name), prefix)
+    if key is None:
+        raise weights_mismatch(files.directory, f"no tensor {name}")
+    stored = files.tensors[key].shape
+    if tuple(stored) != tuple(param.shape) or stop - start != len(mine):
+        raise weights_mismatch(files.directory, f"{key} is {tuple(stored)}, the config makes it "
+                                                f"{tuple(param.shape)}")
+    files.read_rows(key, start, mine)

@@ -1,8 +1,8 @@
 """A transformers checkpoint loaded shard by shard under FSDP (training/sharded_start.py), in gloo
 processes (helpers/gloo.py): each worker's shards are its slices of the whole model to the bit,
 from files in bfloat16, for a tied and an untied Llama, Qwen2 (biases) and GPT-2 (its own layout),
-and with LoRA adapters; training after the sharded load follows the whole load's curve, for DPO
-and LoRA too; a worker's rows are FSDP2's."""
+and with LoRA adapters, and a fresh Llama's drawn weights; training after the sharded load follows
+the whole load's curve, for DPO and LoRA too; a worker's rows are FSDP2's."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.checkpoint import sharded
 from raydp_llm.checkpoint.layout import SHARDS
 from raydp_llm.core import integrity
-from raydp_llm.core.model_config import HFConfig, LoraSettings
+from raydp_llm.core.model_config import HFConfig, LlamaConfig, LoraSettings
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.models.tensor_files import TensorFiles, write_safetensors
 from raydp_llm.training import sharded_start
@@ -104,8 +104,10 @@ def test_each_workers_shards_are_its_slices_of_the_whole_model_to_the_bit(checkp
     base = loop_spec(tiny_data(), max_steps=4)
     specs = {f: hf_spec(base, d) for f, d in checkpoints.items()}
     specs["lora"] = lora_spec(base, checkpoints["llama"])
+    specs["fresh"] = fresh_spec(base)
     shards = spawned(WORLD, functools.partial(_shards, specs=specs), tmp_path)["shards"]
-    _assert_lora_shards_are_the_whole_loads(shards, specs["lora"])
+    for built in ("lora", "fresh"):
+        _assert_shards_are_the_whole_builds(shards, built, specs[built])
     for family, directory in checkpoints.items():
         whole = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         for name, param in whole.named_parameters():
@@ -119,16 +121,29 @@ def test_each_workers_shards_are_its_slices_of_the_whole_model_to_the_bit(checkp
     assert rows[0] == rows[1] + 1
 
 
-def _assert_lora_shards_are_the_whole_loads(shards: list, spec) -> None:
-    """LoRA loaded shard by shard: the frozen base from the files and the adapters drawn from the
-    seed, each worker's rows exactly those of the model every worker loaded whole before."""
+def _assert_shards_are_the_whole_builds(shards: list, built: str, spec) -> None:
+    """Built shard by shard (LoRA: the frozen base from the files, the adapters drawn from the
+    seed; a fresh Llama: every tensor drawn from the seed), each worker's rows are exactly those
+    of the model every worker built whole before, and the buffers its buffers."""
     whole = starting_model(spec)
-    adapters = 0
+    drawn = 0
     for name, param in whole.named_parameters():
-        pieces = [shards[r]["lora"][name] for r in range(WORLD)]
-        assert torch.equal(torch.cat(pieces), param.detach()), name
-        adapters += ".lora_A." in name and bool(param.abs().sum() > 0)
-    assert adapters >= 4  # drawn, not left empty
+        pieces = [shards[r][built][name] for r in range(WORLD)]
+        assert torch.equal(torch.cat(pieces), param.detach()), (built, name)
+        drawn += bool(param.std() > 0) if ".lora_A." in name or built == "fresh" else 0
+    for name, buffer in whole.named_buffers():
+        assert torch.equal(shards[0][built][f"buffer:{name}"], buffer), (built, name)
+    assert drawn >= 4  # drawn, not left empty
+
+
+def fresh_spec(spec):
+    """``spec`` on a fresh 2-layer Llama (GQA, untied, an odd vocabulary: shards of unequal
+    size), FSDP."""
+    model = LlamaConfig(vocab_size=17, block_size=BLOCK, n_layer=2, n_head=4, n_kv_head=2,
+                        n_embd=16, intermediate_size=32, tie_weights=False)
+    chars = CharTokenizer("abcdefghijklmnopq")
+    return replace(spec, model=model, train=replace(spec.train, strategy="fsdp"),
+                   tokenizer_json=chars.to_json())
 
 
 def lora_spec(spec, directory: Path):
