@@ -196,7 +196,8 @@ def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) 
     model_dir, timings = local_model_dir(settings, out_dir), {}
     with timed(timings, "eval_s"):
         found = run_tasks(settings.tasks, model_dir, out_dir, HarnessSettings(
-            settings.num_fewshot, settings.limit, settings.eval_batch_size, settings.seed))
+            settings.num_fewshot, settings.limit, settings.eval_batch_size, settings.seed),
+            S3Options.of(settings.s3))
     timings["total_s"] = total.seconds()
     evaluation = {"model_dir": settings.model_dir, "tasks": found["tasks"],
                   **{k: round(v, 2) for k, v in timings.items()}, "harness": found["harness"]}

@@ -5,19 +5,22 @@ run's checkpoints (the same code on the checkpoint's directory).
 The harness reads a Hugging Face directory: a transformers model's ``model/`` as it is, the own
 GPT's through its GPT-2 export (written into the run directory, no step for the user). A task is a
 harness task by name, or a task YAML of the user's (its ``dataset_path: json`` or ``parquet`` with
-local ``data_files``). The harness runs offline (``HF_DATASETS_OFFLINE``, ``HF_HUB_OFFLINE``): a
-task whose data is neither local nor cached is one line, never a wait on the network. Prints a line
-per task and metric (``task NAME METRIC VALUE``); ``evaluation.json`` holds them and the harness's
-own results.
+``data_files`` local or on S3, fetched first: ``task_files``). The harness runs offline
+(``HF_DATASETS_OFFLINE``, ``HF_HUB_OFFLINE``): a task whose data is neither local nor cached is one
+line, never a wait on the network. Prints a line per task and metric (``task NAME METRIC VALUE``);
+``evaluation.json`` holds them and the harness's own results.
 """
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
 import json
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +28,9 @@ import torch
 import yaml
 
 from raydp_llm.core.errors import InputError, first_line
+from raydp_llm.core.storage import S3Options
 from raydp_llm.models.hf import is_hf_dir
+from raydp_llm.training.task_files import localized
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 LEFT_OUT = ("alias", "name", "sample_len", " ")  # the harness's result keys that are no metric
@@ -75,10 +80,19 @@ def task_list(given: list[str]) -> TaskList:
 
 
 @functools.lru_cache(maxsize=4)
-def indexed(given: tuple[str, ...]) -> TaskList:
+def indexed(given: tuple[str, ...], s3: S3Options = S3Options()) -> TaskList:
     """``task_list``, made once per process for the same tasks: a run scores them at every
-    checkpoint, and indexing the harness's own tasks takes seconds each time."""
-    return task_list(list(given))
+    checkpoint, and indexing the harness's own tasks takes seconds each time. A task YAML's
+    ``s3://`` data is fetched then, into the process's scratch directory (``task_files``)."""
+    return task_list(localized(list(given), s3, scratch()))
+
+
+@functools.cache
+def scratch() -> Path:
+    """This process's directory for task data fetched from S3, removed at its exit."""
+    path = Path(tempfile.mkdtemp(prefix="raydp_llm_tasks_"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def offline() -> None:
@@ -142,10 +156,11 @@ class HarnessSettings:
 
 
 def run_tasks(given: list[str], model_dir: Path, out_dir: Path,
-              harness: HarnessSettings = HarnessSettings()) -> dict:
-    """The harness on ``model_dir`` for the tasks ``given``: ``{task: {metric: value}}``
-    (``tasks``) and the harness's results (``harness``)."""
-    tasks = indexed(tuple(given))
+              harness: HarnessSettings = HarnessSettings(), s3: S3Options = S3Options()) -> dict:
+    """The harness on ``model_dir`` for the tasks ``given`` (``s3`` reaching their YAMLs'
+    ``s3://`` data): ``{task: {metric: value}}`` (``tasks``) and the harness's results
+    (``harness``)."""
+    tasks = indexed(tuple(given), s3)
     directory = harness_dir(model_dir, out_dir)
     from lm_eval import simple_evaluate
 

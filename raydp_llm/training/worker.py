@@ -283,7 +283,8 @@ class Worker:
             if model_dir is None:
                 return {}
             harness = HarnessSettings(limit=t.task_limit, seed=spec.seed)
-            return task_columns(run_tasks(t.eval_tasks, model_dir, Path(out), harness)["tasks"])
+            found = run_tasks(t.eval_tasks, model_dir, Path(out), harness, spec.s3)
+            return task_columns(found["tasks"])
 
     @torch.no_grad()
     def precompute_reference(self, state: TrainState) -> None:

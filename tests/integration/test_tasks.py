@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
-from helpers.tasks import MC_TASK, QUESTIONS, task_rows, write_tasks
+from helpers.s3 import BUCKET
+from helpers.tasks import GEN_TASK, MC_TASK, QUESTIONS, task_rows, write_tasks
 from raydp_llm.checkpoint.model_dir import load_model_dir, save_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
+from raydp_llm.core import storage
 from raydp_llm.core.config import GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer
@@ -96,6 +98,35 @@ def test_bad_tasks_are_one_line(tasks, tmp_path):
                                          r"nor cached, and evaluate runs offline"):
         evaluate(make_config(model, f"tasks=[{remote}]", config_name="evaluate"), tmp_path)
     assert not Path(tmp_path / "evaluation.json").exists()
+
+
+def test_a_task_yamls_data_on_s3_scores_as_the_local_one(tasks, s3, tmp_path):
+    """A task YAML whose ``data_files`` are an S3 object (the multiple-choice task) or an S3 glob
+    (the generation task, its rows split over two objects): fetched once into a scratch copy of
+    the YAMLs' folder, they score what the local files score; a missing object is one line."""
+    model, given = f"model_dir={tasks['model']}", tasks["dir"]
+    local = evaluate(make_config(model, f"tasks=[{given / 'mc.yaml'},{given / 'gen.yaml'}]",
+                                 config_name="evaluate"), tmp_path / "local")
+    rows = (tasks["dir"] / "data.jsonl").read_text().splitlines(keepends=True)
+    prefix = f"s3://{BUCKET}/tasks"
+    storage.write_text(f"{prefix}/mc/data.jsonl", "".join(rows), s3)
+    storage.write_text(f"{prefix}/gen/a.jsonl", "".join(rows[:2]), s3)
+    storage.write_text(f"{prefix}/gen/b.jsonl", "".join(rows[2:]), s3)
+    folder = tmp_path / "yamls"
+    folder.mkdir()
+    (folder / "mc.yaml").write_text(MC_TASK.format(data=f"{prefix}/mc/data.jsonl"))
+    (folder / "gen.yaml").write_text(GEN_TASK.format(data=f"{prefix}/gen/*.jsonl"))
+    remote = evaluate(make_config(model, f"s3.endpoint_url={s3.endpoint_url}",
+                                  f"tasks=[{folder / 'mc.yaml'},{folder / 'gen.yaml'}]",
+                                  config_name="evaluate"), tmp_path / "remote")
+    assert remote["tasks"] == local["tasks"]
+    assert remote["harness"]["results"]["tiny_gen"]["sample_len"] == len(QUESTIONS)
+    (folder / "mc.yaml").write_text(MC_TASK.format(data=f"{prefix}/nowhere.jsonl"))
+    with pytest.raises(InputError, match=r"^tasks: a task YAML in .* names s3://.*/nowhere.jsonl, "
+                                         r"which could not be read"):
+        evaluate(make_config(model, f"s3.endpoint_url={s3.endpoint_url}",
+                             f"tasks=[{folder / 'mc.yaml'}]", config_name="evaluate"),
+                 tmp_path / "missing")
 
 
 def test_tasks_scored_at_a_runs_checkpoints_equal_evaluate_on_them(ray_cluster, corpus_dir,
