@@ -9,6 +9,7 @@ next-token accuracy. Prints a table and writes ``evaluation.json`` into the run 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -17,8 +18,10 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import hydra
+import pyarrow as pa
 import ray
 import torch
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.nn import functional as F
@@ -88,6 +91,33 @@ def model_and_settings(
                           path=str(model_dir if hf_dir else model_dir / TOKENIZER_FILE)),
         model=replace(settings.model, block_size=window or model.config.block_size),
     )
+
+
+def query_task(settings: EvaluateSettings, out_dir: Path) -> str:
+    """The one task YAML given, its rows ``data.query``'s: Spark (on Ray, started for it) runs the
+    query; its rows go to ``out_dir/query_task/rows.jsonl`` (a benchmark's few thousand rows, on the
+    driver), beside a YAML that includes the user's and reads them as its test split (no other
+    split: few-shot examples come from them too)."""
+    from raydp_llm.data.etl.query import query_rows
+    from raydp_llm.engines.spark import spark_session
+    from raydp_llm.training.tasks import yaml_task
+
+    given = settings.tasks
+    if len(given) != 1 or not given[0].endswith((".yaml", ".yml")):
+        raise InputError(f"data.query gives one task's rows, and tasks={list(given)}; give one "
+                         "task YAML (tasks=[TASK.yaml]): the query's rows become its test split")
+    name, folder = yaml_task(Path(given[0])), out_dir / "query_task"
+    folder.mkdir(parents=True, exist_ok=True)
+    with job_session(settings, None), spark_session(settings.cluster, "evaluate", out_dir,
+                                                    hive=True) as spark:
+        table = pa.Table.from_batches(query_rows(spark, settings.data)._collect_as_arrow())
+    rows = folder / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist()))
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump({
+        "include": str(Path(given[0]).resolve()), "task": name, "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(rows)}}, "test_split": "test",
+        "training_split": None, "validation_split": None, "fewshot_split": None}))
+    return str(folder / f"{name}.yaml")
 
 
 def local_model_dir(settings: EvaluateSettings, out_dir: Path) -> Path:
@@ -192,10 +222,11 @@ def evaluated(settings: EvaluateSettings, out_dir: Path, window: int | None = No
 
 def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) -> dict:
     """lm-evaluation-harness's ``settings.tasks`` on the model (training/tasks.py), offline, in this
-    process: no Ray, no Spark."""
+    process: no Ray, no Spark, unless ``data.query`` gives the task's rows (``query_task``)."""
     model_dir, timings = local_model_dir(settings, out_dir), {}
+    tasks = [query_task(settings, out_dir)] if settings.data.query else settings.tasks
     with timed(timings, "eval_s"):
-        found = run_tasks(settings.tasks, model_dir, out_dir, HarnessSettings(
+        found = run_tasks(tasks, model_dir, out_dir, HarnessSettings(
             settings.num_fewshot, settings.limit, settings.eval_batch_size, settings.seed),
             S3Options.of(settings.s3))
     timings["total_s"] = total.seconds()

@@ -129,6 +129,33 @@ def test_a_task_yamls_data_on_s3_scores_as_the_local_one(tasks, s3, tmp_path):
                  tmp_path / "missing")
 
 
+def test_a_querys_rows_score_as_the_same_rows_in_a_local_file(ray_cluster, tasks, tmp_path):
+    """``data.query`` gives the task YAML's rows (Spark SQL over a Parquet file of the questions):
+    the harness scores the rows it selects, as it scores the same rows in a local file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = task_rows()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "questions.parquet")
+    query = (f"SELECT question, choices, answer FROM parquet.`{tmp_path / 'questions.parquet'}` "
+             "WHERE answer = 1")
+    mc, model = tasks["dir"] / "mc.yaml", f"model_dir={tasks['model']}"
+    found = evaluate(make_config(model, f"tasks=[{mc}]", f'data.query="{query}"',
+                                 config_name="evaluate"), tmp_path / "query")
+    chosen = [r for r in rows if r["answer"] == 1]
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chosen))
+    (tmp_path / "local" / "mc.yaml").write_text(MC_TASK.format(data=tmp_path / "local" /
+                                                               "rows.jsonl"))
+    local = evaluate(make_config(model, f"tasks=[{tmp_path / 'local' / 'mc.yaml'}]",
+                                 config_name="evaluate"), tmp_path / "local_run")
+    assert found["harness"]["results"]["tiny_mc"]["sample_len"] == len(chosen) == 2
+    assert found["tasks"] == local["tasks"]
+    with pytest.raises(InputError, match=r"^data.query gives one task's rows, and tasks="):
+        evaluate(make_config(model, f"tasks=[{mc},{tasks['dir'] / 'gen.yaml'}]",
+                             f'data.query="{query}"', config_name="evaluate"), tmp_path / "two")
+
+
 def test_tasks_scored_at_a_runs_checkpoints_equal_evaluate_on_them(ray_cluster, corpus_dir,
                                                                    tasks, tmp_path):
     """``train.eval_tasks``: the task columns at each checkpoint's step are what evaluate gives on
