@@ -28,6 +28,7 @@ from raydp_llm.core import storage
 from raydp_llm.core.config import TrackingSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.storage import S3Options
+from raydp_llm.training.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,12 @@ class NoTracking:
     def finish(self, out_dir: Path, status: str) -> None:
         pass
 
+    def _log_rows_after(self, metrics_csv: Path) -> None:
+        """The rows of ``metrics_csv`` after the last one logged."""
+        for row in read_metrics(metrics_csv) if metrics_csv.exists() else []:
+            if row["step"] > self.last_step:
+                self.log_row(row)
+
     def log_evaluation(self, settings, evaluation: dict, out_dir: Path) -> None:
         pass
 
@@ -182,6 +189,7 @@ class MlflowTracking(NoTracking):
         self.cfg = cfg
         self.client, self.experiment = connect(cfg)
         self.warned = False
+        self.last_step = -1  # of the rows logged
 
     def start(self, settings, run_name: str, record, fingerprint: str | None,
               sweep_dir: str | None) -> None:
@@ -243,11 +251,16 @@ class MlflowTracking(NoTracking):
         metrics = [Metric(k, float(v), now, step) for k, v in row.items()
                    if k != "step" and v is not None]
         self._guarded("its metrics", lambda: self.client.log_batch(self.run_id, metrics=metrics))
+        self.last_step = max(self.last_step, step)
 
     def finish(self, out_dir: Path, status: str) -> None:
-        """The outputs as artifacts (what exists of them), then the run's end status."""
+        """The rows of ``metrics.csv`` not logged yet, the outputs as artifacts (what exists of
+        them), then the run's end status. A run stopped by Ctrl-C while Ray Train's controller
+        wrote its last row ends before the driver's next look at the file: the row is logged
+        here, and a resumed run, which continues from that checkpoint, never logs it again."""
         if not self.run_id:
             return
+        self._guarded("its last metrics", lambda: self._log_rows_after(out_dir / "metrics.csv"))
 
         def upload():
             for name in OUTPUT_FILES:
