@@ -34,8 +34,8 @@ from raydp_llm.core.storage import S3Options, resolve
 from raydp_llm.training.backend import ProcessGroupConfig
 from raydp_llm.training.best import Best, best_of, checkpoint_config
 from raydp_llm.training.controller_hooks import ControllerHandle
-from raydp_llm.training.handoff import Delivery, Handoff
-from raydp_llm.training.loop import RunContext, train_loop
+from raydp_llm.training.handoff import Delivery, Handoff, RunContext
+from raydp_llm.training.loop import train_loop
 from raydp_llm.training.metrics import (
     Divergence,
     MetricsWriter,

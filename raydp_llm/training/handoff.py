@@ -32,6 +32,19 @@ class Delivery:
     resume_from: str | None = None
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a run adds beside the spec: its Ray Train name (which tags its Ray metrics) and the
+    hand-off the workers take their spec, data and checkpoint (local or s3://, if any) from, and
+    rank 0 posts its progress to for the driver's display (progress.py). It lives here, not with
+    the workers' loop: Ray Train's controller unpickles it (the loop's config), and loop.py's
+    imports (torch, the models) cost the controller about 5 s on 2 cores before it started the
+    workers."""
+
+    run_name: str
+    handoff: object = None
+
+
 @ray.remote(num_cpus=0)
 class Handoff:
     """The driver's delivery to the workers, the controller's handle and its worker group's

@@ -24,7 +24,6 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -137,16 +136,6 @@ def divergence(metrics: dict, model) -> str | None:
 
 
 # ---------------------------------------------------------------- Ray Train's entry
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What a run adds beside the spec: its Ray Train name (which tags its Ray metrics) and the
-    hand-off (handoff.py) the workers take their spec, data and checkpoint (local or s3://, if
-    any) from, and rank 0 posts its progress to for the driver's display (progress.py)."""
-
-    run_name: str
-    handoff: object = None
 
 
 def ray_placement() -> Placement:
