@@ -82,11 +82,6 @@ def set_ray_environment(cfg: ClusterSettings) -> None:
         # first steps run) waits for a cloud's notice that a node is going away: the embedded
         # Ray's one node is this machine, which gets none.
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-        # Ray starts at most min(cores, CPUs) worker processes at once: on 2 cores Ray Train's
-        # synchronization actor and its two workers started one after another, the second worker
-        # 2.4 s after the first; started together they were ready 2.7 s sooner.
-        os.environ.setdefault("RAY_worker_maximum_startup_concurrency",
-                              str(max(4, os.cpu_count() or 1)))
 
 
 def init_options(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> dict:

@@ -1,5 +1,5 @@
-"""The controller's metrics writer: metrics.csv and TensorBoard's scalars, written without torch, and
-a restarted group's repeated steps replacing the earlier attempt's in both."""
+"""The controller's metrics writer: metrics.csv and TensorBoard's scalars, written without torch,
+and a restarted group's repeated steps replacing the earlier attempt's in both."""
 
 from __future__ import annotations
 
