@@ -142,8 +142,13 @@ def indexed(s: GenerateSettings, out: str, listed: list[tuple[str, int]] | None
     if listed is None:
         listed = [(uri, 0) for uri in staged_query(s, out)]
     task = ray.remote(num_cpus=1)(index_file)
-    files = ray.get([task.remote(uri, size, table_format(s), s.rows_per_part, s3)
-                     for uri, size in listed])
+    try:
+        files = ray.get([task.remote(uri, size, table_format(s), s.rows_per_part, s3)
+                         for uri, size in listed])
+    except ray.exceptions.RayTaskError as err:  # a file's rows refused: its own line
+        if isinstance(err.cause, InputError):
+            raise err.cause from None
+        raise
     for f in files:
         check_columns(s, f.uri, f.columns)
     save_index(where, files, s3)

@@ -3,7 +3,7 @@
 Its files (a corpus's: a file, a directory's, a glob's, local or on S3, sorted by name; or the
 Parquet files the executors wrote of a query's rows, ``stage_query``) are indexed first, a Ray task
 each (``index_file``): the rows, the columns, and for JSON Lines the byte offset of every
-``rows_per_part``-th row and the schema of its first rows. Then the parts (``parts_of``):
+``rows_per_part``-th row and the schema of all its rows. Then the parts (``parts_of``):
 ``rows_per_part`` rows of one file each (a file's last part shorter), numbered in the table's
 order, each knowing the number of its first row in the whole table (the answers' seeds). An actor
 reads one part alone (``read_part``): the row groups of a Parquet file that hold it, or a byte range
@@ -24,11 +24,12 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from raydp_llm.core import storage
+from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.storage import S3Options
 
 INDEX_FILE = "prompts.json"  # beside the answers: the prompt files' index, for a rerun
 STAGED_DIR = "_prompts"  # beside the answers: a query's rows, written once by the executors
-SCHEMA_ROWS = 1000  # JSON Lines: a file's schema is the one its first rows give (all its parts)
+SCHEMA_ROWS = 10_000  # JSON Lines: rows parsed at a time for the file's schema (memory bound)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class PromptFile:
     rows: int
     columns: list[str] | None
     offsets: list[int] = field(default_factory=list)  # JSON Lines: rows 0, R, 2R, ...; its end
-    schema: str = ""  # JSON Lines: the Arrow schema of its first rows (base64 IPC)
+    schema: str = ""  # JSON Lines: the Arrow schema of all its rows (base64 IPC)
 
 
 @dataclass(frozen=True)
@@ -61,26 +62,67 @@ class Part:
 def index_file(uri: str, size: int, data_format: str, rows_per_part: int,
                s3: S3Options) -> PromptFile:
     """``uri``'s rows and columns (Parquet: its footer alone), and for JSON Lines where each part
-    begins: one pass over its lines, blank ones skipped (as Arrow's reader skips them)."""
+    begins and the schema of every row: one pass over its lines, blank ones skipped (as Arrow's
+    reader skips them)."""
     fs, path = storage.resolve(uri, s3)
     if data_format == "parquet":
         found = pq.ParquetFile(path, filesystem=fs)
         return PromptFile(uri, size, found.metadata.num_rows, found.schema_arrow.names)
-    offsets, rows, at, head = [], 0, 0, []
+    offsets, rows, at, schema = [], 0, 0, None
     with fs.open_input_stream(path) as f:
         for line in _lines(f):
             if line.strip():
                 if rows % rows_per_part == 0:
                     offsets.append(at)
-                if rows < SCHEMA_ROWS:
-                    head.append(line)
+                if rows == 0 and _is_object([line]):
+                    schema = RowSchema(uri)
+                if schema is not None:
+                    schema.add(line, rows)
                 rows += 1
             at += len(line)
     offsets.append(at)
-    schema = pj.read_json(pa.BufferReader(b"".join(head))).schema if _is_object(head) else None
-    return PromptFile(uri, size, rows, None if schema is None else schema.names, offsets,
-                      "" if schema is None else base64.b64encode(
-                          schema.serialize().to_pybytes()).decode())
+    if schema is None:
+        return PromptFile(uri, size, rows, None, offsets)
+    found = schema.done()
+    return PromptFile(uri, size, rows, found.names, offsets,
+                      base64.b64encode(found.serialize().to_pybytes()).decode())
+
+
+class RowSchema:
+    """The Arrow schema of every row of a JSON Lines file, parsed ``SCHEMA_ROWS`` rows at a time.
+
+    Why all rows: a part is read with its file's schema, and a column that is null in the first
+    rows and text later (or whole numbers first, fractions later) must be text (a float) in every
+    part; the first rows alone would fail the part that holds the later ones."""
+
+    def __init__(self, uri: str):
+        self.uri, self.block, self.first, self.schema = uri, [], 0, None
+
+    def add(self, line: bytes, row: int) -> None:
+        """Row number ``row`` (of the non-blank rows), ``line`` its bytes."""
+        if not self.block:
+            self.first = row
+        self.block.append(line)
+        if len(self.block) == SCHEMA_ROWS:
+            self._parse()
+
+    def done(self) -> pa.Schema:
+        self._parse()
+        return self.schema
+
+    def _parse(self) -> None:
+        if not self.block:
+            return
+        try:
+            found = pj.read_json(pa.BufferReader(b"".join(self.block))).schema
+            known = [found] if self.schema is None else [self.schema, found]
+            self.schema = pa.unify_schemas(known, promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as err:
+            last = self.first + len(self.block) - 1
+            raise InputError(f"{self.uri}: rows {self.first}-{last} do not read as one table "
+                             f"with the rows before ({first_line(err)}); give every line one "
+                             "JSON object and each column one JSON type") from None
+        self.block = []
 
 
 def _is_object(lines: list[bytes]) -> bool:

@@ -170,7 +170,7 @@ def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_p
                for p in out.glob("part-*.parquet") if p.name in written)
 
 
-def test_bad_input_is_one_line(job, tmp_path):
+def test_bad_input_is_one_line(ray_cluster, job, tmp_path):
     with pytest.raises(InputError, match=r"^data.text_column=question: .* has no such column; "
                                          r"its columns: id, prompt$"):
         answer_table(settings(job, tmp_path / "a", "data.text_column=question"))
@@ -186,3 +186,13 @@ def test_bad_input_is_one_line(job, tmp_path):
             f"model_dir={job['model']}", f"data.path={tmp_path / 'lists.jsonl'}",
             "data.format=jsonl", f"out={tmp_path / 'c'}"], required=("model_dir",)))
     assert not (tmp_path / "c").exists()  # refused before anything is written
+    # A column whose type changes down the file: refused by the file's index task, its own line.
+    (tmp_path / "mixed.jsonl").write_text('{"prompt": "I am", "id": 1}\n'
+                                          '{"prompt": "My lord", "id": "two"}\n')
+    with pytest.raises(InputError, match=r"^.*mixed.jsonl: rows 0-1 do not read as one table with "
+                                         r"the rows before \(.+\); give every line one JSON "
+                                         r"object and each column one JSON type$"):
+        answer_table(parse_args(GenerateSettings, [
+            f"model_dir={job['model']}", f"data.path={tmp_path / 'mixed.jsonl'}",
+            "data.format=jsonl", f"out={tmp_path / 'd'}"], required=("model_dir",)))
+    assert not list((tmp_path / "d").glob("part-*"))

@@ -8,7 +8,9 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.prompts import first_columns, index_file, parts_of, read_part
 
@@ -46,3 +48,35 @@ def test_parquet_parts_across_row_groups_and_the_first_columns(tmp_path):
     (tmp_path / "x.jsonl").write_text('\n["not", "an object"]\n')
     assert first_columns(str(tmp_path / "x.jsonl"), "jsonl", NO_S3) is None
     assert index_file(str(tmp_path / "x.jsonl"), 0, "jsonl", 3, NO_S3).columns is None
+
+
+def test_a_column_typed_only_after_the_first_rows_reads_in_every_part(tmp_path, monkeypatch):
+    """A part is read with its file's schema, made of all its rows: a column null in the first
+    rows and text later, or whole numbers first and fractions later, reads in every part."""
+    monkeypatch.setattr("raydp_llm.data.prompts.SCHEMA_ROWS", 3)  # parsed 3 rows at a time
+    rows = [{"prompt": f"p{i}", "note": None, "score": i} for i in range(7)]
+    rows += [{"prompt": "p7", "note": "late", "score": 0.5}]
+    path = tmp_path / "late.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = index_file(str(path), 0, "jsonl", 2, NO_S3)
+    read = [read_part(p, "jsonl", f.schema, NO_S3) for p in parts_of([f], 2)]
+    assert all(t.schema == read[0].schema for t in read)
+    assert read[0].schema.field("note").type == pa.string()
+    assert pa.concat_tables(read).to_pylist() == rows
+
+
+ONE_TABLE = (r"{name}.jsonl: rows {rows} do not read as one table with the rows before \(.+\); "
+             r"give every line one JSON object and each column one JSON type$")
+
+
+def test_rows_of_another_type_or_not_json_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr("raydp_llm.data.prompts.SCHEMA_ROWS", 2)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 2}\n'
+                     '{"prompt": "c", "id": "x"}\n')
+    with pytest.raises(InputError, match=ONE_TABLE.format(name="mixed", rows="2-2")):
+        index_file(str(mixed), 0, "jsonl", 2, NO_S3)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": \n')
+    with pytest.raises(InputError, match=ONE_TABLE.format(name="broken", rows="2-2")):
+        index_file(str(broken), 0, "jsonl", 2, NO_S3)
