@@ -30,13 +30,13 @@ from raydp_llm.checkpoint.layout import (
 )
 from raydp_llm.checkpoint.model_dir import save_model_dir
 from raydp_llm.core import integrity
-from raydp_llm.core.model_config import ModelConfig, uses_lora
+from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig, uses_lora
 from raydp_llm.core.storage import S3Options, whole_or_absent
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
-from raydp_llm.models.files import WEIGHTS_FILE
-from raydp_llm.models.hf import HFModel, empty_net, is_hf_dir, save_hf_dir
+from raydp_llm.models.files import WEIGHTS_FILE, local_copy
+from raydp_llm.models.hf import HFModel, empty_model, empty_net, is_hf_dir, save_hf_dir
 from raydp_llm.models.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
 from raydp_llm.models.tensor_files import write_safetensors
 
@@ -140,9 +140,27 @@ def gathered(model: LanguageModel, directory: Path, cfg: ModelConfig, tokenizer:
     state = sd.get_model_state_dict(model, options=options)
     if _rank() != 0:
         return None
-    whole = build_model(cfg, s3)
-    whole.load_state_dict(state)
-    return _write_whole(whole, Path(directory), tokenizer)
+    return _write_whole(_holding(state, cfg, s3), Path(directory), tokenizer)
+
+
+def _holding(state: dict, cfg: ModelConfig, s3: S3Options) -> LanguageModel:
+    """The model ``cfg`` describes, holding the whole ``state``. A transformers model is built
+    on the meta device, its checkpoint never read (nor a fresh Llama drawn) only to be
+    overwritten, and takes the state's tensors as its parameters: the model once in memory. With
+    LoRA it takes copies: the merge adds to the weights in place, and a gathered tensor may be the
+    live model's own (one worker's whole shard)."""
+    if not isinstance(cfg, (HFConfig, LlamaConfig)):  # the own models: built in a moment
+        whole = build_model(cfg, s3)
+        whole.load_state_dict(state)
+        return whole
+    directory = local_copy(cfg.path, s3) if isinstance(cfg, HFConfig) else None
+    whole = empty_model(cfg, directory, seed=0)  # no values: the state's are taken
+    if uses_lora(cfg):
+        state = {name: tensor.clone() for name, tensor in state.items()}
+    whole.load_state_dict(state, assign=True)
+    if whole.net.config.tie_word_embeddings:  # the state holds the head and embedding apart
+        whole.net.tie_weights()
+    return whole
 
 
 def _write_whole(model: LanguageModel, directory: Path, tokenizer: Tokenizer) -> Path:

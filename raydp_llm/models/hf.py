@@ -20,7 +20,7 @@ import torch
 
 from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig
+from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig, uses_lora
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
 from raydp_llm.models.base import LanguageModel, token_loss
@@ -191,6 +191,19 @@ def empty_llama(cfg: LlamaConfig):
     """``model=llama``'s Llama with its parameters on the meta device, to be sharded and then
     drawn shard by shard (``init.fresh_values``)."""
     return _empty(llama_config(cfg))
+
+
+def empty_model(cfg: HFConfig | LlamaConfig, directory: Path | None, seed: int) -> HFModel:
+    """``cfg``'s model, its LoRA adapters too, with its parameters on the meta device (buffers
+    real): ``directory``'s config (``model=hf``, its local copy) or ``model=llama``'s shape. For a
+    sharded build to fill (``training/sharded_start.py``) or a gathered state to take
+    (``checkpoint/sharded.gathered``): no weights read, none drawn."""
+    net = empty_llama(cfg) if directory is None else empty_net(directory)
+    if uses_lora(cfg):
+        from raydp_llm.models.lora import add_adapters  # peft: only for LoRA
+
+        net = add_adapters(net, cfg.lora, seed)  # on the meta device: no values
+    return HFModel(net, cfg)
 
 
 def _empty(config):

@@ -1,8 +1,8 @@
 """A transformers model built shard by shard under ``train.strategy=fsdp`` (``model=hf``'s
 checkpoint, or ``model=llama``'s fresh weights): no worker ever holds the whole model.
 
-Each worker builds the model with its parameters on the meta device (``hf.empty_net``,
-``hf.empty_llama``: no memory, no random init), shards it as training does (``parallel.shard``:
+Each worker builds the model with its parameters on the meta device (``hf.empty_model``: no
+memory, no random init), shards it as training does (``parallel.shard``:
 FSDP2 splits every parameter's rows over the workers), gives its shards memory, and fills only its
 own rows of each tensor: from the safetensors files (``TensorFiles.read_rows``), in the files'
 dtype, converted to float32 a tensor at a time; or, for a fresh Llama, drawn from the seed by the
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from raydp_llm.core.model_config import HFConfig, LlamaConfig, uses_lora
+from raydp_llm.core.model_config import HFConfig, LlamaConfig
 from raydp_llm.models import lora
 from raydp_llm.models.files import local_copy
-from raydp_llm.models.hf import HFModel, empty_llama, empty_net
+from raydp_llm.models.hf import HFModel, empty_model
 from raydp_llm.models.init import fresh_values
 from raydp_llm.models.tensor_files import TensorFiles, weights_mismatch
 from raydp_llm.training import parallel
@@ -46,10 +46,7 @@ def sharded_model(spec: TrainSpec, device: torch.device) -> HFModel:
     directory = None  # a fresh Llama's values are drawn, not read
     if isinstance(spec.model, HFConfig):
         directory = local_copy(spec.model.path, spec.s3)
-    net = empty_llama(spec.model) if directory is None else empty_net(directory)
-    if uses_lora(spec.model):
-        net = lora.add_adapters(net, spec.model.lora, spec.seed)  # on the meta device: no values
-    model = HFModel(net, spec.model)
+    model = empty_model(spec.model, directory, spec.seed)
     if spec.pairs:
         from raydp_llm.training.objectives import without_dropout  # Ray's data path: only here
 

@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -237,3 +238,35 @@ def test_the_command_line_says_one_line_and_exits_2(families, tmp_path):
     assert p.returncode == 2
     said = [line for line in (p.stdout + p.stderr).splitlines() if line.strip()]
     assert len(said) == 1 and "max_position_embeddings=128" in said[0], said
+
+
+@pytest.mark.parametrize("family,lora", [("gpt2", 0), ("llama_untied", 0), ("llama", 4)])
+def test_a_gathered_state_becomes_the_model_directory_without_reading_the_base(families, family,
+                                                                              lora, tmp_path):
+    """``sharded.gathered`` (what ``train.eval_tasks`` scores under FSDP) writes the state it
+    gathered, built on the meta device: the base directory's weights are not read (here they are
+    gone), a tied head stays tied, LoRA is merged: the same logits as the live model."""
+    from raydp_llm.checkpoint import sharded
+    from raydp_llm.core.model_config import LoraSettings
+    from raydp_llm.models.factory import build_model
+
+    tokenizer = pretrained_tokenizer(families[family])
+    cfg = resolved(HFConfig(path=str(families[family]), block_size=BLOCK,
+                            lora=LoraSettings(r=lora)),
+                   read_hf_config(str(families[family]), "model.path"), tokenizer)
+    torch.manual_seed(0)
+    live = build_model(cfg).eval()
+    with torch.no_grad():  # trained, as a run's weights are: adapters and all differ from the base
+        for p in live.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    base = tmp_path / "base"
+    shutil.copytree(families[family], base)
+    (base / "model.safetensors").unlink()  # only its config may be read
+    written = sharded.gathered(live, tmp_path / "model", replace(cfg, path=str(base)), tokenizer)
+    reloaded, _ = load_model_dir(written)
+    ids = tokenizer.encode(" ".join(["Romeo, Romeo"] * 8)).astype(np.int64)
+    x = torch.as_tensor(ids[None, :BLOCK])
+    assert torch.allclose(live(x)[0], reloaded.eval()(x)[0], atol=1e-4)
+    net = reloaded.net
+    tied = net.get_output_embeddings().weight is net.get_input_embeddings().weight
+    assert tied == (family != "llama_untied")
