@@ -17,9 +17,16 @@ to a Hugging Face directory:
   whole export     the model built whole, the checkpoint loaded into it, ``save_pretrained`` (the
                    export before)
   streamed export  ``checkpoint.sharded.export``: one tensor at a time
-Each figure is a process's peak RSS (``VmHWM``) minus its RSS after the imports, as a multiple of
-the model's float32 size (4 bytes a parameter); the larger worker's for the loads. Target: the
-sharded load ≤ 0.65× per worker with 2 workers (the whole load ≥ 1×).
+And, in fresh workers after a sharded load, the live shards gathered into a model directory on
+rank 0 (what ``train.eval_tasks`` scores under FSDP), two ways:
+  gather, built whole  the model built from the checkpoint (``build_model``), the gathered state
+                       copied into it (``sharded.gathered`` before)
+  gather, on meta      ``sharded.gathered``: the model on the meta device takes the gathered
+                       tensors
+Each figure is a process's peak RSS (``VmHWM``) minus its RSS after the imports (for the gathers:
+rank 0's, minus its RSS before the gather, the peak reset there), as a multiple of the model's
+float32 size (4 bytes a parameter); the larger worker's for the loads. Target: the sharded load
+≤ 0.65× per worker with 2 workers (the whole load ≥ 1×).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from memory import MB, WORLD, rss_mb, status_mb  # noqa: E402 - the same measure
 
 LOADS = ("whole", "sharded")
 EXPORTS = ("whole export", "streamed export")
+GATHERS = ("gather, built whole", "gather, on meta")
 
 
 def write_checkpoint(directory: Path, layers: int, dtype: str) -> int:
@@ -120,13 +128,38 @@ def worker(rank: int, port: int, case: str, directory: Path, out: Path) -> None:
     torch.set_num_threads(1)
     imports_mb = imported()
     spec = spec_of(directory)
-    model = load(case, spec)
-    peak = status_mb("VmHWM")
+    model = load("sharded" if case in GATHERS else case, spec)
+    figure = {"load_mb": status_mb("VmHWM") - imports_mb}
     if case == "sharded":  # the checkpoint the exports read (the same tensors either way)
         optimizer = torch.optim.AdamW(model.parameters())
         sharded.save(out / "checkpoint", model, spec.tokenizer(), optimizer, TrainState())
-    (out / f"{case}-{rank}.json").write_text(json.dumps({"load_mb": peak - imports_mb}))
+    if case in GATHERS:
+        figure = {"gather_mb": gather(case, model, spec, out / case.replace(", ", "_"))}
+    (out / f"{case}-{rank}.json").write_text(json.dumps(figure))
     dist.destroy_process_group()
+
+
+def gather(case: str, model, spec, target: Path) -> float:
+    """The live shards gathered into a model directory on rank 0, ``case``'s way: the rise of this
+    worker's peak RSS over its RSS before (the peak reset there)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint.state_dict as sd
+
+    from raydp_llm.checkpoint import sharded
+    from raydp_llm.models.factory import build_model
+
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    before = rss_mb()
+    if case == "gather, on meta":
+        sharded.gathered(model, target, spec.model, spec.tokenizer())
+    else:  # sharded.gathered before: the model built from the checkpoint, then overwritten
+        options = sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = sd.get_model_state_dict(model, options=options)
+        if dist.get_rank() == 0:
+            whole = build_model(spec.model)
+            whole.load_state_dict(state)
+            whole.net.save_pretrained(target)
+    return status_mb("VmHWM") - before
 
 
 def export(case: str, directory: Path, out: Path) -> None:
@@ -159,12 +192,12 @@ def measure(directory: Path, out: Path) -> dict:
 
     figures = {}
     for case in LOADS:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(worker, args=(port, case, directory, out), nprocs=WORLD)
+        spawned(worker, case, directory, out)
         figures[case] = max(json.loads((out / f"{case}-{r}.json").read_text())["load_mb"]
                             for r in range(WORLD))
+    for case in GATHERS:  # rank 0 holds the gathered model
+        spawned(worker, case, directory, out)
+        figures[case] = json.loads((out / f"{case}-0.json").read_text())["gather_mb"]
     context = mp.get_context("spawn")
     for case in EXPORTS:
         proc = context.Process(target=export, args=(case, directory, out))
@@ -174,13 +207,24 @@ def measure(directory: Path, out: Path) -> dict:
     return figures
 
 
+def spawned(work, case: str, directory: Path, out: Path) -> None:
+    """``work`` on 2 fresh gloo workers."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(work, args=(port, case, directory, out), nprocs=WORLD)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     args = parser.parse_args()
-    rows = ["| checkpoint dtype | model fp32 MiB | " + " | ".join(LOADS + EXPORTS) + " |",
-            "|---|---:|" + "---:|" * (len(LOADS) + len(EXPORTS))]
+    cases = LOADS + EXPORTS + GATHERS
+    rows = ["| checkpoint dtype | model fp32 MiB | " + " | ".join(cases) + " |",
+            "|---|---:|" + "---:|" * len(cases)]
     for dtype in args.dtype:
         with tempfile.TemporaryDirectory() as tmp:
             directory, out = Path(tmp) / "model", Path(tmp) / "out"
@@ -189,8 +233,7 @@ def main() -> None:
             figures = measure(directory, out)
         size = params * 4 / MB
         print(f"{dtype}: {params:,} parameters, {json.dumps(figures)}", flush=True)
-        cells = " | ".join(f"{figures[c]:,.0f} MiB ({figures[c] / size:.2f}×)"
-                           for c in LOADS + EXPORTS)
+        cells = " | ".join(f"{figures[c]:,.0f} MiB ({figures[c] / size:.2f}×)" for c in cases)
         rows.append(f"| {dtype} | {size:,.0f} | {cells} |")
     print("\n".join(rows))
 
