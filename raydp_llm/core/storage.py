@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -57,10 +58,28 @@ class S3Options:
         kwargs = {"retry_strategy": pafs.AwsDefaultS3RetryStrategy(max_attempts=self.max_attempts)}
         if self.endpoint_url:
             url = urlparse(self.endpoint_url)
+            _answers(self.endpoint_url)
             kwargs.update(endpoint_override=url.netloc, scheme=url.scheme)
         if self.region:
             kwargs["region"] = self.region
         return pafs.S3FileSystem(**kwargs)
+
+
+ENDPOINT_TIMEOUT_S = 5.0
+
+
+def _answers(endpoint_url: str) -> None:
+    """An OSError at once when nothing listens at ``s3.endpoint_url`` (a wrong host or port):
+    the SDK would retry the refused connection ``s3.max_attempts`` times, about 25 s, before the
+    one-line error. Checked once per process, where its first S3 client is made; a service that
+    answers, even with errors, is left to the retries."""
+    url = urlparse(endpoint_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=ENDPOINT_TIMEOUT_S).close()
+    except OSError as err:
+        raise OSError(f"nothing answers at s3.endpoint_url={endpoint_url} ({first_line(err)}); "
+                      "check its host and port") from None
 
 
 def retried(work: Callable[[], T], s3: S3Options) -> T:
@@ -87,9 +106,9 @@ def unreachable(key: str, value, err: OSError) -> InputError:
 def check_bucket(key: str, uri: str, s3: S3Options) -> None:
     """A one-line error, before anything runs, when the bucket of ``uri`` is missing or out of
     reach."""
-    fs, path = resolve(uri, s3)
-    bucket = path.split("/", 1)[0]
     try:
+        fs, path = resolve(uri, s3)
+        bucket = path.split("/", 1)[0]
         missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
     except OSError as err:
         raise unreachable(key, uri, err) from None

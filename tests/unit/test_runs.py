@@ -163,3 +163,22 @@ def test_a_download_that_s3_breaks_off_is_tried_again(tmp_path):
     with pytest.raises(FileNotFoundError):
         retried(download, S3Options(max_attempts=2))
     assert len(attempts) == 2
+
+
+def test_an_s3_endpoint_where_nothing_listens_fails_at_its_first_client():
+    """S3Options.filesystem: an endpoint that refuses the connection is an OSError at once, named;
+    one that listens gets its client (its answers, errors too, are left to the retries)."""
+    import socket
+
+    from raydp_llm.core.storage import S3Options
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert S3Options(endpoint_url=f"http://127.0.0.1:{port}").filesystem() is not None
+    # the port is closed now: nothing listens there
+    with pytest.raises(OSError, match=rf"^nothing answers at s3.endpoint_url=http://127.0.0.1:"
+                                      rf"{port} \(.*refused.*\); check its host and port$"):
+        # other settings than above: a process keeps one client per settings
+        S3Options(endpoint_url=f"http://127.0.0.1:{port}", max_attempts=3).filesystem()
