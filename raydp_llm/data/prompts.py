@@ -77,7 +77,7 @@ def index_file(uri: str, size: int, data_format: str, rows_per_part: int,
                 if rows == 0 and _is_object([line]):
                     schema = RowSchema(uri)
                 if schema is not None:
-                    schema.add(line, rows)
+                    schema.add(line)
                 rows += 1
             at += len(line)
     offsets.append(at)
@@ -96,12 +96,10 @@ class RowSchema:
     part; the first rows alone would fail the part that holds the later ones."""
 
     def __init__(self, uri: str):
-        self.uri, self.block, self.first, self.schema = uri, [], 0, None
+        self.uri, self.block, self.parsed, self.schema = uri, [], 0, None  # parsed: rows before
 
-    def add(self, line: bytes, row: int) -> None:
-        """Row number ``row`` (of the non-blank rows), ``line`` its bytes."""
-        if not self.block:
-            self.first = row
+    def add(self, line: bytes) -> None:
+        """The file's next non-blank row."""
         self.block.append(line)
         if len(self.block) == SCHEMA_ROWS:
             self._parse()
@@ -118,10 +116,11 @@ class RowSchema:
             known = [found] if self.schema is None else [self.schema, found]
             self.schema = pa.unify_schemas(known, promote_options="permissive")
         except (pa.ArrowTypeError, pa.ArrowInvalid) as err:
-            last = self.first + len(self.block) - 1
-            raise InputError(f"{self.uri}: rows {self.first}-{last} do not read as one table "
+            last = self.parsed + len(self.block) - 1
+            raise InputError(f"{self.uri}: rows {self.parsed}-{last} do not read as one table "
                              f"with the rows before ({first_line(err)}); give every line one "
                              "JSON object and each column one JSON type") from None
+        self.parsed += len(self.block)
         self.block = []
 
 
