@@ -1,17 +1,17 @@
 """A transformers model built shard by shard under ``train.strategy=fsdp`` (``model=hf``'s
 checkpoint, or ``model=llama``'s fresh weights): no worker ever holds the whole model.
 
-Each worker builds the model with its parameters on the meta device (``hf.empty_model``: no
-memory, no random init), shards it as training does (``parallel.shard``:
-FSDP2 splits every parameter's rows over the workers), gives its shards memory, and fills only its
-own rows of each tensor: from the safetensors files (``TensorFiles.read_rows``), in the files'
-dtype, converted to float32 a tensor at a time; or, for a fresh Llama, drawn from the seed by the
-tensor's name (``init.fresh_values``: the values a whole build draws), one whole tensor at a time.
-The whole load (``from_pretrained`` in every worker, then sharding) read every byte of the model
-into every worker; a worker now reads 1/N of it (torchtitan and torchtune load the same way). With
-LoRA the adapters are added on the meta device too, sharded with the base, and each worker fills
-its rows of them from ``lora.adapter_init`` (drawn from the seed and the adapter's name). DDP runs
-need the whole model in every worker anyway."""
+Each worker builds the model with its parameters on the meta device (``hf.empty_model``: no memory,
+no random init), shards it as training does (``parallel.shard``: FSDP2 splits every parameter's
+rows over the workers), gives its shards memory, and fills only its own rows of each tensor: from
+the safetensors files (``TensorFiles.read_rows``), in the files' dtype, converted to float32 a
+tensor at a time; or, for a fresh Llama, drawn from the seed by the tensor's name
+(``init.fresh_values``: the values a whole build draws), one whole tensor at a time. The whole load
+(``from_pretrained`` in every worker, then sharding) read every byte of the model into every
+worker; a worker now reads 1/N of it (torchtitan and torchtune load the same way). With LoRA the
+adapters are added on the meta device too, sharded with the base, and each worker fills its rows of
+them from ``lora.adapter_init`` (drawn from the seed and the adapter's name). DDP runs need the
+whole model in every worker anyway."""
 
 from __future__ import annotations
 
