@@ -18,6 +18,7 @@ number of workers, and a resumed run seeks to its step without reading anything 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -25,7 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-import ray
 
 from raydp_llm.core.storage import S3Options, resolve
 from raydp_llm.data.windows import SPLITS
@@ -285,7 +285,9 @@ class BlockChunks:
     one block fetched per chunk read. ``where[c]`` = (block, row)."""
 
     def __init__(self, refs: list, index: ChunkIndex):
-        starts = ray.get([_block_starts.remote(ref) for ref in refs])
+        import ray  # here, not at the top: Spark's executors import this module for its records
+
+        starts = ray.get([_block_starts_task().remote(ref) for ref in refs])
         self.refs, self.where, self._open = refs, {}, None
         for b, block_starts in enumerate(starts):
             ids = np.searchsorted(index.start, block_starts)
@@ -294,6 +296,8 @@ class BlockChunks:
     def fetch(self, c: int, start: int) -> bytes:
         b, r = self.where[c]
         if self._open is None or self._open[0] != b:
+            import ray
+
             self._open = (b, ray.get(self.refs[b]))
         return _row(self._open[1], r, start, f"object store block {b}")
 
@@ -311,10 +315,17 @@ def _row(table: pa.Table, r: int, start: int, where: str) -> bytes:
     return table.column("tokens")[r].as_py()
 
 
-@ray.remote(num_cpus=0)
 def _block_starts(table: pa.Table) -> np.ndarray:
     """A block's chunk starts, read where the block lies."""
     return table.column("start").to_numpy()
+
+
+@functools.cache
+def _block_starts_task():
+    """``_block_starts`` as a Ray task, made once per process."""
+    import ray
+
+    return ray.remote(num_cpus=0)(_block_starts)
 
 
 @dataclass(frozen=True)

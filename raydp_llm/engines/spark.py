@@ -351,17 +351,3 @@ def _wait_for_cpus(cpus: float, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while ray.available_resources().get("CPU", 0.0) < cpus and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-def detached(df):
-    """``df`` cached under a short logical plan (its rows' RDD), for a result that later queries
-    use several times. Spark prints a query's whole plan, a cached relation's plan within it, when
-    it runs the query: chains of joins on cached results grow that text exponentially (the driver
-    JVM ran out of heap on curation's stages). ``localCheckpoint`` would cut the plan too, but its
-    blocks die with their executor; this keeps the lineage, so a lost executor's part is computed
-    again."""
-    from pyspark.sql import DataFrame
-
-    session = df.sparkSession
-    short = session._jsparkSession.createDataFrame(df._jdf.rdd(), df._jdf.schema())
-    return DataFrame(short, session).cache()

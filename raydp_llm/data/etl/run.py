@@ -46,7 +46,7 @@ from raydp_llm.data.etl.records import Encoded, EtlOutput, EtlPlan, Scanned
 from raydp_llm.data.etl.scan import scan_files
 from raydp_llm.data.etl.tokenizer import build_tokenizer
 from raydp_llm.data.windows import SPLITS
-from raydp_llm.engines.spark import detached
+from raydp_llm.engines.frames import detached
 
 
 def run_etl(spark: SparkSession, plan: EtlPlan,

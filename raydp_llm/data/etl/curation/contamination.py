@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from raydp_llm.data.etl.curation import ngrams
-from raydp_llm.engines.spark import detached
+from raydp_llm.engines.frames import detached
 
 PLACED_SCHEMA = "src string, doc long, start long, end long, val boolean"
 PLACED_ARROW = pa.schema([("src", pa.string()), ("doc", pa.int64()), ("start", pa.int64()),
