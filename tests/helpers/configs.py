@@ -22,6 +22,10 @@ NO_CHECK = "data.decontaminate=off"
 # Spark's start costs about 10 s: the tests' in-process jobs keep Spark running for the next one
 # with the same cluster settings (the tests of Spark's own start and stop set it false).
 KEEP_SPARK = "cluster.keep_spark=true"
+# The sample after training (600 tokens by default) is a second of the driver's CPU for a tiny GPT,
+# several for a transformers model: the tests' runs write a short one unless they set it (or an
+# experiment does).
+SHORT_SAMPLE = "sample.max_new_tokens=40"
 
 
 def compose_config(*overrides: str, config_name: str = "config"):
@@ -35,10 +39,13 @@ def compose_config(*overrides: str, config_name: str = "config"):
 
 def make_config(*overrides: str, config_name: str = "config"):
     """The typed settings an entry point makes of that config at its door
-    (``cli.inputs.typed_settings``), the contamination check off and Spark kept between jobs
-    unless an override sets them."""
-    if not any(o.startswith("data.decontaminate=") for o in overrides):
-        overrides = (NO_CHECK, *overrides)
-    if not any(o.startswith("cluster.keep_spark=") for o in overrides):
-        overrides = (KEEP_SPARK, *overrides)
+    (``cli.inputs.typed_settings``), the contamination check off, Spark kept between jobs and a
+    short sample unless an override sets them (an experiment: its sample)."""
+    defaults = [NO_CHECK, KEEP_SPARK]
+    if not any(o.startswith("+experiment=") for o in overrides):
+        defaults.append(SHORT_SAMPLE)
+    for default in defaults:
+        key = default.split("=")[0] + "="
+        if not any(o.startswith(key) for o in overrides):
+            overrides = (default, *overrides)
     return typed_settings(compose_config(*overrides, config_name=config_name), overrides)
