@@ -111,14 +111,18 @@ def read_model_config(directory: str | Path, s3: S3Options = S3Options()) -> Mod
     return model_config(config.pop("model"), config)
 
 
-def load_model_dir(directory: str | Path, device: str = "cpu",
-                   s3: S3Options = S3Options()) -> tuple[LanguageModel, Tokenizer]:
+def load_model_dir(directory: str | Path, device: str = "cpu", s3: S3Options = S3Options(),
+                   key: str = "model_dir") -> tuple[LanguageModel, Tokenizer]:
     """The model (in eval mode) and tokenizer of a model directory, local or on S3 (fetched to a
-    temporary directory); safetensors and JSON only, nothing unpickled. A Hugging Face directory
-    (``config.json`` with a ``model_type``, trained here or elsewhere) loads with transformers."""
+    temporary directory: an S3 out of reach is one line naming the setting ``key``); safetensors
+    and JSON only, nothing unpickled. A Hugging Face directory (``config.json`` with a
+    ``model_type``, trained here or elsewhere) loads with transformers."""
     if storage.is_s3(str(directory)):
         with tempfile.TemporaryDirectory() as local:
-            storage.fetch(str(directory), local, s3)
+            try:
+                storage.fetch(str(directory), local, s3)
+            except OSError as err:
+                raise storage.unreachable(key, directory, err) from None
             return _load_local(Path(local), device, shown_as=str(directory))
     return _load_local(Path(directory), device, shown_as=str(directory))
 

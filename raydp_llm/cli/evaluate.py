@@ -312,7 +312,7 @@ class PairJudge:
                              f"{PREFERENCE_RECORD}): give ref_model_dir=DIR, the model it was "
                              "tuned from")
         try:
-            ref, _ = load_model_dir(ref_dir, s3=s3)
+            ref, _ = load_model_dir(ref_dir, s3=s3, key="ref_model_dir")
         except (OSError, ModelDirError) as err:
             raise InputError(f"ref_model_dir={ref_dir}: {first_line(err, 200)}; give the model "
                              "model_dir was tuned from") from None

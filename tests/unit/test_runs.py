@@ -182,3 +182,22 @@ def test_an_s3_endpoint_where_nothing_listens_fails_at_its_first_client():
                                       rf"{port} \(.*refused.*\); check its host and port$"):
         # other settings than above: a process keeps one client per settings
         S3Options(endpoint_url=f"http://127.0.0.1:{port}", max_attempts=3).filesystem()
+
+
+@pytest.mark.parametrize("entry", ["generate", "export"])
+def test_a_model_dir_on_an_s3_out_of_reach_is_one_line_naming_it(entry, tmp_path, capsys):
+    import importlib
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # never listened on: refused
+    main = importlib.import_module(f"raydp_llm.cli.{entry}").main
+    args = ["model_dir=s3://b/run/model", f"s3.endpoint_url=http://127.0.0.1:{port}"]
+    if entry == "export":
+        args.append(f"out={tmp_path / 'out'}")
+    assert main(args) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: model_dir=s3://b/run/model: cannot read it (nothing answers at "
+                           f"s3.endpoint_url=http://127.0.0.1:{port}"), line
+    assert not (tmp_path / "out").exists()
