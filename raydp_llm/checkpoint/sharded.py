@@ -35,8 +35,15 @@ from raydp_llm.core.storage import S3Options, whole_or_absent
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
-from raydp_llm.models.files import WEIGHTS_FILE, local_copy
-from raydp_llm.models.hf import HFModel, empty_model, empty_net, is_hf_dir, save_hf_dir
+from raydp_llm.models.files import WEIGHTS_FILE
+from raydp_llm.models.hf import (
+    HFModel,
+    empty_model,
+    empty_net,
+    is_hf_dir,
+    pretrained_dir,
+    save_hf_dir,
+)
 from raydp_llm.models.lora import ADAPTER_DIR, has_adapters, merged, save_adapter
 from raydp_llm.models.tensor_files import write_safetensors
 
@@ -153,8 +160,7 @@ def _holding(state: dict, cfg: ModelConfig, s3: S3Options) -> LanguageModel:
         whole = build_model(cfg, s3)
         whole.load_state_dict(state)
         return whole
-    directory = local_copy(cfg.path, s3) if isinstance(cfg, HFConfig) else None
-    whole = empty_model(cfg, directory, seed=0)  # no values: the state's are taken
+    whole = empty_model(cfg, pretrained_dir(cfg, s3), seed=0)  # no values: the state's are taken
     if uses_lora(cfg):
         state = {name: tensor.clone() for name, tensor in state.items()}
     whole.load_state_dict(state, assign=True)

@@ -193,6 +193,12 @@ def empty_llama(cfg: LlamaConfig):
     return _empty(llama_config(cfg))
 
 
+def pretrained_dir(cfg: ModelConfig, s3: S3Options) -> Path | None:
+    """Where ``cfg``'s starting weights and config are: ``model=hf``'s directory (an s3:// one's
+    node-local copy); None for a model whose values are drawn (``model=llama``, the own)."""
+    return local_copy(cfg.path, s3) if isinstance(cfg, HFConfig) else None
+
+
 def empty_model(cfg: HFConfig | LlamaConfig, directory: Path | None, seed: int) -> HFModel:
     """``cfg``'s model, its LoRA adapters too, with its parameters on the meta device (buffers
     real): ``directory``'s config (``model=hf``, its local copy) or ``model=llama``'s shape. For a

@@ -23,8 +23,7 @@ import torch.distributed as dist
 
 from raydp_llm.core.model_config import HFConfig, LlamaConfig
 from raydp_llm.models import lora
-from raydp_llm.models.files import local_copy
-from raydp_llm.models.hf import HFModel, empty_model
+from raydp_llm.models.hf import HFModel, empty_model, pretrained_dir
 from raydp_llm.models.init import fresh_values
 from raydp_llm.models.tensor_files import TensorFiles, weights_mismatch
 from raydp_llm.training import parallel
@@ -43,9 +42,7 @@ def sharded_model(spec: TrainSpec, device: torch.device) -> HFModel:
     """``spec``'s model, sharded over the workers (torch.distributed initialized), each worker's
     shards read from the files; activation checkpointing applied as the worker would."""
     torch.manual_seed(spec.seed)
-    directory = None  # a fresh Llama's values are drawn, not read
-    if isinstance(spec.model, HFConfig):
-        directory = local_copy(spec.model.path, spec.s3)
+    directory = pretrained_dir(spec.model, spec.s3)  # None: a fresh Llama's values are drawn
     model = empty_model(spec.model, directory, spec.seed)
     if spec.pairs:
         from raydp_llm.training.objectives import without_dropout  # Ray's data path: only here
