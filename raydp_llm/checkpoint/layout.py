@@ -13,7 +13,7 @@ from raydp_llm.core.config import DpoSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_FILE
-from raydp_llm.models.files import CONFIG_FILE, WEIGHTS_FILE
+from raydp_llm.models.files import CONFIG_FILE, WEIGHTS_FILE, is_hf_dir
 
 MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
 STATE_JSON = "train_state.json"  # a checkpoint's training state: it marks a checkpoint
@@ -24,6 +24,17 @@ SHARDS = "shards"  # a sharded checkpoint's DCP directory (sharded.py)
 class ModelDirError(InputError):
     """A model directory or checkpoint that cannot be loaded: damaged, or its files do not fit
     together."""
+
+
+def check_model_files(directory: Path, shown_as: str) -> None:
+    """A model directory to load: a Hugging Face one, or this project's with its ``MODEL_FILES``;
+    else one line naming those missing."""
+    if is_hf_dir(directory):
+        return
+    missing = [n for n in MODEL_FILES if not (directory / n).is_file()]
+    if missing:
+        raise InputError(f"model_dir={shown_as}: no {', '.join(missing)} there; give the model/ "
+                         "directory of a finished run")
 
 
 def is_sharded(directory: str | Path) -> bool:

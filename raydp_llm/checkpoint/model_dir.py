@@ -41,8 +41,8 @@ from raydp_llm.core.tokenizer import (
 )
 from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
-from raydp_llm.models.files import CONFIG_FILE, WEIGHTS_FILE
-from raydp_llm.models.hf import HFModel, is_hf_dir, load_hf_dir, save_hf_dir
+from raydp_llm.models.files import CONFIG_FILE, WEIGHTS_FILE, is_hf_dir
+from raydp_llm.models.hf import HFModel, load_hf_dir, save_hf_dir
 
 
 def save_model_dir(directory: Path, model: LanguageModel, tokenizer: Tokenizer,

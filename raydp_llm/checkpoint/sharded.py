@@ -35,12 +35,11 @@ from raydp_llm.core.storage import S3Options, whole_or_absent
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
-from raydp_llm.models.files import WEIGHTS_FILE
+from raydp_llm.models.files import WEIGHTS_FILE, is_hf_dir
 from raydp_llm.models.hf import (
     HFModel,
     empty_model,
     empty_net,
-    is_hf_dir,
     pretrained_dir,
     save_hf_dir,
 )

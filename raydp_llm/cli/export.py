@@ -9,14 +9,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
 from raydp_llm.core import storage
 from raydp_llm.core.config import ExportSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.models.files import NotExpressible
-from raydp_llm.models.gpt2 import check_exportable, save_gpt2_dir
 
 USAGE = ("usage: python -m raydp_llm.export model_dir=DIR out=DIR [key=value ...] (--help: every "
          "key)")
@@ -33,6 +31,10 @@ def export(settings: ExportSettings) -> tuple[Path, bool]:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"out={out}: already exists and is not an empty directory; give a new "
                          "directory (nothing is overwritten)")
+    # torch: seconds to import, after the arguments are known good
+    from raydp_llm.checkpoint.model_dir import load_model_dir
+    from raydp_llm.models.gpt2 import check_exportable, save_gpt2_dir
+
     model, tokenizer = load_model_dir(settings.model_dir, s3=S3Options.of(settings.s3))
     check_exportable(model)  # before anything is written
     text = tokenizer if tokenizer.kind != "ids" else None

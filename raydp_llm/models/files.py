@@ -4,6 +4,7 @@ node-local copy. Only tokenizers and the storage layer: no torch, no transformer
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -134,3 +135,10 @@ def tokenizer_dir(path: str, s3: S3Options = S3Options()) -> Path:
         if not info.base_name.endswith(WEIGHT_SUFFIXES):
             storage.copy(storage.join(path, info.base_name), target / info.base_name, s3)
     return target
+
+
+def is_hf_dir(directory: str | Path, s3: S3Options = S3Options()) -> bool:
+    """A Hugging Face directory (``config.json`` names a ``model_type``), not this project's."""
+    with contextlib.suppress(OSError, ValueError):
+        return "model_type" in storage.read_json(storage.join(str(directory), CONFIG_FILE), s3)
+    return False

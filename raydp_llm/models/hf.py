@@ -313,13 +313,6 @@ def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer,
     return directory
 
 
-def is_hf_dir(directory: str | Path, s3: S3Options = S3Options()) -> bool:
-    """A Hugging Face directory (``config.json`` names a ``model_type``), not this project's."""
-    with contextlib.suppress(OSError, ValueError):
-        return "model_type" in storage.read_json(storage.join(str(directory), CONFIG_FILE), s3)
-    return False
-
-
 def load_hf_dir(directory: Path, device: str = "cpu") -> tuple[HFModel, Tokenizer]:
     """A Hugging Face directory's model (eval mode; block size the one it was trained with here,
     else min(positions, 1024)) and its tokenizer as transformers' AutoTokenizer builds it."""

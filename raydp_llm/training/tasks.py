@@ -29,7 +29,7 @@ import yaml
 
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.storage import S3Options
-from raydp_llm.models.hf import is_hf_dir
+from raydp_llm.models.files import is_hf_dir
 from raydp_llm.training.task_files import localized
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "raydp_llm"
 # each wing may import only those before it
 WINGS = ["core", "models", "checkpoint", "engines", "data", "training", "cli"]
+ENTRY_POINTS = ["train", "prepare", "evaluate", "generate", "export"]
 
 
 def imports_of(path: Path) -> set[str]:
@@ -129,17 +130,28 @@ EXECUTOR_MODULES = [
 ]
 
 
-def test_the_executors_code_imports_neither_ray_nor_raydp():
-    imports = "; ".join(f"import raydp_llm.{m}" for m in EXECUTOR_MODULES)
+def heavy_imports(modules: list[str]) -> str:
+    """Which of Ray, RayDP and torch a fresh interpreter has imported once it imported
+    ``modules`` (of raydp_llm)."""
+    imports = "; ".join(f"import raydp_llm.{m}" for m in modules)
     heavy = "{'ray', 'raydp', 'torch'}"
     probe = f"import sys; {imports}; print(sorted({heavy} & sys.modules.keys()))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    return done.stdout.strip()
 
 
-@pytest.mark.parametrize("entry", ["train", "prepare", "evaluate", "generate", "export"])
+def test_the_executors_code_imports_neither_ray_nor_raydp():
+    assert heavy_imports(EXECUTOR_MODULES) == "[]"
+
+
+def test_the_entry_points_doors_load_neither_torch_nor_ray():
+    """--help and bad input answer in a second or two: the jobs behind the doors load the rest."""
+    assert heavy_imports([f"cli.{m}" for m in ENTRY_POINTS]) == "[]"
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_every_entry_point_answers_help(entry):
     done = subprocess.run([sys.executable, "-m", f"raydp_llm.{entry}", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
