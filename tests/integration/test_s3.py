@@ -5,6 +5,7 @@ model on S3."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -189,6 +190,17 @@ def _assert_text_from_s3_as_from_disk(from_s3, from_disk, local) -> None:
     assert from_s3[0]["bytes"] == sum(f.stat().st_size for f in local.iterdir())
 
 
+@contextlib.contextmanager
+def _spark_sql_set(spark, key: str, value: str):
+    """``key`` (a Spark SQL setting) at ``value`` for the duration, then back to what it was."""
+    before = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
 @pytest.mark.slow
 def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir, tmp_path):
     local = _local_text_corpus_also_on_s3(corpus_dir, tmp_path, s3)
@@ -198,10 +210,6 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         "data.cache=false",
         f"s3.endpoint_url={s3.endpoint_url}",
     )
-    cfg = replace(cfg, cluster=replace(cfg.cluster, spark_conf={
-        "spark.sql.files.maxPartitionBytes": "8k"
-    }))  # several input splits per file
-
     rows = [
         line
         for f in sorted(corpus_dir.iterdir())
@@ -209,7 +217,10 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         if line.strip()
     ]
     names = _rows_as_parquet_and_jsonl_also_on_s3(rows, tmp_path, s3)
-    with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark:
+    # the Spark the tests keep (its cluster settings: the defaults), with several input splits per
+    # file for the length of this test: a setting Spark SQL takes at run time
+    with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark, \
+            _spark_sql_set(spark, "spark.sql.files.maxPartitionBytes", "8k"):
         from_s3 = _etl_chunks(spark, cfg, f"s3://{BUCKET}/etl/")
         from_disk = _etl_chunks(spark, cfg, str(local))
         parquet_from_s3 = _etl_chunks(spark, cfg, f"s3://{BUCKET}/parquet/", "parquet")
