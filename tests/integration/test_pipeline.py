@@ -373,10 +373,12 @@ def _assert_only_inputs_and_etl_settings_change_the_key(cfg, corpus, corpus_dir,
 
 
 def test_cache_miss_hit_and_partial_entries(ray_cluster, corpus_dir, tmp_path):
+    from raydp_llm.engines.spark import stop_kept_spark
+
     cache_dir = tmp_path / "cache"
-    cfg = make_config(  # Spark's own start, timed
-        f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}",
-        "cluster.keep_spark=false")
+    cfg = make_config(
+        f"data.path={corpus_dir}", f"data.cache_dir={cache_dir}", f"model.block_size={BLOCK}")
+    stop_kept_spark()  # Spark's own start, timed (then kept for the next test's first ETL)
     corpus = check_inputs(cfg)
     key = cache.cache_key(corpus, cfg.data, cfg.tokenizer, cfg.seed)
     (cache_dir / key).mkdir(parents=True)  # a partial entry: no manifest
