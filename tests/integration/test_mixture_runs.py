@@ -49,8 +49,10 @@ def mixed(ray_cluster, tmp_path_factory) -> dict:
     (out / "replay.txt").write_text(words("QRSTUVWXYZ", 6000, 2))
     overrides = [*RUN, sources(("domain", out / "domain.txt", 0.9),
                                ("replay", out / "replay.txt", 0.1))]
-    # a Spark of the run's own, started by its first source
-    summary = train(make_config(*overrides, "cluster.keep_spark=false"), out / "run")
+    from raydp_llm.engines.spark import stop_kept_spark
+
+    stop_kept_spark()  # a Spark of the run's own, started by its first source (kept for evaluate)
+    summary = train(make_config(*overrides), out / "run")
     return {"summary": summary, "out": out, "overrides": overrides}
 
 
