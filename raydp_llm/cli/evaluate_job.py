@@ -52,7 +52,6 @@ def model_and_settings(
     the ETL runs with for it: the model's tokenizer and block size (``window`` when given: the
     command line's ``model.block_size``), and, for an id model, its vocabulary size."""
     model_dir = local_model_dir(settings, out_dir)
-    check_model_files(model_dir, settings.model_dir)  # an s3:// one's, once fetched
     hf_dir = is_hf_dir(model_dir)  # a Hugging Face directory, trained here or elsewhere
     model, tokenizer = load_model_dir(model_dir)
     if window is not None and window > model.longest_window():
@@ -108,13 +107,14 @@ def query_task(settings: EvaluateSettings, out_dir: Path) -> str:
 
 def local_model_dir(settings: EvaluateSettings, out_dir: Path) -> Path:
     """``model_dir``, an s3:// one fetched into the run directory (the ETL and the harness read
-    it there)."""
+    it there) and checked to hold a model, as the door checks a local one."""
     if not storage.is_s3(settings.model_dir):
         return Path(settings.model_dir)
     try:
         storage.fetch(settings.model_dir, out_dir / "model", S3Options.of(settings.s3))
     except OSError as err:
         raise storage.unreachable("model_dir", settings.model_dir, err) from None
+    check_model_files(out_dir / "model", settings.model_dir)
     return out_dir / "model"
 
 
