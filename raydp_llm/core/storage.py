@@ -258,7 +258,9 @@ def write_tree(directory: str | Path, fs: pafs.FileSystem, root: str) -> None:
 
 
 def fetch(source: str, directory: str | Path, s3: S3Options) -> None:
-    """Copy the files under ``source`` (an S3 prefix) into the local ``directory``; a prefix with
-    nothing under it copies nothing, and the caller names the files it then lacks."""
+    """Copy the files under ``source`` (an S3 prefix) into the local ``directory``, made if new (a
+    copy into a directory that does not exist fails to open its first file); a prefix with nothing
+    under it copies nothing, and the caller names the files it then lacks."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         copy(source, directory, s3)

@@ -377,6 +377,22 @@ def test_a_file_that_cannot_be_uploaded_fails_the_copy(s3, tmp_path):
     assert not storage.exists(f"s3://{BUCKET}/published/complete.json", s3)
 
 
+def test_a_model_dir_on_s3_is_fetched_into_a_run_directory_that_has_no_model_dir_yet(s3, tmp_path):
+    """evaluate fetches an s3:// model_dir into ``<run>/model``, which does not exist yet."""
+    from raydp_llm.cli.evaluate_job import local_model_dir
+
+    model = tmp_path / "trained"
+    model.mkdir()
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        (model / name).write_text(name)
+    storage.copy(model, f"s3://{BUCKET}/fetched/model", s3)
+    settings = make_config(f"s3.endpoint_url={s3.endpoint_url}",
+                           f"model_dir=s3://{BUCKET}/fetched/model", config_name="evaluate")
+    assert local_model_dir(settings, tmp_path / "run") == tmp_path / "run" / "model"
+    assert sorted(p.name for p in (tmp_path / "run" / "model").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json"]
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_an_s3_object_that_cannot_be_read_is_one_line(ray_cluster, s3, corpus_dir, tmp_path):
