@@ -76,3 +76,50 @@ def ensure_java() -> Path:
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     return home
+
+
+# Ray's Java runtime, in a JVM that joins Ray as a driver (Spark's driver and RayDP's master: two
+# per Spark start), copies its native library into /tmp/ray/<milliseconds>/ (a fixed path, not
+# RAY_TMPDIR) and never removes it: 80 MB left behind by every Spark start. A JVM that has
+# loaded it keeps its mapping when the file is removed.
+RAY_JAVA_LIBRARY = "libcore_worker_library_java.so"
+RAY_JAVA_LIBRARY_ROOT = Path("/tmp/ray")
+STALE_S = 3600.0  # a JVM loads its copy within seconds: an older one nobody maps is garbage
+
+
+def remove_ray_java_library_copies(root: Path = RAY_JAVA_LIBRARY_ROOT) -> int:
+    """Remove the copies of Ray's Java library under ``root`` that a process has loaded, and those
+    over an hour old that none has; the number removed. A copy being written or not yet loaded
+    stays."""
+    import time
+
+    copies = [d for d in root.glob("[0-9]*")
+              if d.name.isdigit() and (d / RAY_JAVA_LIBRARY).exists()]
+    if not copies:
+        return 0
+    loaded = _mapped_paths()
+    removed = 0
+    for d in copies:
+        try:
+            stale = time.time() - d.stat().st_mtime > STALE_S
+        except OSError:  # removed meanwhile by another run
+            continue
+        if str(d / RAY_JAVA_LIBRARY) in loaded or stale:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += not d.exists()
+    return removed
+
+
+def _mapped_paths() -> set[str]:
+    """The files mapped by the processes this user may read (from /proc/<pid>/maps)."""
+    paths: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            lines = maps.read_text().splitlines()
+        except OSError:  # gone, or another user's
+            continue
+        for line in lines:
+            fields = line.split(None, 5)  # address, perms, offset, device, inode, path
+            if len(fields) == 6:
+                paths.add(fields[5])
+    return paths

@@ -23,7 +23,7 @@ import ray
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines.class_archive import ClassArchive
-from raydp_llm.engines.java import ensure_java
+from raydp_llm.engines.java import ensure_java, remove_ray_java_library_copies
 from raydp_llm.engines.spark_settings import (
     EVENT_LOG_DIR,
     FETCH_MEMORY_KEY,
@@ -118,7 +118,8 @@ def _started_spark(
 ) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     """``spark_session``'s Spark, started; always stopped on exit."""
     archive = driver_archive(cfg, ensure_java())
-    configs = spark_configs(cfg, log_dir, hive, archive.flags() if archive else [])
+    driver_flags = [*(archive.flags() if archive else []), _ray_logs_flag()]
+    configs = spark_configs(cfg, log_dir, hive, driver_flags)
     configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
     _driver_environment(cfg, configs)
@@ -135,6 +136,7 @@ def _started_spark(
     registered = False
     try:
         spark = _init_spark(init, cfg.verbose, log_dir)
+        remove_ray_java_library_copies()  # the driver's and RayDP master's, loaded by now
         spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
         if cfg.spark_ui:
             log.info("Spark UI: %s (while the ETL runs)", spark.sparkContext.uiWebUrl)
@@ -149,6 +151,14 @@ def _started_spark(
     finally:
         # executors that never all registered are not waited for: the job is failing anyway
         _stop(cfg, placement, wait_for_cpus=registered, archive=archive)
+
+
+def _ray_logs_flag() -> str:
+    """Where the driver JVM's RayDP agent writes its log: this node's Ray session, as RayDP tells
+    its app master's JVM. Without it the agent uses /tmp/ray/session_latest, which is left dangling
+    once the sessions are deleted (Ray does not replace a dangling link), and the driver's JVM
+    then exits before Spark starts."""
+    return f"-Dray.logging.dir={ray._private.worker._global_node.get_logs_dir_path()}"
 
 
 def driver_archive(cfg: ClusterSettings, java_home: Path) -> ClassArchive | None:

@@ -1,8 +1,14 @@
 """The Spark driver JVM's class archive on the real engines (engines/class_archive.py): the first
 session's driver writes it as it exits, the next one maps it, and a truncated archive (which a JVM
-that maps it dies of) is deleted and written again rather than mapped."""
+that maps it dies of) is deleted and written again rather than mapped. Also what every driver JVM
+leaves behind or trips on outside Spark: Ray's copies of its Java library in /tmp/ray, and a
+dangling session_latest link."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +28,37 @@ def _mapped(pid: int, path) -> bool:
         return str(path) in f.read()
 
 
+@contextlib.contextmanager
+def _session_latest_dangling():
+    """Ray's session_latest link left pointing nowhere, as it is once a user deletes the
+    sessions' directories (and Ray does not replace a dangling link): RayDP's agent in the driver
+    JVM wrote its log there, and the JVM exited before Spark started."""
+    import ray
+
+    link = Path(ray._private.worker._global_node.get_session_dir_path()).parent / "session_latest"
+    target = os.readlink(link)
+    os.remove(link)
+    os.symlink(link.parent / "session_deleted_by_the_user", link)
+    try:
+        yield
+    finally:
+        os.remove(link)
+        os.symlink(target, link)
+
+
+def _assert_rays_library_is_loaded_but_its_copy_gone(pid: int) -> None:
+    """Ray's Java runtime copied its library into /tmp/ray/<ms>/ for the driver JVM: the JVM has
+    it loaded, and the copy is removed (it would stay there, 40 MB, after the JVM's end)."""
+    from raydp_llm.engines.java import RAY_JAVA_LIBRARY
+
+    with open(f"/proc/{pid}/maps") as f:
+        loaded = {line.split(None, 5)[5] for line in f.read().splitlines()
+                  if RAY_JAVA_LIBRARY in line}
+    assert loaded and all(p.startswith("/tmp/ray/") and p.endswith(" (deleted)") for p in loaded)
+    (copy,) = {p.removesuffix(" (deleted)") for p in loaded}
+    assert not Path(copy).parent.exists()
+
+
 def test_the_driver_writes_then_maps_its_archive_and_never_maps_a_truncated_one(
         ray_cluster, tmp_path, monkeypatch):
     from raydp_llm.engines.class_archive import CACHE_DIR_ENV, ClassArchive
@@ -39,10 +76,11 @@ def test_the_driver_writes_then_maps_its_archive_and_never_maps_a_truncated_one(
     (path,) = (tmp_path / "jvm").glob("driver-*.jsa")
     assert path.stat().st_size > 10_000_000  # Spark's classes: over 100 MB
 
-    with session("second") as spark:
+    with _session_latest_dangling(), session("second") as spark:
         pid, args = _driver_jvm(spark)
         assert f"-XX:SharedArchiveFile={path}" in args and _mapped(pid, path)
         assert spark.range(10).count() == 10
+        _assert_rays_library_is_loaded_but_its_copy_gone(pid)
 
     with open(path, "r+b") as f:  # truncated: a JVM that mapped it would die of SIGBUS
         f.truncate(path.stat().st_size // 2)

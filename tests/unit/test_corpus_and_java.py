@@ -1,4 +1,5 @@
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,34 @@ def test_data_path_lists_keep_uris_and_resolve_local_paths(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     corpus = check_inputs(make_config("data.path=['hdfs://namenode/corpus/part-0.txt','a.txt']"))
     assert corpus.files == sorted(["hdfs://namenode/corpus/part-0.txt", str(tmp_path / "a.txt")])
+
+
+def test_loaded_and_stale_copies_of_rays_java_library_are_removed(tmp_path):
+    """Ray's Java driver copies its 40 MB library into /tmp/ray/<ms>/ at each start and leaves it:
+    a copy a process has mapped goes (the mapping stays valid), an hour-old one nobody maps goes,
+    a fresh one nobody maps yet stays (a JVM may be about to load it)."""
+    import subprocess
+    import sys
+
+    copies = {}
+    for name in ("1795768364270", "1795768370828", "1795768399999"):
+        (tmp_path / name).mkdir()
+        copies[name] = tmp_path / name / java.RAY_JAVA_LIBRARY
+        copies[name].write_bytes(b"\0" * 8192)
+    (tmp_path / "session_latest").mkdir()  # not a copy: Ray's own
+    (tmp_path / "session_latest" / java.RAY_JAVA_LIBRARY).write_bytes(b"\0")
+    hour_ago = time.time() - java.STALE_S - 60
+    os.utime(tmp_path / "1795768399999", (hour_ago, hour_ago))
+    mapper = subprocess.Popen(  # maps the first copy, as a JVM that loaded it does
+        [sys.executable, "-c", "import mmap, sys; f = open(sys.argv[1], 'rb'); "
+         "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); print(len(m), flush=True); "
+         "sys.stdin.read(); print(m[:4].hex())", str(copies["1795768364270"])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert mapper.stdout.readline().strip() == "8192"
+        assert java.remove_ray_java_library_copies(tmp_path) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["1795768370828", "session_latest"]
+        # the process reads its mapping of the removed file as before
+        assert mapper.communicate("\n", timeout=30)[0].strip() == "00000000"
+    finally:
+        mapper.kill()
