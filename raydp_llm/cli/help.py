@@ -57,6 +57,25 @@ def annotate(text: str, docs: dict[str, str], package: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+GROUP_LINE = re.compile(r"^([a-z_]+): ([\w, ]+)$")  # "model: base_gpt, gpt, ..." (--help's groups)
+
+
+def without_schemas(text: str) -> str:
+    """--help's group lines without the schemas' names (``base_gpt``): the conf/ files build on
+    them; they are not options to pick."""
+    schemas = {name for group, name in SCHEMAS if group}
+    out, in_groups = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("== "):
+            in_groups = line.startswith("== Configuration groups ==")
+        match = GROUP_LINE.match(line.rstrip("\n"))
+        if in_groups and match:
+            options = [o for o in match.group(2).split(", ") if o not in schemas]
+            line = f"{match.group(1)}: {', '.join(options)}\n"
+        out.append(line)
+    return "".join(out)
+
+
 @contextlib.contextmanager
 def documented_output() -> Iterator[None]:
     """With ``--help`` or ``--cfg``, annotate what Hydra prints with each setting's help."""
@@ -70,4 +89,4 @@ def documented_output() -> Iterator[None]:
         with contextlib.redirect_stdout(printed):
             yield
     finally:
-        sys.stdout.write(annotate(printed.getvalue(), field_help(), package))
+        sys.stdout.write(annotate(without_schemas(printed.getvalue()), field_help(), package))

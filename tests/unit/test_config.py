@@ -90,10 +90,10 @@ def test_cfg_job_and_help_print_each_setting_with_its_meaning():
     help_text = cli("--help")
     assert "  n_head: 4  # attention heads per block; must divide n_embd\n" in help_text
     assert (
-        "model: base_gpt, base_hf, base_llama, base_lstm, gpt, gpt2_small, gpt_mini, gpt_nano, hf, "
-        "llama, lstm  # the language model"
+        "\nmodel: gpt, gpt2_small, gpt_mini, gpt_nano, hf, llama, lstm  # the language model"
         in help_text
     )
+    assert "\ntokenizer: bpe, char  # char | bpe" in help_text  # not the schemas (base_char)
     assert "python -m raydp_llm.train -m +experiment=smoke" in help_text  # the examples
 
 
