@@ -42,10 +42,11 @@ JAVA_OPTION_KEYS = frozenset({
 
 
 def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
-                  driver_flags: list[str] | tuple = ()) -> dict[str, str]:
+                  driver_flags: list[str] | tuple = (),
+                  executor_flags: list[str] | tuple = ()) -> dict[str, str]:
     """The Spark settings every session gets (and Hive's catalog with ``hive``), then
     ``cfg.spark_conf`` over them (its Java options follow ours in the same setting).
-    ``driver_flags``: more for the driver's JVM (its class archive)."""
+    ``driver_flags``, ``executor_flags``: more for those JVMs (their class archives)."""
     level = "info" if cfg.verbose else "warn"
     java_opts = " ".join(JVM_FLAGS + (QUICK_START_FLAGS if cfg.quick_jvm else []))
     driver_opts = " ".join([java_opts, *driver_flags, f"-Draydp_llm.log.level={level}"])
@@ -53,7 +54,7 @@ def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
         # The Spark driver's log4j2 file (RayDP passes it as -Dlog4j2.configurationFile).
         "spark.log4j.config.file.name": str(LOG4J_FILE),
         "spark.driver.extraJavaOptions": driver_opts,
-        "spark.executor.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": " ".join([java_opts, *executor_flags]),
         "spark.ray.raydp_app_master.extraJavaOptions": java_opts,
         # Ray CPUs each executor actor reserves; below executor_cores leaves room for the Ray
         # tasks that run beside Spark (from_spark's fetch and Ray Data's metadata tasks).

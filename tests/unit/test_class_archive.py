@@ -1,6 +1,6 @@
-"""The Spark driver's class archive (engines/class_archive.py): sealed only when the JVM that wrote
-it ran its exit sequence and it is an archive; a sealed one used only at its recorded size (a JVM
-that maps a truncated archive dies of SIGBUS)."""
+"""The Spark driver's and executors' class archives (engines/class_archive.py): sealed only when
+the JVM that wrote it ran its exit sequence (or a running one dumped it) and it is an archive; a
+sealed one used only at its recorded size (a JVM that maps a truncated archive dies of SIGBUS)."""
 
 from __future__ import annotations
 
@@ -70,3 +70,33 @@ def test_an_unwritable_cache_means_no_archive(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "file" / "jvm"))
     assert ClassArchive.for_driver(ensure_java()) is None
+
+
+WAITING_JVM = "public class Wait { public static void main(String[] a) throws Exception { " \
+              "System.out.println(\"up\"); System.in.read(); } }"
+
+
+def test_a_running_jvm_writes_the_executors_archive_when_asked(tmp_path, monkeypatch):
+    """An executor is killed, never exits: started with the flags to record, it is asked for its
+    archive with jcmd; then the next one maps it."""
+    import subprocess
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "jvm"))
+    home = ensure_java()
+    archive = ClassArchive.for_executor(home)
+    assert archive is not None and archive != ClassArchive.for_driver(home)
+    marker = f"-Dtest.executor_of={os.getpid()}"
+    flags = archive.running_flags(marker)
+    assert "-XX:+RecordDynamicDumpInfo" in flags and marker in flags
+    (tmp_path / "Wait.java").write_text(WAITING_JVM)
+    jvm = subprocess.Popen([str(home / "bin" / "java"), *flags, str(tmp_path / "Wait.java")],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert jvm.stdout.readline().strip() == "up"
+        archive.dump_from(marker, home)
+    finally:
+        jvm.communicate("\n", timeout=60)
+    assert archive.usable() and not list((tmp_path / "jvm").glob("*.tmp"))
+    assert archive.running_flags(marker)[-1] == f"-XX:SharedArchiveFile={archive.path}"
+    archive.dump_from(marker, home)  # no JVM of that marker any more: nothing happens
+    assert archive.usable()
