@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ CACHE_DIR_ENV = "RAYDP_LLM_JVM_CACHE"  # where archives live; default ~/.cache/r
 # RayDP's Java agent runs in the driver JVM: an archive is written and used only with this.
 AGENT_FLAGS = ["-XX:+UnlockDiagnosticVMOptions", "-XX:+AllowArchivingWithJavaAgent"]
 DYNAMIC_MAGIC = 0xF00BABA8  # the first four bytes (little-endian) of a JDK 17 dynamic archive
+UNUSED_DAYS = 30.0  # an archive no run has mapped for this long is removed when another is written
 SEALED_EXITS = (0, 143)  # the JVM ran its exit sequence, the dump included (143: it got SIGTERM)
 
 
@@ -101,6 +103,7 @@ class ClassArchive:
         try:
             recorded = json.loads(self._record.read_text())["bytes"]
             if self.path.stat().st_size == recorded:
+                os.utime(self._record)  # last used now: see prune_unused
                 return True
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -147,8 +150,28 @@ class ClassArchive:
                 self._record.write_text(json.dumps({"bytes": pending.stat().st_size}))
                 os.replace(pending, self.path)
                 log.info("Spark's class archive written: %s", self.path)
+                prune_unused(self.path.parent)
         finally:
             pending.unlink(missing_ok=True)
+
+
+def prune_unused(folder: Path, days: float = UNUSED_DAYS) -> list[Path]:
+    """Remove the archives in ``folder`` that no run has used for ``days`` (their record's time:
+    ``usable`` touches it); the archives removed. Each new JDK, PySpark or RayDP, and each extra
+    class path, gets an archive of its own (the driver's: 170 MB) that nothing else removes."""
+    cutoff = time.time() - days * 86400
+    removed = []
+    for record in folder.glob("*.jsa.json"):
+        try:
+            if record.stat().st_mtime >= cutoff:
+                continue
+        except OSError:  # removed meanwhile
+            continue
+        archive = record.with_suffix("")  # x.jsa.json -> x.jsa
+        archive.unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+        removed.append(archive)
+    return removed
 
 
 def _pid_with_flag(flag: str) -> int | None:

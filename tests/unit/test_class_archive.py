@@ -100,3 +100,23 @@ def test_a_running_jvm_writes_the_executors_archive_when_asked(tmp_path, monkeyp
     assert archive.running_flags(marker)[-1] == f"-XX:SharedArchiveFile={archive.path}"
     archive.dump_from(marker, home)  # no JVM of that marker any more: nothing happens
     assert archive.usable()
+
+
+def test_archives_unused_for_a_month_go_when_another_is_written(tmp_path, monkeypatch):
+    """Each JDK, PySpark, RayDP and extra class path gets its own archive (170 MB for the driver):
+    one no run has used for 30 days is removed when a new one is sealed; one in use stays."""
+    import time
+
+    archive = _archive(tmp_path, monkeypatch)
+    old, used = (ClassArchive(tmp_path / "jvm" / name) for name in ("driver-old.jsa",
+                                                                      "driver-used.jsa"))
+    for other in (old, used):
+        other.path.write_bytes(ARCHIVE_BYTES)
+        other._record.write_text(f'{{"bytes": {len(ARCHIVE_BYTES)}}}')
+        month_ago = time.time() - 31 * 86400
+        os.utime(other._record, (month_ago, month_ago))
+    assert used.usable()  # a run maps it: its record is touched
+    _written(archive)
+    archive.seal(0)
+    assert archive.usable() and used.usable()
+    assert not old.path.exists() and not old._record.exists()
