@@ -281,8 +281,7 @@ class ClusterSettings:
                                       "its Ray CPUs stay taken until Ray stops")
     driver_memory: str = setting("1g", "Spark driver JVM heap")
     quick_jvm: bool = setting(True, "Spark's JVMs compile with C1 alone (-XX:TieredStopAtLevel=1) "
-                                    "and the driver (and the embedded cluster's executors) map "
-                                    "their classes from archives the first run writes "
+                                    "and map their classes from archives a first run writes "
                                     "(~/.cache/raydp_llm/jvm): ready sooner, the same ETL speed; "
                                     "false for hours-long ETLs on many cores")
     spark_conf: Dict[str, Any] = setting({}, "extra Spark settings, e.g. "
