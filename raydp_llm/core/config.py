@@ -281,9 +281,9 @@ class ClusterSettings:
                                       "its Ray CPUs stay taken until Ray stops")
     driver_memory: str = setting("1g", "Spark driver JVM heap")
     quick_jvm: bool = setting(True, "Spark's JVMs compile with C1 alone (-XX:TieredStopAtLevel=1) "
-                                    "and map their classes from archives a first run writes "
-                                    "(~/.cache/raydp_llm/jvm): ready sooner, the same ETL speed; "
-                                    "false for hours-long ETLs on many cores")
+                                    "and its driver and executors map their classes from "
+                                    "archives a first run writes (~/.cache/raydp_llm/jvm): "
+                                    "ready sooner; false for hours-long ETLs on many cores")
     spark_conf: Dict[str, Any] = setting({}, "extra Spark settings, e.g. "
                                              "{spark.sql.shuffle.partitions: 8}")
     placement: Optional[str] = setting(
