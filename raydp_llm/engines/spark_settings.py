@@ -42,20 +42,19 @@ JAVA_OPTION_KEYS = frozenset({
 
 
 def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
-                  driver_flags: list[str] | tuple = (),
-                  executor_flags: list[str] | tuple = ()) -> dict[str, str]:
+                  jvm_flags: dict[str, list[str]] | None = None) -> dict[str, str]:
     """The Spark settings every session gets (and Hive's catalog with ``hive``), then
     ``cfg.spark_conf`` over them (its Java options follow ours in the same setting).
-    ``driver_flags``, ``executor_flags``: more for those JVMs (their class archives)."""
+    ``jvm_flags``: more flags by Java options' key (``spark.driver.extraJavaOptions``: the class
+    archives, the driver's Ray log directory)."""
     level = "info" if cfg.verbose else "warn"
     java_opts = " ".join(JVM_FLAGS + (QUICK_START_FLAGS if cfg.quick_jvm else []))
-    driver_opts = " ".join([java_opts, *driver_flags, f"-Draydp_llm.log.level={level}"])
-    configs = {
+    flags = jvm_flags or {}
+    configs = {key: " ".join([java_opts, *flags.get(key, [])]) for key in JAVA_OPTION_KEYS}
+    configs["spark.driver.extraJavaOptions"] += f" -Draydp_llm.log.level={level}"
+    configs |= {
         # The Spark driver's log4j2 file (RayDP passes it as -Dlog4j2.configurationFile).
         "spark.log4j.config.file.name": str(LOG4J_FILE),
-        "spark.driver.extraJavaOptions": driver_opts,
-        "spark.executor.extraJavaOptions": " ".join([java_opts, *executor_flags]),
-        "spark.ray.raydp_app_master.extraJavaOptions": java_opts,
         # Ray CPUs each executor actor reserves; below executor_cores leaves room for the Ray
         # tasks that run beside Spark (from_spark's fetch and Ray Data's metadata tasks).
         "spark.ray.raydp_spark_executor.actor.resource.cpu": str(cfg.executor_ray_cpus),
