@@ -7,7 +7,8 @@ test run gains as much). The first run has none: its driver JVM writes one as it
 (``-XX:ArchiveClassesAtExit``), to a file of its own that ``ClassArchive.seal`` renames into place
 once the JVM has ended; later runs map it. RayDP kills its executors, which never exit: one is
 started with ``-XX:+RecordDynamicDumpInfo`` and asked for its archive with ``jcmd`` as the session
-ends (``dump_from``). RayDP's app master is left as it is.
+ends (``dump_from``). RayDP's app master maps the executors' archive: most of its classes are
+theirs (its two JVMs 9.3 → 6.7 s of CPU).
 
 RayDP's Java agent runs in the driver JVM, so an archive is written and mapped with
 ``AllowArchivingWithJavaAgent`` (the JVM logs that such an archive is meant for testing: it holds
