@@ -18,7 +18,7 @@ RayDP (its agent's jar among the jars) gets a new archive.
 Why the care: a JVM maps an archive shorter than its header says and dies of SIGBUS. So an archive
 is used only while its size is the one recorded when it was sealed; otherwise it is deleted and the
 run writes a new one. The file's name holds what makes it valid (the JDK and the jars: a new
-PySpark or RayDP gets its own), and the JVM itself ignores one whose jars changed since.
+PySpark, RayDP or Ray gets its own), and the JVM itself ignores one whose jars changed since.
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def cache_dir() -> Path:
 
 
 def _jars_key(java_home: Path, extra: str) -> str:
-    """A digest of the JDK and of PySpark's and RayDP's jars (names, sizes, times)."""
+    """A digest of the JDK and of PySpark's, RayDP's and Ray's jars (names, sizes, times)."""
     import pyspark
+    import ray
     import raydp
 
     digest = hashlib.sha256(f"{java_home.resolve()}|{extra}".encode())
-    for package in (pyspark, raydp):
+    for package in (pyspark, raydp, ray):
         jars = Path(package.__file__).parent / "jars"
         for jar in sorted(jars.glob("*.jar")):
             stat = jar.stat()
@@ -75,9 +76,9 @@ class ClassArchive:
 
     @classmethod
     def for_executor(cls, java_home: Path) -> "ClassArchive | None":
-        """The executors' archive for this JDK and these jars (the executor is a Ray Java worker:
-        Ray's jars are its class path), or None where the cache cannot be written."""
-        return cls._cached(f"executor-{_jars_key(java_home, 'ray')}.jsa")
+        """The executors' archive for this JDK and these jars (an executor is a Ray Java worker),
+        or None where the cache directory cannot be written."""
+        return cls._cached(f"executor-{_jars_key(java_home, 'executor')}.jsa")
 
     @classmethod
     def _cached(cls, name: str) -> "ClassArchive | None":
