@@ -135,12 +135,14 @@ class ClassArchive:
         pid = _pid_with_flag(marker)
         if pid is None:
             return
-        try:
-            subprocess.run([str(java_home / "bin" / "jcmd"), str(pid), "VM.cds", "dynamic_dump",
-                            str(self._pending)], capture_output=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as err:  # no jcmd, or the JVM went away
+        try:  # jcmd answers once the JVM has written the whole file
+            done = subprocess.run([str(java_home / "bin" / "jcmd"), str(pid), "VM.cds",
+                                   "dynamic_dump", str(self._pending)],
+                                  capture_output=True, timeout=60)
+            self.seal(0 if done.returncode == 0 else None)  # seal checks the file too
+        except (OSError, subprocess.TimeoutExpired) as err:  # no jcmd, the JVM gone or stuck
             log.info("no class archive from JVM %d: %s", pid, err)
-        self.seal(0)  # written whole or not at all: seal checks the file
+            self._pending.unlink(missing_ok=True)  # never sealed: it may be partly written
 
     def seal(self, exit_code: int | None) -> None:
         """After the driver JVM ended with ``exit_code``: the archive it wrote, if whole, put in

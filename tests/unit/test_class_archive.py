@@ -120,3 +120,21 @@ def test_archives_unused_for_a_month_go_when_another_is_written(tmp_path, monkey
     archive.seal(0)
     assert archive.usable() and used.usable()
     assert not old.path.exists() and not old._record.exists()
+
+
+def test_a_failed_dump_writes_nothing_and_the_run_goes_on(tmp_path, monkeypatch):
+    """No jcmd (a JRE): no archive, no file left, no error (a dump that fails is sealed as a
+    killed JVM's: test_an_archive_of_a_killed_jvm_or_not_an_archive_is_dropped)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "jvm"))
+    archive = ClassArchive.for_executor(ensure_java())
+    marker = f"-Dtest.executor_of={os.getpid()}"
+    marked = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", marker],
+                              stdin=subprocess.PIPE)
+    try:
+        archive.dump_from(marker, tmp_path / "no_jdk")  # no bin/jcmd there
+    finally:
+        marked.communicate(b"", timeout=30)
+    assert not archive.usable() and not list((tmp_path / "jvm").iterdir())
