@@ -63,8 +63,8 @@ def _jars_key(java_home: Path, extra: str) -> str:
 
 @dataclass(frozen=True)
 class ClassArchive:
-    """The driver's archive at ``path`` (``<path>.json`` records its size), and the file this
-    process's JVM writes when there is none yet."""
+    """The driver's or the executors' archive at ``path`` (``<path>.json`` records its size), and
+    the file this process's JVM writes when there is none yet."""
 
     path: Path
 
