@@ -123,14 +123,15 @@ class ClassArchive:
             return [*AGENT_FLAGS, f"-XX:SharedArchiveFile={self.path}"]
         return []
 
-    def running_flags(self, marker: str) -> list[str]:
-        """The flags of a JVM that never exits (RayDP kills its executors): map the archive, or
-        keep what ``dump_from`` needs to write one while it runs; ``marker`` (a ``-D`` flag) finds
+    @staticmethod
+    def recording_flags(marker: str) -> list[str]:
+        """The flags of a JVM that never exits (RayDP kills its executors) and has no archive to
+        map: what ``dump_from`` needs to write one while it runs; ``marker`` (a ``-D`` flag) finds
         that JVM among the processes."""
-        return self.mapping_flags() or [*AGENT_FLAGS, "-XX:+RecordDynamicDumpInfo", marker]
+        return [*AGENT_FLAGS, "-XX:+RecordDynamicDumpInfo", marker]
 
     def dump_from(self, marker: str, java_home: Path) -> None:
-        """The archive written from the running JVM started with ``running_flags(marker)`` (JDK
+        """The archive written from the running JVM started with ``recording_flags(marker)`` (JDK
         17's ``jcmd <pid> VM.cds dynamic_dump``: about 5 s on 2 cores, once) and sealed."""
         pid = _pid_with_flag(marker)
         if pid is None:
@@ -163,8 +164,9 @@ class ClassArchive:
 
 def prune_unused(folder: Path, days: float = UNUSED_DAYS) -> list[Path]:
     """Remove the archives in ``folder`` that no run has used for ``days`` (their record's time:
-    ``usable`` touches it); the archives removed. Each new JDK, PySpark or RayDP, and each extra
-    class path, gets an archive of its own (the driver's: 170 MB) that nothing else removes."""
+    ``usable`` touches it); the archives removed. Each new JDK, PySpark, RayDP or Ray, and each
+    extra class path, gets an archive of its own (the driver's: 170 MB) that nothing else
+    removes."""
     cutoff = time.time() - days * 86400
     removed = []
     for record in folder.glob("*.jsa.json"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 _OPENS = [
@@ -91,8 +92,6 @@ def remove_ray_java_library_copies(root: Path = RAY_JAVA_LIBRARY_ROOT) -> int:
     """Remove the copies of Ray's Java library under ``root`` that a process has loaded, and those
     over an hour old that none has; the number removed. A copy being written or not yet loaded
     stays."""
-    import time
-
     copies = [d for d in root.glob("[0-9]*")
               if d.name.isdigit() and (d / RAY_JAVA_LIBRARY).exists()]
     if not copies:

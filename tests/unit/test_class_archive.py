@@ -86,7 +86,8 @@ def test_a_running_jvm_writes_the_executors_archive_when_asked(tmp_path, monkeyp
     archive = ClassArchive.for_executor(home)
     assert archive is not None and archive != ClassArchive.for_driver(home)
     marker = f"-Dtest.executor_of={os.getpid()}"
-    flags = archive.running_flags(marker)
+    assert archive.mapping_flags() == []  # none yet: this JVM records one
+    flags = archive.recording_flags(marker)
     assert "-XX:+RecordDynamicDumpInfo" in flags and marker in flags
     (tmp_path / "Wait.java").write_text(WAITING_JVM)
     jvm = subprocess.Popen([str(home / "bin" / "java"), *flags, str(tmp_path / "Wait.java")],
@@ -97,7 +98,7 @@ def test_a_running_jvm_writes_the_executors_archive_when_asked(tmp_path, monkeyp
     finally:
         jvm.communicate("\n", timeout=60)
     assert archive.usable() and not list((tmp_path / "jvm").glob("*.tmp"))
-    assert archive.running_flags(marker)[-1] == f"-XX:SharedArchiveFile={archive.path}"
+    assert archive.mapping_flags()[-1] == f"-XX:SharedArchiveFile={archive.path}"
     archive.dump_from(marker, home)  # no JVM of that marker any more: nothing happens
     assert archive.usable()
 
