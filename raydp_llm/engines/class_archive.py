@@ -75,10 +75,10 @@ class ClassArchive:
         return cls._cached(f"driver-{_jars_key(java_home, extra)}.jsa")
 
     @classmethod
-    def for_executor(cls, java_home: Path) -> "ClassArchive | None":
-        """The executors' archive for this JDK and these jars (an executor is a Ray Java worker),
-        or None where the cache directory cannot be written."""
-        return cls._cached(f"executor-{_jars_key(java_home, 'executor')}.jsa")
+    def for_executor(cls, java_home: Path, extra: str = "") -> "ClassArchive | None":
+        """The executors' archive for this JDK and these jars (an executor is a Ray Java worker;
+        ``extra`` as for the driver), or None where the cache directory cannot be written."""
+        return cls._cached(f"executor-{_jars_key(java_home, f'executor {extra}'.strip())}.jsa")
 
     @classmethod
     def _cached(cls, name: str) -> "ClassArchive | None":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from raydp_llm.core.config import ClusterSettings
 from raydp_llm.engines.class_archive import CACHE_DIR_ENV, DYNAMIC_MAGIC, ClassArchive
 from raydp_llm.engines.java import ensure_java
 
@@ -59,11 +60,20 @@ def test_a_truncated_archive_is_deleted_and_written_again(tmp_path, monkeypatch)
 
 
 def test_another_class_path_gets_another_archive(tmp_path, monkeypatch):
+    """A user's class path settings key the driver's and the executors' archives alike: the JVM
+    maps no archive written for another class path."""
+    from raydp_llm.engines.spark import driver_archive, executor_archive
+
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "jvm"))
     home = ensure_java()
     plain = ClassArchive.for_driver(home)
     assert plain == ClassArchive.for_driver(home)
     assert plain != ClassArchive.for_driver(home, "spark.jars=/opt/extra.jar")
+    extra = ClusterSettings(spark_conf={"spark.executor.extraClassPath": "/opt/extra.jar"})
+    for archive in (driver_archive, executor_archive):
+        assert archive(ClusterSettings(), home) == archive(ClusterSettings(), home)
+        assert archive(extra, home) not in (None, archive(ClusterSettings(), home))
+    assert executor_archive(ClusterSettings(), home) == ClassArchive.for_executor(home)
 
 
 def test_an_unwritable_cache_means_no_archive(tmp_path, monkeypatch):
