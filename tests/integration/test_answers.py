@@ -78,6 +78,7 @@ def test_greedy_answers_equal_one_prompt_generate(ray_cluster, job, tmp_path):
     assert again["answered"] == 0  # every part is there: nothing is answered twice
 
 
+@pytest.mark.slow  # a Spark of its own (Hive's catalog)
 def test_a_querys_rows_are_answered_as_the_same_rows_from_files(ray_cluster, job, tmp_path):
     """``data.query`` (Spark SQL over the prompts' Parquet file): the rows it selects, answered
     as the same rows of ``data.path``."""
@@ -150,6 +151,7 @@ def test_prompts_on_s3_answered_into_s3(ray_cluster, job, s3, tmp_path):
     assert again["answered"] == 0
 
 
+@pytest.mark.slow  # two command-line jobs
 def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_path):
     out = tmp_path / "out"
     args = [sys.executable, "-m", "raydp_llm.generate", f"model_dir={job['model']}",

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.configs import make_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # two Spark sessions of their own
 
 
 def _driver_jvm(spark) -> tuple[int, list[str]]:
