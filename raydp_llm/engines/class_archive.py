@@ -78,7 +78,7 @@ class ClassArchive:
     def for_executor(cls, java_home: Path, extra: str = "") -> "ClassArchive | None":
         """The executors' archive for this JDK and these jars (an executor is a Ray Java worker;
         ``extra`` as for the driver), or None where the cache directory cannot be written."""
-        return cls._cached(f"executor-{_jars_key(java_home, f'executor {extra}'.strip())}.jsa")
+        return cls._cached(f"executor-{_jars_key(java_home, extra)}.jsa")
 
     @classmethod
     def _cached(cls, name: str) -> "ClassArchive | None":
