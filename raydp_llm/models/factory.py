@@ -17,9 +17,11 @@ from raydp_llm.models.lstm import LSTMLM
 MODELS = {cls.kind: cls for cls in (GPT, LSTMLM)}
 
 
-def build_model(cfg: ModelConfig, s3=None) -> LanguageModel:
+def build_model(cfg: ModelConfig, s3=None, seed: int = 0) -> LanguageModel:
     """The model ``cfg`` describes (``vocab_size`` set; a transformers family from
-    models/hf.py, ``s3`` (S3Options) reaching an s3:// ``model.path``), its token embeddings
+    models/hf.py, ``s3`` (S3Options) reaching an s3:// ``model.path``, a fresh Llama's weights and
+    LoRA's adapters drawn from ``seed``: the run's; the own models draw from torch's RNG, which
+    the caller seeds), its token embeddings
     from ``cfg.init_embeddings`` when given (``read_embeddings``; ids the file lacks keep their
     random init) and frozen with ``cfg.freeze_embeddings`` (no gradient for wte, nor for the head
     when tied)."""
@@ -28,7 +30,7 @@ def build_model(cfg: ModelConfig, s3=None) -> LanguageModel:
     else:
         from raydp_llm.models.hf import build_pretrained  # transformers: only for them
 
-        model = build_pretrained(cfg, s3)
+        model = build_pretrained(cfg, s3, seed)
     if getattr(cfg, "init_embeddings", None) is not None:
         if not Path(cfg.init_embeddings).is_file():
             raise embeddings_error(

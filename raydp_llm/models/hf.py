@@ -105,16 +105,17 @@ class CacheState:
 
 # ---- building ------------------------------------------------------------------------------------
 
-def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None) -> HFModel:
+def build_pretrained(cfg: ModelConfig, s3: S3Options | None = None, seed: int = 0) -> HFModel:
     """``model=llama`` with fresh weights, or ``model=hf``'s directory loaded (with LoRA
-    adapters when ``model.lora.r`` > 0)."""
-    if isinstance(cfg, LlamaConfig):  # drawn from the seed the caller set
-        return HFModel(new_llama(cfg, torch.initial_seed()), cfg)
+    adapters when ``model.lora.r`` > 0); what is drawn is drawn from ``seed`` (the run's), never
+    from the process's random state, which a command-line driver never seeded."""
+    if isinstance(cfg, LlamaConfig):
+        return HFModel(new_llama(cfg, seed), cfg)
     net = load_net(local_copy(cfg.path, s3 or S3Options()))
     if cfg.lora.r:
         from raydp_llm.models.lora import add_adapters  # peft: only for LoRA
 
-        net = add_adapters(net, cfg.lora, torch.initial_seed())  # the seed the caller set
+        net = add_adapters(net, cfg.lora, seed)
     return HFModel(net, cfg)
 
 

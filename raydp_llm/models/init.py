@@ -15,8 +15,10 @@ from torch import nn
 
 
 def named_generator(seed: int, name: str) -> torch.Generator:
-    """A CPU generator of ``seed`` and ``name`` alone."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    """A CPU generator of ``seed`` (the run's ``seed`` setting: any integer) and ``name`` alone.
+    The mix is taken modulo 2**64, the range ``manual_seed`` accepts: a run's seed of any size
+    draws, and a small one draws what it always did."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**64)
 
 
 def fresh_values(net: nn.Module, seed: int

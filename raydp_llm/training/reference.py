@@ -30,7 +30,7 @@ def starting_model(spec: TrainSpec) -> nn.Module:
     weights for ``model.init_from``); for DPO without dropout (``objectives.without_dropout``).
     Every worker builds the same weights, and so does the driver."""
     torch.manual_seed(spec.seed)
-    model = build_model(spec.model, spec.s3)
+    model = build_model(spec.model, spec.s3, spec.seed)
     if uses_lora(spec.model):  # peft's own draws (values replaced) leave no mark on the RNG
         torch.manual_seed(spec.seed)
     if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (models/gpt2.py)

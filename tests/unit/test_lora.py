@@ -118,3 +118,24 @@ def test_the_export_is_the_merged_model_and_the_adapter(lora_run, tmp_path):
     adapter = trainable_params(merged, s.model, out)
     assert adapter == sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
     assert adapter < sum(p.numel() for p in merged.parameters()) / 5
+
+
+def test_adapters_are_drawn_from_the_runs_seed_whatever_the_processs_random_state(hf_families):
+    """A command-line driver never seeds torch: its ``initial_seed`` is a random 64-bit number.
+    The adapters come from the seed given (any size), the same whatever torch's global state."""
+    from raydp_llm.models.factory import build_model
+
+    cfg = HFConfig(path=str(hf_families["llama"]), block_size=8, vocab_size=None,
+                   lora=LoraSettings(r=4, alpha=8.0))
+
+    def adapters(process_seed: int, run_seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(process_seed)
+        net = build_model(cfg, seed=run_seed).net
+        return {n: p.detach().clone() for n, p in net.named_parameters() if "lora_A" in n}
+
+    unseeded = adapters(2**64 - 1, 3)  # as large as an unseeded process's initial_seed gets
+    assert unseeded and all(torch.equal(t, adapters(0, 3)[n]) for n, t in unseeded.items())
+    assert not torch.equal(next(iter(unseeded.values())),
+                           next(iter(adapters(0, 4).values())))  # the run's seed draws them
+    huge = adapters(0, 2**70 + 5)  # a run seed past 64 bits draws too
+    assert all(t.abs().sum() > 0 for t in huge.values())
