@@ -235,10 +235,13 @@ def publish(directory: Path, destination: str, s3: S3Options) -> None:
     write_tree(directory, *resolve(destination, s3))
 
 
-def write_tree(directory: str | Path, fs: pafs.FileSystem, root: str) -> None:
+def write_tree(directory: str | Path, fs: pafs.FileSystem, root: str,
+               hold_seal: bool = False) -> None:
     """Copy the local tree ``directory`` to ``root`` on ``fs`` one file at a time, each
     ``complete.json`` marker after the files beside it: S3 has no rename, so a reader that finds a
-    marker finds every file it lists (``integrity``). A file that cannot be written raises here.
+    marker finds every file it lists (``integrity``). ``hold_seal``: the top marker is left for
+    the caller to write (``write_file``) once other writers' files have landed too. A file that
+    cannot be written raises here.
 
     Not ``pafs.copy_files``: it waits for its uploads' asynchronous closes but drops their errors
     (pyarrow 25; since apache/arrow#44897), so a file whose last part or CompleteMultipartUpload
@@ -249,12 +252,18 @@ def write_tree(directory: str | Path, fs: pafs.FileSystem, root: str) -> None:
         (p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.name == "complete.json"
     )
     for path in files:
-        target = f"{root}/{path.relative_to(directory).as_posix()}"
-        if fs.type_name != "s3":  # S3 has no directories
-            fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
-        with path.open("rb") as source, fs.open_output_stream(target) as out:
-            while chunk := source.read(COPY_CHUNK):
-                out.write(chunk)  # the stream's close (the upload's last requests) raises
+        if hold_seal and path == directory / "complete.json":
+            continue
+        write_file(path, fs, f"{root}/{path.relative_to(directory).as_posix()}")
+
+
+def write_file(path: Path, fs: pafs.FileSystem, target: str) -> None:
+    """One local file to ``target`` on ``fs`` (its directory made where there are directories)."""
+    if fs.type_name != "s3":  # S3 has no directories
+        fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+    with path.open("rb") as source, fs.open_output_stream(target) as out:
+        while chunk := source.read(COPY_CHUNK):
+            out.write(chunk)  # the stream's close (the upload's last requests) raises
 
 
 def fetch(source: str, directory: str | Path, s3: S3Options) -> None:

@@ -10,7 +10,7 @@ step and the epoch, so a resumed run, with the same or another number of workers
 Every ``eval_interval`` steps all ranks report metrics (``ray.train.report`` is a barrier); every
 ``checkpoint_interval`` steps and at the end rank 0 attaches a training checkpoint (see
 checkpoint.py), or, when checkpoints are sharded (fsdp, LoRA), every rank attaches its part
-(sharded.py) and Ray Train uploads them into one directory.
+(sharded.py) into one directory of the run's storage, the seal landing last (``upload_checkpoint``).
 
 Faults: Ray Train restarts a worker group that lost a worker (``max_failures``), from the last
 checkpoint. A non-finite gradient norm, loss or weight ends the run at once: every rank sees it at
@@ -20,6 +20,7 @@ returns; nothing non-finite is ever checkpointed.
 
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 import time
@@ -28,11 +29,13 @@ from pathlib import Path
 
 import ray
 import ray.train
+import ray.train.collective
 import ray.train.torch
 from ray.train import Checkpoint
 
-from raydp_llm.checkpoint.layout import TrainState
-from raydp_llm.core.storage import resolve, write_tree
+from raydp_llm.checkpoint.layout import TrainState, is_sharded
+from raydp_llm.core import integrity
+from raydp_llm.core.storage import resolve, write_file, write_tree
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.training.handoff import delivered
 from raydp_llm.training.optim import lr_at
@@ -147,25 +150,34 @@ def ray_placement() -> Placement:
 
 def ray_report(metrics: dict, checkpoint: Path | None = None) -> None:
     """``ray.train.report`` (a barrier: every rank calls it), with the checkpoint directory rank 0
-    (every rank, when sharded) attaches: uploaded to S3 by ``upload_checkpoint``."""
+    (every rank, when sharded) attaches, uploaded by ``upload_checkpoint``."""
     if checkpoint is None:
         ray.train.report(metrics)
         return
-    s3 = ray.train.get_context().get_storage().storage_filesystem.type_name == "s3"
+    upload = functools.partial(upload_checkpoint, every_rank=is_sharded(checkpoint))
     ray.train.report(metrics, checkpoint=Checkpoint.from_directory(checkpoint),
-                     checkpoint_upload_fn=upload_checkpoint if s3 else None)
+                     checkpoint_upload_fn=upload)
 
 
-def upload_checkpoint(checkpoint: Checkpoint, name: str) -> Checkpoint:
-    """A checkpoint directory into the run's storage on S3 as Ray Train names it, through
-    ``storage.write_tree``: Ray Train's own upload (``pafs.copy_files``) can lose a file whose
-    upload failed and still register the checkpoint. Here the report fails instead (Ray Train
-    retries the upload, then restarts the workers from the last checkpoint), and ``complete.json``
-    goes last."""
+def upload_checkpoint(checkpoint: Checkpoint, name: str, every_rank: bool) -> Checkpoint:
+    """A checkpoint directory into the run's storage (local or S3) as Ray Train names it, its seal
+    (``complete.json``) the last file to land: ``every_rank`` (a sharded checkpoint: each rank
+    uploads its part) waits for every rank's files before rank 0 writes the seal. Ray Train's own
+    upload copies each rank's part on its own, so rank 0's seal could land while another rank's
+    shards were still being copied: a kill then left a sealed checkpoint with a short shard.
+
+    Through ``storage.write_tree``, not Ray Train's copy (``pafs.copy_files``), which can lose a
+    file whose upload failed and still register the checkpoint: here the report fails instead (Ray
+    Train retries the upload, then restarts the workers from the last checkpoint)."""
     storage = ray.train.get_context().get_storage()
-    path = storage.build_checkpoint_path_from_name(name)
-    write_tree(checkpoint.path, storage.storage_filesystem, path)
-    return Checkpoint(path, filesystem=storage.storage_filesystem)
+    fs, path = storage.storage_filesystem, storage.build_checkpoint_path_from_name(name)
+    write_tree(checkpoint.path, fs, path, hold_seal=True)
+    if every_rank:
+        ray.train.collective.barrier()  # every rank's part has landed
+    seal = Path(checkpoint.path) / integrity.MARKER
+    if seal.exists():  # rank 0's
+        write_file(seal, fs, f"{path}/{integrity.MARKER}")
+    return Checkpoint(path, filesystem=fs)
 
 
 def restore(worker: Worker, resume_from: str | None) -> TrainState:

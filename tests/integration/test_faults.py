@@ -22,9 +22,10 @@ import pytest
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.etl import prepare
 from helpers.paths import ROOT
+from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
-from raydp_llm.core import integrity
+from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.data import cache
 from raydp_llm.training.metrics import read_events, read_metrics
@@ -275,6 +276,17 @@ def start_train(*args: str, cwd: Path) -> subprocess.Popen:
     )
 
 
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL of the driver and everything it started (its embedded Ray) at once, as a crashed
+    machine: Ray's workers would otherwise go on for a few seconds after the driver."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    proc.wait(timeout=60)
+
+
 def test_a_killed_driver_is_continued_by_the_same_command(reference, overrides, tmp_path):
     """SIGKILL of the driver mid-training: the same command, run again, continues from the last
     complete checkpoint (the killed run is no longer live: its process is gone) and finishes with
@@ -285,14 +297,7 @@ def test_a_killed_driver_is_continued_by_the_same_command(reference, overrides, 
     wait_for(
         lambda: any(has_row(d, 40) for d in runs.glob("*")), 300, "a checkpoint", proc=first
     )
-    # The driver and everything it started (its embedded Ray) at once, as a crashed machine: Ray's
-    # workers would otherwise go on for a few seconds after the driver, past this short run's end
-    tree = psutil.Process(first.pid).children(recursive=True)
-    os.kill(first.pid, signal.SIGKILL)
-    for proc in tree:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    first.wait(timeout=60)
+    kill_tree(first)
     (killed_dir,) = runs.glob("*")
     assert not has_row(killed_dir, 160)  # killed mid-run
 
@@ -311,6 +316,37 @@ def test_a_killed_driver_is_continued_by_the_same_command(reference, overrides, 
     summary = json.loads((resumed_dir / "summary.json").read_text())
     assert summary["resumed_from"] == str(checkpoints(killed_dir)[last])
     assert_same_curve(resumed_dir, reference, after=last)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_run_killed_the_moment_a_seal_lands_leaves_that_checkpoint_whole(where, overrides, s3,
+                                                                          tmp_path):
+    """A sharded checkpoint (FSDP: each worker uploads its part) in train.storage_path: the seal
+    (complete.json) is the last of its files to land, locally and on S3. The run is killed the
+    moment a seal appears: every file the seal lists is whole, and train.resume takes it."""
+    root = str(tmp_path / "storage") if where == "local" else f"s3://{BUCKET}/seal-{tmp_path.name}"
+    command = [*overrides, "name=seal", "train.strategy=fsdp", "model.n_layer=4",
+               "model.n_embd=256", "model.n_head=4", "train.checkpoint_interval=20",
+               f"train.storage_path={root}", f"s3.endpoint_url={s3.endpoint_url}"]
+    proc = start_train(*command, cwd=tmp_path)
+    seals: list = []
+
+    def sealed() -> bool:
+        with contextlib.suppress(OSError):
+            seals.extend(storage.find_files(root, integrity.MARKER, s3))
+        return bool(seals)
+
+    wait_for(sealed, 300, "a sealed checkpoint", proc=proc)
+    kill_tree(proc)
+    checkpoint = seals[0][0].rsplit("/", 1)[0]
+    local = tmp_path / "fetched"
+    storage.fetch(checkpoint, local, s3)
+    assert (local / "shards").is_dir()  # sharded: every worker wrote a part
+    assert integrity.problem(local) is None  # every file it lists is there, whole
+    if where == "local":  # and none landed after the seal (S3's times are in whole seconds)
+        landed = {p.name: p.stat().st_mtime_ns for p in Path(checkpoint).rglob("*") if p.is_file()}
+        assert landed.pop(integrity.MARKER) >= max(landed.values())
+    assert check_inputs(make_config(*command, f"train.resume={checkpoint}")).files
 
 
 def test_a_diverging_run_stops_at_once_with_one_line(ray_cluster, overrides, tmp_path):
