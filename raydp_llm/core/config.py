@@ -344,9 +344,10 @@ class Settings:
     data: DataSettings = setting(DataSettings(), "the corpus and how the ETL cuts it into "
                                                  "training windows")
     tokenizer: Any = setting(MISSING, f"{TokenizerKind.listed()}: how text becomes token ids")
-    model: Any = setting(MISSING, "the language model: gpt | gpt_nano | gpt_mini | gpt2_small | "
-                                  "lstm | llama (transformers' Llama, from scratch) | hf (a "
-                                  "Hugging Face directory: model.path)")
+    model: Any = setting(MISSING, "the language model: gpt | gpt_nano | gpt_tiny | gpt_mini | "
+                                  "gpt2_small | lstm | llama (transformers' Llama, from scratch) "
+                                  "| llama_wide | hf (a Hugging Face directory: model.path) | "
+                                  "hf_lora (hf with rank-16 LoRA)")
     optim: OptimSettings = setting(OptimSettings(), "AdamW with linear warmup and cosine decay")
     train: TrainSettings = setting(TrainSettings(), "Ray Train: DDP workers, batches, steps, "
                                                     "evaluation, checkpoints")

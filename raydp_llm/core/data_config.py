@@ -222,6 +222,10 @@ class DataSettings:
     overlong: str = setting(Overlong.drop, "chat: a conversation longer than model.block_size + "
                             f"1 tokens (preference: a pair with such a side): "
                             f"{Overlong.listed()}", check=one_of(Overlong))
+    max_dropped: float = setting(0.2, "chat, preference: the share of conversations or pairs a "
+                                      "run may leave out (too long for model.block_size, no "
+                                      "answer) before it stops with one line; 1 = any",
+                                 check=Check(lambda v: 0 <= v <= 1, "a share in [0, 1]"))
     strict_json: bool = setting(False, "jsonl: fail on the first bad line (not JSON, no "
                                        "data.text_column, not a string), naming its file and line, "
                                        "instead of skipping it (bad lines are counted in "

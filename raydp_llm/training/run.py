@@ -17,6 +17,7 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Span, Started, Stopwatch, in_background, timed
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.left_out import LeftOut
 from raydp_llm.data.prepare import PreparedData, write_json
 from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.models import lora
@@ -158,6 +159,13 @@ def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> Tra
     return spec
 
 
+def left_out_summary(data: PreparedData | MixedData) -> dict:
+    """``summary.json``'s ``left_out``: the rows read, kept and left out by reason (chat,
+    preference); none for other data."""
+    left = LeftOut.of(data.manifest.chat)
+    return {} if left is None else {"left_out": left.to_json()}
+
+
 def train(spec: TrainSpec, data: PreparedData, job: Job, group: StartedFit) -> FitResult:
     """Ray Train's fit on the prepared data by the worker group started beside the ETL, the run's
     record beating beside it (in the run directory and the checkpoints' storage) and closed as
@@ -272,6 +280,7 @@ def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample)
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
         etl=data.manifest_json() | {"cache_hit": data.cache_hit},
         etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"},
+        **left_out_summary(data),
         **mixture_summary(data, rows),
         **best_summary(outcome, out_dir),
     )

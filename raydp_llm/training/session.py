@@ -11,8 +11,9 @@ from pathlib import Path
 
 from raydp_llm.core.config import Settings, TrainSettings, source_settings
 from raydp_llm.core.timing import Span
+from raydp_llm.data import left_out
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prepare import PreparedData, SharedSpark, prepared
+from raydp_llm.data.prepare import PreparedData, SharedSpark, prepared, write_json
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.spec import windows_of
@@ -55,6 +56,10 @@ class JobSession:
         settings = settings or self.settings
         with prepared(settings, corpus, out_dir, to_ray=to_ray, store=self.store,
                       spark=self.spark) as data:
+            refused = left_out.said(data.manifest.chat, settings.data.max_dropped)
+            if refused:  # before the windows: none may be left to cut
+                write_json(out_dir / "manifest.json", data.manifest_json())  # what was left out
+                raise refused
             data.windows = windows_of(settings, data.index, data.manifest, every_token)
             yield data
             self.timings |= data.timings

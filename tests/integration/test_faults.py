@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.etl import prepare
 from helpers.paths import ROOT
@@ -266,14 +267,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(
 
 
 def start_train(*args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "raydp_llm.train", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    """The command as a user starts it (``helpers.commands``: nothing of this process's state)."""
+    return commands.start("raydp_llm.train", *args, cwd=cwd)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -301,13 +296,7 @@ def test_a_killed_driver_is_continued_by_the_same_command(reference, overrides, 
     (killed_dir,) = runs.glob("*")
     assert not has_row(killed_dir, 160)  # killed mid-run
 
-    again = subprocess.run(
-        [sys.executable, "-m", "raydp_llm.train", *command],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    again = commands.run("raydp_llm.train", *command, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     # The newest complete checkpoint (a worker may finish writing one after the driver's kill,
     # before Ray ends it: it counts too)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.etl import every_token_scores, stream_of
 from helpers.tasks import write_tasks
@@ -132,7 +133,8 @@ def lora_on_fsdp(ray_cluster, hf_files, hf_families, tmp_path_factory) -> dict:
     overrides = [*RUN, f"model.path={hf_families['llama']}", f"data.path={hf_files}",
                  "train.strategy=fsdp", "model.lora.r=4", "model.lora.alpha=32"]
     tasks = write_tasks(out)  # scored at both checkpoints: the shards gathered, the LoRA merged
-    summary = train(make_config(*overrides, f"train.eval_tasks=[{tasks['mc']}]"), out / "run")
+    # as a user runs it (a fresh process, torch never seeded): LoRA's export once failed there
+    summary = commands.train(out / "run", *overrides, f"train.eval_tasks=[{tasks['mc']}]")
     return {"out": out, "summary": summary, "overrides": overrides, "tasks": tasks}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
@@ -49,10 +50,7 @@ def mixed(ray_cluster, tmp_path_factory) -> dict:
     (out / "replay.txt").write_text(words("QRSTUVWXYZ", 6000, 2))
     overrides = [*RUN, sources(("domain", out / "domain.txt", 0.9),
                                ("replay", out / "replay.txt", 0.1))]
-    from raydp_llm.engines.spark import stop_kept_spark
-
-    stop_kept_spark()  # a Spark of the run's own, started by its first source (kept for evaluate)
-    summary = train(make_config(*overrides), out / "run")
+    summary = commands.train(out / "run", *overrides)  # as a user runs it: a fresh process
     return {"summary": summary, "out": out, "overrides": overrides}
 
 

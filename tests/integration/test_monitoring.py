@@ -4,6 +4,7 @@ the run's own Prometheus metrics, TensorBoard events and the plots."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -15,14 +16,14 @@ import psutil
 import pytest
 import ray
 
-from helpers.configs import make_config
+from helpers import commands
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:
     """The status and body of a GET; status 0 when nothing answered within 10 s (a busy dashboard
-    on 2 cores: polled again)."""
+    on 2 cores) or the port refused (a server still starting): polled again."""
     request = urllib.request.Request(
         url, headers={"Authorization": f"Bearer {token}"} if token else {}
     )
@@ -31,7 +32,7 @@ def get(url: str, token: str | None = None) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
-    except TimeoutError:
+    except (TimeoutError, urllib.error.URLError):  # a server still starting refuses at first
         return 0, ""
 
 
@@ -60,8 +61,10 @@ WATCHED_RUN = [
 ]
 
 
-def _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard: str) -> str:
-    """The dashboard answers on 127.0.0.1 only, and only with the token, which it returns."""
+def _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard: str,
+                                                              run: psutil.Process) -> str:
+    """The dashboard answers on 127.0.0.1 only, and only with the token, which it returns; its
+    processes (``run``'s) yield the CPU to training (nice 19), and still answer."""
     host, port = dashboard.removeprefix("http://").rsplit(":", 1)
     assert host == "127.0.0.1"
     node_ip = ray.util.get_node_ip_address()
@@ -73,12 +76,9 @@ def _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard: str) ->
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
     assert get(f"{dashboard}/api/jobs/")[0] == 401  # no token, no entry
     assert get(f"{dashboard}/api/jobs/", token="not-the-token")[0] in (401, 403)
-    # The dashboard's processes yield the CPU to training (nice 19), and still answer.
-    session_dir = ray._private.worker._global_node.get_session_dir_path()
-    helpers = [p for p in psutil.process_iter(["cmdline", "nice"])
-               if session_dir in " ".join(p.info["cmdline"] or [])
-               and "dashboard/dashboard.py" in " ".join(p.info["cmdline"])]
-    assert len(helpers) == 1 and helpers[0].info["nice"] == 19
+    helpers = [p for p in run.children(recursive=True)
+               if "dashboard/dashboard.py" in " ".join(p.cmdline())]
+    assert len(helpers) == 1 and helpers[0].nice() == 19
     assert all(c.nice() == 19 for c in helpers[0].children(recursive=True))
     assert get(f"{dashboard}/api/jobs/", token=token)[0] == 200
     return token
@@ -110,7 +110,9 @@ def _assert_the_run_shows_while_it_trains(dashboard: str, token: str, num_worker
     shown = wait_for("the Ray Train run", lambda: _train_run(dashboard, token, run_name))
     assert shown["status"] in ("INITIALIZING", "SCHEDULING", "RUNNING", "FINISHED")
 
-    metrics_url = f"http://127.0.0.1:{ray.nodes()[0]['MetricsExportPort']}/metrics"
+    nodes = get(f"{dashboard}/nodes?view=summary", token)[1]  # where the node's metrics are
+    port = re.search(r'"metricsExportPort": (\d+)', nodes)[1]
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
 
     def exported():
         text = get(metrics_url)[1]
@@ -134,35 +136,26 @@ def _assert_tensorboard_events_and_plots(out: Path) -> None:
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_dashboard_metrics_and_tensorboard_follow_a_training_run(ray_cluster, corpus_dir, tmp_path):
-    from raydp_llm.cli.train import run
-
-    dashboard = "http://" + ray._private.worker.get_dashboard_url()
-    token = _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard)
-
-    cfg = make_config(f"data.path={corpus_dir}", *WATCHED_RUN)
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def train():
-        try:
-            run(cfg, tmp_path)
-        except BaseException as err:  # noqa: BLE001 - reported by the test below
-            failure.append(err)
-        finally:
-            done.set()
-
-    threading.Thread(target=train, daemon=True).start()
-    run_name = _assert_the_run_shows_while_it_trains(
-        dashboard, token, cfg.train.num_workers, tmp_path
-    )
-
-    assert done.wait(300), "the run did not end within 300 s"
-    assert not failure, failure
+def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp_path):
+    """``python -m raydp_llm.train`` as a user runs it, with its embedded Ray's dashboard (the
+    tests' own Ray runs none), watched from outside at the address its console gives."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    proc = commands.start("raydp_llm.train", f"data.path={corpus_dir}", *WATCHED_RUN,
+                          f"cluster.dashboard_port={port}", f"hydra.run.dir={tmp_path}")
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    dashboard = wait_for("the dashboard's address on the console", lambda: next(
+        (m[1] for line in list(lines) if (m := re.search(r"Ray dashboard: (http://\S+)", line))),
+        None), timeout_s=180)
+    assert dashboard == f"http://127.0.0.1:{port}"
+    run = psutil.Process(proc.pid)
+    token = _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard, run)
+    run_name = _assert_the_run_shows_while_it_trains(dashboard, token, 2, tmp_path)
     jobs = json.loads(get(f"{dashboard}/api/jobs/", token)[1])
-    assert any(
-        job["metadata"].get("raydp_llm_run") == "tests" for job in jobs
-    )  # the driver job, named
-    finished = wait_for("the finished run", lambda: _train_run(dashboard, token, run_name))
+    assert any(job["metadata"].get("raydp_llm_run") == "watched" for job in jobs)  # the driver's
+    finished = wait_for("the finished run", lambda: _train_run(dashboard, token, run_name), 300)
     assert finished["status"] == "FINISHED"
+    assert proc.wait(timeout=300) == 0, "".join(lines)[-3000:]
     _assert_tensorboard_events_and_plots(tmp_path)

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import commands
 from helpers.configs import NO_CHECK, make_config
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
+from raydp_llm.core.errors import InputError
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import sample_corpus
 from raydp_llm.data.sample_preference import pairs as sample_pairs
@@ -27,8 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # an end-to-end run
 @pytest.fixture(scope="module")
 def dpo_run(ray_cluster, tmp_path_factory):
     out = tmp_path_factory.mktemp("dpo_run") / "run"
-    summary = train(make_config("+experiment=dpo", "train.max_steps=60", "train.eval_interval=30",
-                                "train.eval_batches=8", "sample.max_new_tokens=5", NO_CHECK), out)
+    summary = commands.train(out, "+experiment=dpo", "train.max_steps=60",  # as a user runs it
+                             "train.eval_interval=30", "train.eval_batches=8",
+                             "sample.max_new_tokens=5")
     return {"out": out, "summary": summary}
 
 
@@ -47,6 +50,25 @@ def test_the_sample_preference_is_learned_on_held_out_pairs(dpo_run):
     assert chat["pairs"] > 9000 and chat["identical"] > 0  # both answers: counted, skipped
     assert 0 < chat["chosen_tokens_per_pair"] < chat["record_tokens"]
     assert 0.9 * chat["pairs"] < chat["prompts"] <= chat["pairs"]  # a few lines repeat
+    left = {"unit": "pairs", "read": chat["pairs"] + chat["identical"], "kept": chat["pairs"],
+            "left_out": {"identical": chat["identical"]}}
+    assert summary["left_out"] == chat["left_out"] == left  # the run says what it left out
+    console = out.with_name("run.console").read_text()
+    assert (f"left out {chat['identical']} of {left['read']} pairs: {chat['identical']} whose "
+            "two answers are the same (give each row two different answers)") in console
+
+
+def test_a_run_that_would_leave_out_most_pairs_stops_with_one_line(ray_cluster, tmp_path):
+    """A window too short for most sides: the ETL counts what it would drop, manifest.json says
+    it, and the run stops before training with one line naming the settings that keep them."""
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match=r"^data: the run would leave out \d+ of \d+ pairs "
+                                         r"\(\d+%, more than data.max_dropped=0.2\): \d+ longer "
+                                         r"than model.block_size \+ 1 = 17 tokens \(raise "
+                                         r"model.block_size, or set data.overlong=truncate\);"):
+        train(make_config("+experiment=dpo", "model.block_size=16", NO_CHECK), out)
+    left = json.loads((out / "manifest.json").read_text())["chat"]["left_out"]
+    assert left["left_out"]["dropped"] > 0.2 * left["read"] and not (out / "metrics.csv").exists()
 
 
 def test_the_tuned_model_is_exported_with_its_template(dpo_run):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.s3 import BUCKET
 from helpers.tasks import GEN_TASK, MC_TASK, QUESTIONS, task_rows, write_tasks
@@ -40,18 +41,19 @@ def tasks(tmp_path_factory) -> dict:
     return {"dir": d, "model": save_model_dir(d / "model", model, tokenizer)}
 
 
-def test_local_tasks_score_as_the_harness_run_directly(tasks, tmp_path, capsys):
+def test_local_tasks_score_as_the_harness_run_directly(tasks, tmp_path):
+    """``python -m raydp_llm.evaluate tasks=[...]`` as a user runs it (a fresh process), against
+    the harness run on the same model in this one."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     d = tasks["dir"]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = make_config(f"model_dir={tasks['model']}", f"tasks=[{d / 'mc.yaml'},{d / 'gen.yaml'}]",
-                      "eval_batch_size=2", "tracking=mlflow", f"tracking.uri={store}",
-                      config_name="evaluate")
-    result = evaluate(cfg, tmp_path)
-    printed = capsys.readouterr().out
-    assert json.loads((tmp_path / "evaluation.json").read_text())["tasks"] == result["tasks"]
+    done = commands.run("raydp_llm.evaluate", f"model_dir={tasks['model']}",
+                        f"tasks=[{d / 'mc.yaml'},{d / 'gen.yaml'}]", "eval_batch_size=2",
+                        "tracking=mlflow", f"tracking.uri={store}", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result, printed = json.loads((tmp_path / "evaluation.json").read_text()), done.stdout
     direct = simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf_model'}",
                              tasks=["tiny_mc", "tiny_gen"], batch_size=2, device="cpu",
                              task_manager=TaskManager(include_path=str(d),

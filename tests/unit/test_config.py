@@ -3,8 +3,11 @@ setting says what it means, in ``--cfg job`` and ``--help``."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig
@@ -15,6 +18,7 @@ from raydp_llm.cli.help import field_help
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.config import ClusterSettings, DataFormat, DataSettings
 from raydp_llm.core.errors import InputError, first_line
+from raydp_llm.core.model_config import uses_lora
 from raydp_llm.core.schema import checks_of
 
 GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
@@ -24,16 +28,42 @@ EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 # model=hf needs model.path: tests/unit/test_pretrained.py composes it with a checkpoint
 @pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options
-                                          if (g, o) != ("model", "hf")])
+                                          if (g, o) not in (("model", "hf"), ("model", "hf_lora"))])
 def test_every_group_option_composes_and_checks(group, option):
     cfg = make_config(f"{group}={option}")
     assert check_inputs(cfg).files
 
 
+@pytest.fixture(scope="module")
+def real_window(hf_families, tmp_path_factory) -> Path:
+    """The tiny Qwen2 with a real model's positions (2048, as Qwen2.5-0.5B's 32768 in spirit):
+    RoPE has no table of positions, so only config.json changes."""
+    directory = tmp_path_factory.mktemp("qwen2_long") / "qwen2"
+    shutil.copytree(hf_families["qwen2"], directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 2048}))
+    return directory
+
+
+@pytest.mark.parametrize("family", [None, "hf", "llama"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiment_composes_and_checks(experiment, shakespeare):
-    cfg = make_config(f"+experiment={experiment}")
+def test_every_experiment_composes_and_checks_with_each_family(experiment, family, shakespeare,
+                                                               real_window):
+    """Each experiment as shipped, and with model=hf (a tiny Qwen2 directory) or model=llama in
+    place of its model: it composes, its settings hold for that family, and it passes the input
+    checks once its required settings are given (refused until then)."""
+    chosen = {None: [], "llama": ["model=llama"],
+              "hf": ["model=hf", f"model.path={real_window}"]}[family]
+    if experiment.startswith("hf_") and family is None:
+        chosen = [f"model.path={real_window}"]  # model=hf already: its directory
+    cfg = make_config(f"+experiment={experiment}", *chosen)
     assert cfg.name == experiment
+    if family == "hf" and experiment not in ("chat", "smoke", "hf_sft_lora"):
+        assert cfg.model.block_size == 1024  # the model's own window (up to 1024), not a toy's
+    if family:
+        assert cfg.model.kind == family and not uses_lora(cfg.model)  # no setting of another
+    elif experiment in ("hf_sft_lora", "hf_dpo_lora"):
+        assert cfg.model.lora.r == 16 and cfg.model.block_size == 1024
     given = {"data.path": str(shakespeare), "train.storage_path": "/tmp/raydp_llm_test_storage"}
     for i, key in enumerate(
         cfg.required
@@ -42,10 +72,12 @@ def test_every_experiment_composes_and_checks(experiment, shakespeare):
                                              "needs it"):
             check_inputs(
                 make_config(
-                    f"+experiment={experiment}", *(f"{k}={given[k]}" for k in cfg.required[:i])
+                    f"+experiment={experiment}", *chosen,
+                    *(f"{k}={given[k]}" for k in cfg.required[:i])
                 )
             )
-    cfg = make_config(f"+experiment={experiment}", *(f"{k}={given[k]}" for k in cfg.required))
+    cfg = make_config(f"+experiment={experiment}", *chosen,
+                      *(f"{k}={given[k]}" for k in cfg.required))
     corpus = check_inputs(cfg)  # a mixture's: one per source
     assert all(c.files for c in (corpus.values() if isinstance(corpus, dict) else [corpus]))
 
@@ -90,7 +122,8 @@ def test_cfg_job_and_help_print_each_setting_with_its_meaning():
     help_text = cli("--help")
     assert "  n_head: 4  # attention heads per block; must divide n_embd\n" in help_text
     assert (
-        "\nmodel: gpt, gpt2_small, gpt_mini, gpt_nano, hf, llama, lstm  # the language model"
+        "\nmodel: gpt, gpt2_small, gpt_mini, gpt_nano, gpt_tiny, hf, hf_lora, llama, llama_wide, "
+        "lstm  # the language model"
         in help_text
     )
     assert "\ntokenizer: bpe, char  # char | bpe" in help_text  # not the schemas (base_char)

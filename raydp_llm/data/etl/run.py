@@ -45,6 +45,7 @@ from raydp_llm.data.etl.read import documents, read_lines
 from raydp_llm.data.etl.records import Encoded, EtlOutput, EtlPlan, Scanned
 from raydp_llm.data.etl.scan import scan_files
 from raydp_llm.data.etl.tokenizer import build_tokenizer
+from raydp_llm.data.left_out import LeftOut
 from raydp_llm.data.windows import SPLITS
 from raydp_llm.engines.frames import detached
 
@@ -117,8 +118,9 @@ def chat_entry(plan: EtlPlan, encoding: Encoding, encoded: Encoded) -> dict:
         counts["prompts"] = distinct_prompts(encoded.pieces)
         counts |= {f"{side}_tokens_per_pair": counts[f"{side}_tokens"] / max(counts["pairs"], 1)
                    for side in ("chosen", "rejected")}
-    return {**plan.chat_template.manifest(), **settings, "overlong": d.overlong,
-            "record_tokens": plan.block_size + 1, **counts, "flag_bytes_per_token": flags}
+    entry = {**plan.chat_template.manifest(), **settings, "overlong": d.overlong,
+             "record_tokens": plan.block_size + 1, **counts, "flag_bytes_per_token": flags}
+    return entry | {"left_out": LeftOut.of(entry).to_json()}
 
 
 def _encode(phases: Phases, phase: str, encoding: Encoding, curated: curate.Curated) -> Encoded:
