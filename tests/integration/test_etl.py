@@ -17,6 +17,7 @@ import pytest
 from helpers.configs import make_config
 from helpers.corpora import write_lines
 from helpers.etl import cut_windows
+from helpers.processes import spark_executor_pids
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
@@ -387,18 +388,14 @@ def _staged_digests(spark, cfg, stage_dir: Path, key: str, on_phase=None) -> tup
 
 def _kill_an_executor_once_a_stage_runs(spark, killed: dict) -> None:
     """SIGKILL a live Spark executor's actor 0.5 s into the next stage; note its pid, the stages."""
-    from ray.util.state import list_actors
-
     tracker, deadline = spark.sparkContext.statusTracker(), time.time() + 60
     while not tracker.getActiveStageIds() and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    executor = next(
-        a for a in list_actors(filters=[("state", "=", "ALIVE")]) if "Executor" in a.class_name
-    )
+    executor = spark_executor_pids()[0]
     killed["active_stages"] = list(tracker.getActiveStageIds())
-    os.kill(executor.pid, signal.SIGKILL)
-    killed["pid"] = executor.pid
+    os.kill(executor, signal.SIGKILL)
+    killed["pid"] = executor
 
 
 @pytest.mark.slow

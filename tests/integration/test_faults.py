@@ -23,6 +23,7 @@ from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.etl import prepare
 from helpers.paths import ROOT
+from helpers.processes import ray_actor_pids
 from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
@@ -112,19 +113,16 @@ def test_a_killed_worker_is_replaced_and_the_run_continues_its_curve(
     """SIGKILL of one RayTrainWorker after a checkpoint: Ray Train restarts the worker group from
     that checkpoint (train.max_failures), the console says so, and metrics.csv, TensorBoard and
     summary.json hold each step once."""
-    from ray.util.state import list_actors
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out, killed = tmp_path / "run", {}
 
     def kill_a_worker():
         wait_for(lambda: has_row(out, 40), 300, "the first checkpoint")
-        worker = list_actors(
-            filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
-        )[-1]
+        worker = ray_actor_pids("RayTrainWorker")[-1]
         killed["checkpoint"] = max(checkpoints(out))
-        os.kill(worker.pid, signal.SIGKILL)
-        killed["pid"] = worker.pid
+        os.kill(worker, signal.SIGKILL)
+        killed["pid"] = worker
 
     killer = threading.Thread(target=kill_a_worker, daemon=True)
     killer.start()
@@ -216,7 +214,6 @@ def test_a_killed_controller_fails_the_run_and_frees_its_workers_cpus(ray_cluste
     Last of the elastic runs: Ray Train's autoscaling coordinator keeps the dead controller's
     request for CPUs until it expires (a minute), and an elastic group sees fewer meanwhile."""
     import ray
-    from ray.util.state import list_actors
 
     from raydp_llm.engines.spark import stop_kept_spark
 
@@ -224,11 +221,9 @@ def test_a_killed_controller_fails_the_run_and_frees_its_workers_cpus(ray_cluste
 
     def kill_the_controller():
         wait_for(lambda: has_row(out, 20), 300, "the first evaluation")
-        (controller,) = list_actors(
-            filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")]
-        )
+        (controller,) = ray_actor_pids("TrainController")
         killed["groups"] = live_placement_groups() - before  # the run's worker group's
-        os.kill(controller.pid, signal.SIGKILL)
+        os.kill(controller, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_the_controller, daemon=True)
     killer.start()

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from helpers import commands
 from helpers.paths import ROOT
 from raydp_llm.engines.ray_cluster import secure_token_file
 
@@ -47,14 +54,49 @@ def test_an_existing_token_file_is_made_private(tmp_path):
     assert fresh.stat().st_mode & 0o777 == 0o600 and fresh.read_text() != token.read_text()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def head_node(tmp_path):
+    """A Ray head of its own with its dashboard, as on a cluster's head node (the tests' Ray runs
+    none): ``ray start --head --block``, stopped at the end; its dashboard's port."""
+    port = free_port()
+    temp = Path(tempfile.mkdtemp(prefix="rayhead_", dir="/tmp"))  # short: Ray's socket paths
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+         f"--port={free_port()}", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1",
+         "--include-dashboard=true", "--num-cpus=1", f"--temp-dir={temp}", "--disable-usage-stats"],
+        env=commands.USER_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not _answers(f"http://127.0.0.1:{port}/api/version"):
+        assert head.poll() is None and time.time() < deadline, "the Ray head did not start"
+        time.sleep(0.5)
+    yield port
+    head.terminate()  # --block: the head stops what it started
+    head.wait(timeout=60)
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+    except urllib.error.HTTPError:
+        return True  # it answered (behind its token)
+    except OSError:
+        return False
+    return True
+
+
 @pytest.mark.integration
-def test_submit_passes_overrides_to_the_job_word_for_word(ray_cluster, tmp_path):
+def test_submit_passes_overrides_to_the_job_word_for_word(head_node, tmp_path):
     """launch/submit.sh against a real Ray dashboard: `ray job submit` hands the entrypoint to a
     shell on the head; a stand-in `python` there (first on the job's PATH) records the words it
     gets. Quotes, $(...), backquotes, [a,b] and runs of spaces arrive as typed, and nothing is run
     by the shell."""
-    import ray
-
     stub = tmp_path / "stub"
     stub.mkdir()
     (stub / "python").write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json, os, sys; "
@@ -72,7 +114,6 @@ def test_submit_passes_overrides_to_the_job_word_for_word(ray_cluster, tmp_path)
         "b=back\\slash",
         "sample.prompt=ROMEO:\n",
     ]
-    webui = ray._private.worker.global_worker.node.address_info["webui_url"]
     runtime_env = {"env_vars": {"PATH": f"{stub}:{os.environ['PATH']}", "ARGV_OUT": str(argv_out)}}
     env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                         "RAY_AUTH_TOKEN": (Path.home() / ".ray" / "auth_token").read_text().strip()}
@@ -81,7 +122,7 @@ def test_submit_passes_overrides_to_the_job_word_for_word(ray_cluster, tmp_path)
             "bash",
             str(SUBMIT),
             "--port",
-            webui.rsplit(":", 1)[1],
+            str(head_node),
             "--runtime-env-json",
             json.dumps(runtime_env),
             "--",

@@ -1,0 +1,29 @@
+"""Processes of the engines found by their command lines, for the tests that kill one: Ray's
+State API answers only through the dashboard, which the tests' own Ray does not run."""
+
+from __future__ import annotations
+
+import psutil
+
+
+def _pids(matches) -> list[int]:
+    """The pids of the processes whose command line ``matches``, oldest first."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        cmdline = proc.info["cmdline"] or []
+        if cmdline and matches(cmdline):
+            found.append((proc.info["create_time"], proc.info["pid"]))
+    return [pid for _, pid in sorted(found)]
+
+
+def ray_actor_pids(class_name: str) -> list[int]:
+    """The live Python actors of ``class_name``: Ray titles each worker process
+    ``ray::<class>`` (``ray::<class>.<method>`` while one runs)."""
+    return _pids(lambda c: c[0] == f"ray::{class_name}" or c[0].startswith(f"ray::{class_name}."))
+
+
+def spark_executor_pids() -> list[int]:
+    """RayDP's Spark executors: the Java actors started with the driver's port (RayDP's app
+    master, the other Java actor, has none)."""
+    return _pids(lambda c: c[0].endswith("java") and c[-1].endswith(".DefaultWorker")
+                 and any(a.startswith("-Dspark.driver.port=") for a in c))
