@@ -117,22 +117,13 @@ def test_submit_passes_overrides_to_the_job_word_for_word(head_node, tmp_path):
     runtime_env = {"env_vars": {"PATH": f"{stub}:{os.environ['PATH']}", "ARGV_OUT": str(argv_out)}}
     env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                         "RAY_AUTH_TOKEN": (Path.home() / ".ray" / "auth_token").read_text().strip()}
-    p = subprocess.run(
-        [
-            "bash",
-            str(SUBMIT),
-            "--port",
-            str(head_node),
-            "--runtime-env-json",
-            json.dumps(runtime_env),
-            "--",
-            *typed,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = ["bash", str(SUBMIT), "--port", str(head_node), "--runtime-env-json",
+               json.dumps(runtime_env), "--", *typed]
+    for _ in range(30):  # the head's job agent registers a while after its dashboard answers
+        p = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        if "No available agent to submit job" not in p.stdout + p.stderr:
+            break
+        time.sleep(2)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert json.loads(argv_out.read_text()) == ["-m", "raydp_llm.train", "+experiment=emr", *typed]
     assert not pwned.exists()

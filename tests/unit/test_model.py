@@ -22,7 +22,8 @@ from raydp_llm.training.generation import sample_text, top_next_tokens
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)
 LSTM_CFG = LSTMConfig(vocab_size=11, block_size=16, n_layer=2, n_embd=32)
 TOKENIZER = CharTokenizer("abcdefghij")  # 10 characters + the end-of-document token: vocab_size 11
-PRESETS = {"gpt", "gpt_nano", "gpt_mini", "gpt2_small", "lstm", "llama", "hf"}
+PRESETS = {"gpt", "gpt_nano", "gpt_tiny", "gpt_mini", "gpt2_small", "lstm", "llama", "llama_wide",
+           "hf", "hf_lora"}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -268,10 +269,12 @@ def test_generate_cli_shows_the_next_token_probabilities(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("preset,vocab_size,params", [
-    ("gpt", 65, 804_096), ("gpt_nano", 65, 804_096), ("gpt_mini", 65, 2_693_760),
+    ("gpt", 65, 804_096), ("gpt_nano", 65, 804_096), ("gpt_tiny", 65, 106_880),
+    ("gpt_mini", 65, 2_693_760),
     ("gpt2_small", 50257, 124_439_808),  # GPT-2 small's published count
     ("lstm", 65, 1_069_312),
     ("llama", 65, 800_000),  # the baby GPT's count within 0.5% (model=hf: test_pretrained.py)
+    ("llama_wide", 65, 800_800),  # shakespeare_llama's: the same count in two wider layers
 ])
 def test_every_model_preset_composes_and_builds(preset, vocab_size, params):
     assert {p.stem for p in (CONF_DIR / "model").glob("*.yaml")} == PRESETS
