@@ -69,7 +69,11 @@ def head_node(tmp_path):
     head = subprocess.Popen(
         [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
          f"--port={free_port()}", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1",
-         "--include-dashboard=true", "--num-cpus=1", f"--temp-dir={temp}", "--disable-usage-stats"],
+         "--include-dashboard=true", "--num-cpus=1", f"--temp-dir={temp}", "--disable-usage-stats",
+         # the agent's ports of its own: the tests' Ray's agent holds the defaults
+         f"--dashboard-agent-listen-port={free_port()}",
+         f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
+         f"--runtime-env-agent-port={free_port()}"],
         env=commands.USER_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not _answers(f"http://127.0.0.1:{port}/api/version"):
