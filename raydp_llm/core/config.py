@@ -345,9 +345,8 @@ class Settings:
                                                  "training windows")
     tokenizer: Any = setting(MISSING, f"{TokenizerKind.listed()}: how text becomes token ids")
     model: Any = setting(MISSING, "the language model: gpt | gpt_nano | gpt_tiny | gpt_mini | "
-                                  "gpt2_small | lstm | llama (transformers' Llama, from scratch) "
-                                  "| llama_wide | hf (a Hugging Face directory: model.path) | "
-                                  "hf_lora (hf with rank-16 LoRA)")
+                                  "gpt2_small | lstm | llama | llama_wide (transformers' Llama) | "
+                                  "hf | hf_lora (a Hugging Face directory: model.path)")
     optim: OptimSettings = setting(OptimSettings(), "AdamW with linear warmup and cosine decay")
     train: TrainSettings = setting(TrainSettings(), "Ray Train: DDP workers, batches, steps, "
                                                     "evaluation, checkpoints")

@@ -2,7 +2,7 @@
 ``chat``) as reasons, each with the setting that keeps those rows. A run never drops rows without
 saying so: the console, manifest.json and summary.json say it (``LeftOut``), and a run that would
 leave out more than ``data.max_dropped`` of its conversations or pairs stops with one line
-(``check``) before it trains."""
+(``refused``) before it trains."""
 
 from __future__ import annotations
 
@@ -51,18 +51,22 @@ class LeftOut:
     def to_json(self) -> dict:
         return {"unit": self.unit, "read": self.read, "kept": self.kept, "left_out": self.reasons}
 
+    def why(self) -> str:
+        """``3 longer than ... (raise model.block_size, ...); 1 with no ...``: each reason's rows
+        and what keeps them."""
+        return "; ".join(f"{n} {WHY[why][0].format(record=self.record)} ({WHY[why][1]})"
+                         for why, n in self.reasons.items())
+
     def line(self) -> str:
         """``left out 3 of 40 pairs: 3 longer than ... (raise model.block_size, ...)``."""
-        parts = [f"{n} {WHY[why][0].format(record=self.record)} ({WHY[why][1]})"
-                 for why, n in self.reasons.items()]
-        return f"left out {self.count} of {self.read} {self.unit}: " + "; ".join(parts)
+        return f"left out {self.count} of {self.read} {self.unit}: {self.why()}"
 
     def refused(self, max_share: float) -> InputError | None:
         """The one line when more than ``max_share`` of the rows would be left out, else None."""
         if self.read and self.count > max_share * self.read:
             return InputError(f"data: the run would leave out {self.count} of {self.read} "
                              f"{self.unit} ({self.count / self.read:.0%}, more than "
-                             f"data.max_dropped={max_share:g}): {self.line().split(': ', 1)[1]}; "
+                             f"data.max_dropped={max_share:g}): {self.why()}; "
                              "or set data.max_dropped=1 to train on the rest")
 
 
