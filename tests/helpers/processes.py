@@ -16,6 +16,23 @@ def _pids(matches) -> list[int]:
     return [pid for _, pid in sorted(found)]
 
 
+def command_line(proc: psutil.Process) -> str:
+    """``proc``'s command line, or "" when it has ended (a zombie's reads as ended too): a
+    process tree holds short-lived helpers that can end between listing and reading."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:  # ZombieProcess is one
+        return ""
+
+
+def niceness(proc: psutil.Process) -> int | None:
+    """``proc``'s nice value, or None when it has ended."""
+    try:
+        return proc.nice()
+    except psutil.NoSuchProcess:
+        return None
+
+
 def ray_actor_pids(class_name: str) -> list[int]:
     """The live Python actors of ``class_name``: Ray titles each worker process
     ``ray::<class>`` (``ray::<class>.<method>`` while one runs)."""
