@@ -3,18 +3,22 @@ end.
 
 Hydra calls ``SweepSummary`` (``hydra.callbacks`` in conf/config.yaml) around the jobs its launcher
 runs. In a sweep it starts Ray once: each job finds it running and uses it, and the ETL cache serves
-every job after the first with the same data settings. A job that fails becomes a ``failed`` row
-with its error and the sweep goes on (in a sweep, ``errors.cli_errors`` logs the error and returns
-NaN instead of exiting). At the end the sweep directory gets ``sweep_summary.csv`` (one row per job)
-and ``sweep.png`` (the jobs' validation curves), and the console the table with the best job marked.
+every job after the first with the same data settings. Jobs run one after another in this process
+(the embedded default), or as Ray Tune trials side by side (``hydra/launcher=ray``, sweep/). Each
+job's row is kept as it ends (sweep/records.py): a job that fails becomes a ``failed`` row with its
+error and the sweep goes on (in a sweep, ``errors.cli_errors`` logs the error, returns NaN instead
+of exiting); one a scheduler stopped early, a ``stopped`` row at the step it reached. At the end the
+sweep directory gets ``sweep_summary.csv`` (one row per job) and ``sweep.png`` (the jobs' validation
+curves), and the console the table with the best job marked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import math
+import sys
+import time
 from pathlib import Path
 
 from hydra.core.utils import JobStatus
@@ -22,7 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from raydp_llm.core.timing import Stopwatch
+from raydp_llm.sweep import records
 
 # Hydra builds this callback for every command, a single run too (and one refused for its input
 # in a second): Ray, the tracking and the plots are imported only where a sweep uses them.
@@ -31,11 +35,14 @@ COLUMNS = [
     "job",
     "overrides",
     "status",
+    "steps",
     "best_val_loss",
     "final_val_loss",
     "final_val_bpc",
     "tokens_per_s",
     "wall_s",
+    "started",
+    "ended",
     "output_dir",
     "error",
 ]
@@ -43,9 +50,8 @@ COLUMNS = [
 
 class SweepSummary(Callback):
     def __init__(self) -> None:
-        self.jobs: list[dict] = []
+        self.job_started = 0.0
         self.ray = contextlib.ExitStack()
-        self.job_start = 0.0
         self.parent_run: str | None = None  # tracking=mlflow: the jobs' parent run
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -65,63 +71,60 @@ class SweepSummary(Callback):
                                            waiting_cpus=train.num_workers * train.cpus_per_worker))
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
-        self.job_clock = Stopwatch()
+        self.job_started = time.time()
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
+        """A job run in this process (one after another): its row kept (sweep/records.py)."""
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         out_dir = Path(config.hydra.runtime.output_dir)
-        summary = (
-            json.loads((out_dir / "summary.json").read_text())
-            if (out_dir / "summary.json").is_file()
-            else {}
-        )
-        ok = (
-            job_return.status == JobStatus.COMPLETED
-            and summary
-            and not _is_nan(job_return.return_value)
-        )
-        self.jobs.append({
-            "job": config.hydra.job.num, "overrides": list(config.hydra.overrides.task),
-            "status": "completed" if ok else "failed",
-            **{k: summary.get(k) if ok else None
-               for k in ("best_val_loss", "final_val_loss", "final_val_bpc", "tokens_per_s")},
-            "wall_s": round(self.job_clock.seconds(), 1), "output_dir": str(out_dir),
-            "error": None if ok else _last_error(out_dir / f"{config.hydra.job.name}.log"),
-        })
+        failed = job_return.status != JobStatus.COMPLETED or _is_nan(job_return.return_value)
+        error = last_error(out_dir / f"{config.hydra.job.name}.log") if failed else None
+        span = (self.job_started, time.time())
+        records.append(Path(config.hydra.sweep.dir), records.job_row(
+            config.hydra.job.num, list(config.hydra.overrides.task), out_dir, span,
+            (error or "the job failed; see its log") if failed else None))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self.ray.close()
         sweep_dir = Path(config.hydra.sweep.dir)
-        done = self._summarize(sweep_dir) if self.jobs else []
+        jobs = [row for _, row in sorted(records.rows(sweep_dir).items())]
+        done = self._summarize(sweep_dir, jobs) if jobs else []
         if self.parent_run:
             from raydp_llm.training import tracking
 
             tracking.close_sweep(self.tracking, self.parent_run, sweep_dir.resolve(), bool(done))
+        if records.interrupted:
+            print(f"sweep interrupted: the same command with hydra.sweep.dir={sweep_dir} runs the "
+                  "jobs not done, each from its newest complete checkpoint", file=sys.stderr)
+            sys.exit(130)
 
-    def _summarize(self, sweep_dir: Path) -> list[dict]:
+    def _summarize(self, sweep_dir: Path, jobs: list[dict]) -> list[dict]:
         """``sweep_summary.csv``, ``sweep.png`` and the console table; the completed jobs' rows."""
         from raydp_llm.training.metrics import read_metrics
         from raydp_llm.training.plots import plot_sweep
 
-        swept = _varying_overrides([job["overrides"] for job in self.jobs])
+        swept = _varying_overrides([job["overrides"] for job in jobs])
         rows = [
             {**job, "overrides": " ".join(o for o in job["overrides"] if o in swept)}
-            for job in self.jobs
+            for job in jobs
         ]
         with (sweep_dir / "sweep_summary.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-        done = [r for r in rows if r["status"] == "completed"]
+        done = [r for r in rows if r["status"] in records.DONE]
         if done:
             plot_sweep({f"#{r['job']} "
                         f"{r['overrides']}": read_metrics(Path(r["output_dir"]) / "metrics.csv")
                         for r in done}, sweep_dir / "sweep.png", title=f"sweep {sweep_dir.name}: "
                                                                        "validation loss")
-        best = min(done, key=lambda r: r["best_val_loss"])["job"] if done else None
+        ranked = [r for r in done if r["best_val_loss"] is not None]
+        best = min(ranked, key=lambda r: r["best_val_loss"])["job"] if ranked else None
         print(format_table(rows, best))
-        print(f"sweep: {len(done)} of {len(rows)} jobs completed; sweep_summary.csv"
+        stopped = sum(r["status"] == records.STOPPED for r in rows)
+        print(f"sweep: {len(done) - stopped} of {len(rows)} jobs completed"
+              f"{f', {stopped} stopped early' if stopped else ''}; sweep_summary.csv"
               f"{' and sweep.png' if done else ''} in {sweep_dir}")
         return done
 
@@ -140,6 +143,7 @@ def format_table(rows: list[dict], best: int | None) -> str:
         "job",
         "overrides",
         "status",
+        "steps",
         "best val",
         "final val",
         "val bpc",
@@ -147,8 +151,9 @@ def format_table(rows: list[dict], best: int | None) -> str:
         "wall s",
     ]
     body = [["*" if r["job"] == best else "", str(r["job"]), r["overrides"] or "-", r["status"],
-             cell(r["best_val_loss"]), cell(r["final_val_loss"]), cell(r["final_val_bpc"]),
-             cell(r["tokens_per_s"], 0), cell(r["wall_s"], 0)] for r in rows]
+             cell(r.get("steps")), cell(r["best_val_loss"]), cell(r["final_val_loss"]),
+             cell(r["final_val_bpc"]), cell(r["tokens_per_s"], 0), cell(r["wall_s"], 0)]
+            for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = [
         "  ".join(text.ljust(w) for text, w in zip(line, widths)).rstrip()
@@ -167,7 +172,7 @@ def _is_nan(value) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
-def _last_error(log_file: Path) -> str | None:
+def last_error(log_file: Path) -> str | None:
     """The message of the last ERROR line of a job's log (Hydra's ``[time][logger][ERROR] -
     message`` lines)."""
     if not log_file.is_file():

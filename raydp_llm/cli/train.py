@@ -19,6 +19,7 @@ from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.core.config import Settings
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Started
+from raydp_llm.sweep import use_plugins
 from raydp_llm.training import runs
 
 
@@ -46,6 +47,7 @@ def main(cfg: DictConfig) -> float:
 def cli() -> None:
     """``python -m raydp_llm.train`` and the ``raydp-llm-train`` console script."""
     register_configs()
+    use_plugins()  # -m's launcher (hydra/launcher=ray)
     with documented_output():  # --help, --cfg: each setting with its meaning
         # before Hydra writes its own files into an explicit hydra.run.dir
         runs.refuse_used_run_dir()

@@ -53,6 +53,7 @@ from raydp_llm.core.schema import (
     setting,
     within,
 )
+from raydp_llm.core.sweep_config import SweepSettings  # noqa: F401 - the sweep group, re-exported
 
 # The defaults that follow other settings (a property beside each reads it): a value the user did
 # not give never refuses one the user gave (core/checks.py checks only given values).
@@ -337,9 +338,8 @@ class TrackingSettings:
 class Settings:
     name: str = setting("raydp_llm", "run name: the Spark app, the Ray Train run and the output "
                                      "folder carry it")
-    required: List[str] = setting([], "settings this configuration cannot run without, e.g. "
-                                      "[data.path] for a corpus not shipped here; each must be "
-                                      "given")
+    required: List[str] = setting([], "settings this configuration cannot run without, each "
+                                      "to be given, e.g. [data.path] for a corpus not shipped")
     seed: int = setting(1337, "seeds model init, data order, window shuffle and sampling")
     data: DataSettings = setting(DataSettings(), "the corpus and how the ETL cuts it into "
                                                  "training windows")
@@ -355,11 +355,11 @@ class Settings:
     cluster: ClusterSettings = setting(ClusterSettings(), "Ray, and Spark on it with RayDP")
     sample: SampleSettings = setting(SampleSettings(), "text generated into samples.txt after "
                                                        "training")
-    s3: S3Settings = setting(S3Settings(), "S3 access for s3:// data, storage and checkpoints; "
-                                           "credentials come from the standard AWS chain "
-                                           "(environment, ~/.aws, instance role)")
+    s3: S3Settings = setting(S3Settings(), "S3 access for s3:// data, storage, checkpoints; "
+                                           "credentials: the AWS chain (env, ~/.aws, role)")
     tracking: TrackingSettings = setting(MISSING, "experiment tracking: "
                                          f"{TrackingKind.listed()} (settings, metrics, outputs)")
+    sweep: SweepSettings = setting(SweepSettings(), "-m: trials at once and early stopping")
 
 
 def source_settings(settings: Settings, source: SourceSettings) -> Settings:

@@ -28,8 +28,9 @@ def order(column: str) -> str:
 
 
 def check(best_by: str | None, tasks: list[str], sources: list[str],
-          task_interval: int | None) -> None:
-    """A ``train.best_by`` that every checkpoint will report: one line naming what to give."""
+          task_interval: int | None, setting: str = "train.best_by") -> None:
+    """A ``train.best_by`` (or another ``setting`` that names a column) that every checkpoint
+    will report: one line naming what to give."""
     if best_by is None:
         return
     known = [c for c in COLUMNS if c not in NOT_FIGURES]
@@ -37,11 +38,11 @@ def check(best_by: str | None, tasks: list[str], sources: list[str],
     task = next((t for t in tasks if best_by.startswith(f"{TASK}{t}_")), None)
     if best_by not in known and task is None:
         scored = ", ".join(f"{TASK}{t}_<metric>" for t in tasks) or "train.eval_tasks has none"
-        raise InputError(f"train.best_by={best_by}: not a column every checkpoint reports; give "
+        raise InputError(f"{setting}={best_by}: not a column every checkpoint reports; give "
                          f"val_loss, val_acc or another of metrics.csv's figures, a source's "
                          f"val_loss_<name>, or a task score ({scored})")
     if task is not None and task_interval is not None:
-        raise InputError(f"train.best_by={best_by}: tasks are scored every "
+        raise InputError(f"{setting}={best_by}: tasks are scored every "
                          f"train.task_interval={task_interval} steps, not at every checkpoint; "
                          "set train.task_interval=null to rank the checkpoints by a task")
 

@@ -45,6 +45,7 @@ from raydp_llm.training.metrics import (
 )
 from raydp_llm.training.progress import TrainingProgress
 from raydp_llm.training.spec import TrainSpec
+from raydp_llm.training.trial_reports import in_trial, trial_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class LeanTorchTrainer(DataParallelTrainer):
       the driver frees the run's group itself then (``StartedFit.close``)."""
 
     def _create_default_callbacks(self) -> list:
+        if in_trial():  # a scheduler stops a trial by ending its process, the controller with it
+            return super()._create_default_callbacks()
         unused = (DatasetsCallback, PlacementGroupCleanerCallback)
         return [c for c in super()._create_default_callbacks() if not isinstance(c, unused)]
 
@@ -138,7 +141,8 @@ def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: 
             storage_filesystem=filesystem,
             checkpoint_config=checkpoint_config(train.keep_checkpoints, train.best_by),
             failure_config=FailureConfig(max_failures=train.max_failures),
-            callbacks=[recorder, RestartRecorder(recorder), ControllerHandle(run.handoff)],
+            callbacks=[recorder, RestartRecorder(recorder), ControllerHandle(run.handoff),
+                       *trial_callbacks()],
         ),
     )
 

@@ -1,0 +1,284 @@
+"""``hydra/launcher=ray``: a multirun's jobs as Ray Tune trials side by side on the cluster.
+
+``launch`` reads in order: compose and check every job; refuse a job the cluster can never hold,
+or a ``sweep.metric`` no evaluation reports (one line, before anything starts); leave out the jobs
+an earlier run of this sweep directory finished (``records``); run each distinct data setting's
+ETL once, here, into the ETL cache, which every trial then reads without a Spark of its own (on a
+cluster, where the cache is not shared, each trial's Spark waits for its turn: one RayDP app at a
+time, engines/spark.py); then Ray Tune runs the trials, as many at once as the cluster holds
+(``sweep.max_concurrent`` caps them), the others queued, and stops the poor ones early with
+``sweep.scheduler=asha``. Each trial's row is kept as it ends (records.py); the summary is the
+sweep's callback's (cli/sweep.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from omegaconf import OmegaConf, open_dict, read_write
+from ray import tune
+
+from raydp_llm.cli.inputs import check_inputs, typed_settings
+from raydp_llm.core.config import Settings, SweepSettings
+from raydp_llm.core.errors import InputError, first_line
+from raydp_llm.core.timing import Stopwatch
+from raydp_llm.engines import spark
+from raydp_llm.sweep import records
+from raydp_llm.sweep.trial import SweepJob, TrialWork, run_trial
+from raydp_llm.training import best
+
+log = logging.getLogger(__name__)
+
+
+def launch(plugin, job_overrides, initial_job_idx: int) -> list[JobReturn]:
+    """Hydra's ``Launcher.launch`` of ``hydra_plugins.raydp_llm_sweep.RaydpLauncher``."""
+    setup_globals()
+    config = plugin.config
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    if not concurrent(plugin.concurrent, config):
+        return one_after_another(plugin, job_overrides, initial_job_idx)
+    sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [compose(plugin, initial_job_idx + i, list(o), sweep_dir)
+            for i, o in enumerate(job_overrides)]
+    sweep: SweepSettings = OmegaConf.to_object(config.sweep)
+    check_metric(sweep, jobs)
+    done = records.rows(sweep_dir)
+    todo = [j for j in jobs if done.get(j.num, {}).get("status") not in records.DONE]
+    if len(todo) < len(jobs):
+        log.info("sweep %s: %d of %d jobs done before; running the others", sweep_dir,
+                 len(jobs) - len(todo), len(jobs))
+    at_once = trials_at_once([j for j in todo if j.error is None], sweep.max_concurrent)
+    for job in todo:
+        prepare_data(job, sweep_dir)
+    runnable = [j for j in todo if j.error is None]
+    if runnable:
+        run_trials(runnable, sweep, at_once, sweep_dir, TrialWork(
+            {j.num: j for j in runnable}, plugin.hydra_context.config_loader, plugin.task_function))
+    return [job_return(j, records.rows(sweep_dir).get(j.num)) for j in jobs]
+
+
+def concurrent(setting: str, config) -> bool:
+    """``concurrent=true``; ``auto``: on a Ray cluster (``cluster.address`` not ``local``)."""
+    if setting == "auto":
+        return str(config.cluster.address) != "local"
+    return setting in ("true", "1", "yes")
+
+
+def one_after_another(plugin, job_overrides, initial_job_idx: int) -> list[JobReturn]:
+    """Hydra's basic launcher: each job in this process, in turn (the sweep's callback keeps
+    their rows)."""
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+    basic = BasicLauncher()
+    basic.setup(hydra_context=plugin.hydra_context, task_function=plugin.task_function,
+                config=plugin.config)
+    return basic.launch(job_overrides, initial_job_idx)
+
+
+def compose(plugin, num: int, overrides: list[str], sweep_dir: Path) -> SweepJob:
+    """Job ``num``'s config, its sweep directory resolved here (a trial's process would draw
+    another ``${uid:}``), and its checked settings, or the line that refuses them."""
+    config = plugin.hydra_context.config_loader.load_sweep_config(plugin.config, overrides)
+    with open_dict(config):
+        config.hydra.job.id = config.hydra.job.num = num
+        config.hydra.sweep.dir = str(sweep_dir)
+        config.hydra.sweep.subdir = str(config.hydra.sweep.subdir)
+    job = SweepJob(num, overrides, config)
+    task = copy.deepcopy(config)  # the job's own settings, as Hydra hands them to the job
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    try:
+        job.settings = typed_settings(task, overrides)
+        job.corpus = check_inputs(job.settings)
+    except InputError as err:
+        job.error = str(err)
+    return job
+
+
+def check_metric(sweep: SweepSettings, jobs: list[SweepJob]) -> None:
+    """``sweep.metric``: a column every evaluation of every job reports (``best.check``)."""
+    for job in jobs:
+        if job.settings is not None:
+            t = job.settings.train
+            best.check(sweep.metric, [], [s.name for s in job.settings.data.sources],
+                       t.task_interval, setting="sweep.metric")
+
+
+def needs(settings: Settings) -> dict[str, float]:
+    """The Ray resources a job's trial holds while it trains: its workers'."""
+    t = settings.train
+    workers = {"CPU": t.num_workers * t.cpus_per_worker}
+    return workers | ({"GPU": float(t.num_workers)} if t.use_gpu else {})
+
+
+def trials_at_once(jobs: list[SweepJob], cap: int | None) -> int:
+    """How many trials the running cluster holds at once (every trial counted as the largest),
+    at most ``cap``; one line for a job the cluster can never hold."""
+    have = ray.cluster_resources()
+    most = math.inf
+    for job in jobs:
+        for resource, amount in needs(job.settings).items():
+            if amount > have.get(resource, 0):
+                raise InputError(
+                    f"sweep job {job.num} ({' '.join(job.overrides) or 'no overrides'}) needs "
+                    f"{amount:g} {resource}s for its workers (train.num_workers × "
+                    f"train.cpus_per_worker) but the Ray cluster has "
+                    f"{have.get(resource, 0):g}; lower them or add nodes")
+            most = min(most, have[resource] // amount)
+    return int(max(1, min(most, cap or math.inf, len(jobs) or 1)))
+
+
+def prepare_data(job: SweepJob, sweep_dir: Path) -> None:
+    """Job ``job``'s data into the ETL cache, unless an earlier job's with the same data settings
+    is there already (a hit, no Spark); a job whose ETL fails is a failed row. Without the cache
+    (data.cache=false) each trial runs its own ETL, one Spark at a time."""
+    if job.error is None and job.settings.data.cache:
+        from raydp_llm.cli.prepare_job import run_checked
+
+        clock, out_dir = time.time(), sweep_dir / "etl" / str(job.num)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:  # what it made, as prepare prints it, into the job's ETL directory
+            with open(out_dir / "prepare.txt", "w") as f, contextlib.redirect_stdout(f):
+                run_checked(job.settings, job.corpus, out_dir, Stopwatch())
+            print(f"[job {job.num}] data ready ({out_dir / 'prepare.txt'})", flush=True)
+        except Exception as err:  # noqa: BLE001 - the job fails, the sweep goes on
+            job.error = f"its ETL failed: {first_line(err, 300, with_type=True)}"
+            log.error("sweep job %d: %s", job.num, job.error)
+            records.append(sweep_dir, records.job_row(job.num, job.overrides, job.out_dir,
+                                                      (clock, time.time()), job.error))
+    elif job.error is not None:
+        records.append(sweep_dir, records.job_row(job.num, job.overrides, job.out_dir,
+                                                  (time.time(), time.time()), job.error))
+
+
+def set_aside(job: SweepJob) -> None:
+    """An unfinished earlier attempt's directory, renamed ``<num>.attempt-<k>``: the job runs
+    again in its own directory and continues that attempt's newest complete checkpoint
+    (``train.resume=auto`` looks among the sweep's directories)."""
+    if job.out_dir.is_dir():
+        k = 1
+        while job.out_dir.with_name(f"{job.out_dir.name}.attempt-{k}").exists():
+            k += 1
+        job.out_dir.rename(job.out_dir.with_name(f"{job.out_dir.name}.attempt-{k}"))
+
+
+def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_dir: Path,
+               work: TrialWork) -> None:
+    """Ray Tune's run of ``jobs``, ``at_once`` at a time; each trial's process is on this node
+    (its run directory is here) and holds no CPU: its Ray Train workers hold theirs."""
+    for job in jobs:
+        set_aside(job)
+    here = f"node:{ray.util.get_node_ip_address()}"
+    trainable = tune.with_resources(tune.with_parameters(run_trial, work=work),
+                                    {"cpu": 0, here: 0.001})
+    lines = TrialLines(work.jobs, sweep_dir, len(jobs), at_once)
+    log.info("sweep: %d trials, %d at once, in %s", len(jobs), at_once, sweep_dir)
+    # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    with spark.one_at_a_time():
+        grid = tune.Tuner(
+            trainable,
+            param_space={"job": tune.grid_search([j.num for j in jobs])},
+            tune_config=tune.TuneConfig(max_concurrent_trials=at_once,
+                                        scheduler=scheduler(sweep, jobs)),
+            run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
+                                      callbacks=[lines],
+                                      failure_config=tune.FailureConfig(max_failures=0)),
+        ).fit()
+    # Ctrl-C (or SIGTERM): Tune stops every trial and returns; the summary says so (cli/sweep.py)
+    records.interrupted = grid.num_terminated + grid.num_errors < len(jobs)
+
+
+def scheduler(sweep: SweepSettings, jobs: list[SweepJob]):
+    """``sweep.scheduler``: Ray Tune's ``ASHAScheduler`` by step on ``sweep.metric``, or none
+    (Tune's FIFO: every trial to its end)."""
+    if sweep.scheduler != "asha":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    class FinishingASHA(ASHAScheduler):
+        """ASHA that lets a trial at its last step finish: stopping it there saves no step, and
+        loses its export."""
+
+        def on_trial_result(self, tune_controller, trial, result):
+            last = work_steps[trial.config["job"]]
+            if result.get("step", 0) >= last:
+                return self.CONTINUE
+            return super().on_trial_result(tune_controller, trial, result)
+
+    work_steps = {j.num: j.settings.train.max_steps for j in jobs}
+    return FinishingASHA(time_attr="step", metric=sweep.metric,
+                         mode=sweep.mode or best.order(sweep.metric),
+                         max_t=max(work_steps.values()) + 1, grace_period=sweep.grace_steps,
+                         reduction_factor=sweep.reduction_factor)
+
+
+@dataclass
+class TrialLines(tune.Callback):
+    """The console while trials run: a line per evaluation of each trial (step, losses) and per
+    trial that starts or ends; each ended trial's row kept (records.py)."""
+
+    jobs: dict[int, SweepJob]
+    sweep_dir: Path
+    total: int
+    at_once: int
+    started: dict = field(default_factory=dict)  # trial id → time.time()
+
+    def _job(self, trial) -> SweepJob:
+        return self.jobs[trial.config["job"]]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started[trial.trial_id] = time.time()
+        job = self._job(trial)
+        print(f"[job {job.num}] started: {' '.join(job.overrides) or '(no overrides)'} "
+              f"→ {job.out_dir}", flush=True)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        job, figures = self._job(trial), []
+        for key in ("train_loss", "val_loss"):
+            if result.get(key) is not None:
+                figures.append(f"{key.split('_')[0]} {result[key]:.4f}")
+        print(f"[job {job.num}] step {result.get('step')}/{job.settings.train.max_steps}: "
+              f"{', '.join(figures)}", flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._end(trial, None)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        job = self._job(trial)
+        self._end(trial, _last_error(job.out_dir) or f"the trial failed; see {job.out_dir}")
+
+    def _end(self, trial, error: str | None) -> None:
+        job = self._job(trial)
+        span = (self.started.get(trial.trial_id, time.time()), time.time())
+        row = records.job_row(job.num, job.overrides, job.out_dir, span, error)
+        records.append(self.sweep_dir, row)
+        print(f"[job {job.num}] {row['status']} at step {row['steps']}"
+              f"{': ' + error if error else ''}", flush=True)
+
+
+def _last_error(out_dir: Path) -> str | None:
+    from raydp_llm.cli.sweep import last_error
+
+    return next((last_error(p) for p in sorted(out_dir.glob("*.log"))), None)
+
+
+def job_return(job: SweepJob, row: dict | None) -> JobReturn:
+    """What Hydra gets back of a job: its final validation loss, NaN for a job that failed (as
+    ``cli_errors`` returns in a sweep: Hydra's sweeper would end the sweep on a failed job)."""
+    ok = row is not None and row["status"] in records.DONE
+    value = row.get("final_val_loss") if ok else None
+    ret = JobReturn(overrides=job.overrides, cfg=job.config, status=JobStatus.COMPLETED,
+                    _return_value=float("nan") if value is None else value)
+    ret.working_dir = str(job.out_dir)
+    return ret

@@ -1,0 +1,88 @@
+"""Each job's row of a sweep, kept as it ends in ``<sweep dir>/jobs.jsonl`` (one JSON object a
+line, a later row of a job replacing an earlier one): the summary reads them at the end, and a
+sweep run again over the same directory knows which jobs it has done (sweep/launcher.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROWS_FILE = "jobs.jsonl"
+# a job's status: it ran to its last step | a scheduler stopped it early (sweep.scheduler) | its
+# run failed (the error's line in ``error``)
+COMPLETED, STOPPED, FAILED = "completed", "stopped", "failed"
+DONE = (COMPLETED, STOPPED)  # a sweep run again does not run these jobs again
+# set by the launcher when Ctrl-C or SIGTERM ended the sweep's trials before their end
+interrupted = False
+FIGURES = ("best_val_loss", "final_val_loss", "final_val_bpc", "tokens_per_s")
+
+
+def iso(seconds: float) -> str:
+    """A ``time.time()`` as an ISO time of the machine's zone, to the second."""
+    return datetime.fromtimestamp(seconds, timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def job_row(num: int, overrides: list[str], out_dir: Path, span: tuple[float, float],
+            error: str | None = None) -> dict:
+    """The row of job ``num`` that ran in ``out_dir`` from ``span[0]`` to ``span[1]``
+    (``time.time()``s): completed when its summary says it finished, failed with ``error``,
+    stopped otherwise; its figures from its summary, or from its ``metrics.csv`` as far as it
+    got."""
+    summary = _summary(out_dir)
+    status = FAILED if error else (COMPLETED if summary else STOPPED)
+    figures = summary or _figures(out_dir / "metrics.csv")
+    started, ended = span
+    return {"job": num, "overrides": list(overrides), "status": status,
+            "steps": figures.get("steps"), **{k: figures.get(k) for k in FIGURES},
+            "wall_s": round(ended - started, 1), "started": iso(started), "ended": iso(ended),
+            "output_dir": str(out_dir), "error": error}
+
+
+def append(sweep_dir: Path, row: dict) -> None:
+    with (sweep_dir / ROWS_FILE).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def rows(sweep_dir: Path) -> dict[int, dict]:
+    """The newest row of each job, by job number; a line cut short by a kill is skipped."""
+    path, found = sweep_dir / ROWS_FILE, {}
+    if not path.is_file():
+        return found
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        found[row["job"]] = row
+    return found
+
+
+def _summary(out_dir: Path) -> dict:
+    """A finished run's figures (and ``steps``) from its ``summary.json``."""
+    path = out_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    summary = json.loads(path.read_text())
+    if summary.get("status") != "finished" or _nan(summary.get("final_val_loss")):
+        return {}
+    return summary
+
+
+def _figures(metrics_csv: Path) -> dict:
+    """What a stopped run reached, from its ``metrics.csv``: its last step and validation loss,
+    its best validation loss."""
+    from raydp_llm.training.metrics import read_metrics
+
+    rows = read_metrics(metrics_csv) if metrics_csv.is_file() else []
+    losses = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+    if not rows:
+        return {}
+    return {"steps": int(rows[-1]["step"]), "final_val_loss": losses[-1] if losses else None,
+            "best_val_loss": min(losses) if losses else None,
+            "final_val_bpc": rows[-1].get("val_bpc"), "tokens_per_s": rows[-1].get("tokens_per_s")}
+
+
+def _nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)

@@ -1,0 +1,70 @@
+"""A job of a sweep as a Ray Tune trial: the process Tune starts for it runs the job as Hydra's
+basic launcher would in the sweep's own process (``run_job``: the job's directory, its log, its
+``.hydra/``), and its Ray Train run reports its evaluations to Tune (training/trial_reports.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.utils import JobReturn, run_job
+from hydra.types import HydraContext
+from omegaconf import DictConfig
+
+from raydp_llm.training.trial_reports import TRIAL_ENV
+
+
+@dataclass
+class SweepJob:
+    """A job of the sweep: its number, the overrides that make it, its composed config (Hydra's
+    node with the sweep's directory resolved), and the one line that refused it, if any."""
+
+    num: int
+    overrides: list[str]
+    config: DictConfig
+    settings: object | None = None  # its typed Settings, once checked (launcher.py)
+    corpus: object | None = None  # what its data reads (cli/inputs.check_inputs)
+    error: str | None = None
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config.hydra.sweep.dir) / str(self.config.hydra.sweep.subdir)
+
+
+@dataclass
+class TrialWork:
+    """What every trial needs of the launcher: the jobs by number, Hydra's config loader and task
+    function (``cli/train.py``'s ``main``). Not the sweep's callbacks: they hold its Ray."""
+
+    jobs: dict[int, SweepJob]
+    config_loader: object
+    task_function: object
+
+
+def run_trial(trial_config: dict, work: TrialWork) -> None:
+    """Tune's function trainable: job ``trial_config["job"]`` of ``work``. A job that failed
+    raises, and its trial is an error."""
+    from hydra._internal.callbacks import Callbacks
+
+    from raydp_llm.core.registry import register_configs
+
+    register_configs()  # the resolvers the job's config may still name
+    os.environ[TRIAL_ENV] = "1"
+    job = work.jobs[trial_config["job"]]
+    # the sweep's callbacks are the launcher's process's: a trial runs none (sweep/records.py)
+    context = HydraContext(config_loader=work.config_loader, callbacks=Callbacks())
+    ret = run_job(hydra_context=context, task_function=work.task_function, config=job.config,
+                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    value = _value(ret)
+    if value is None or math.isnan(value):
+        raise RuntimeError(f"job {job.num} failed; see {job.out_dir}")
+
+
+def _value(ret: JobReturn) -> float | None:
+    """The job's return value (its final validation loss); None when it raised."""
+    try:
+        return ret.return_value
+    except Exception:  # noqa: BLE001 - the job's log has it; the trial fails
+        return None
