@@ -25,8 +25,9 @@ train: $(STAMP) ## the main job on an embedded Ray + Spark with the sample corpu
 smoke: $(STAMP) ## a tiny end-to-end run (~2 minutes)
 	$(BIN)/python -m raydp_llm.train +experiment=smoke $(ARGS)
 
-sweep: $(STAMP) ## a 2-job sweep of the smoke run (model.n_layer=1,2): sweep_summary.csv, sweep.png
-	$(BIN)/python -m raydp_llm.train -m +experiment=smoke model.n_layer=1,2 $(ARGS)
+sweep: $(STAMP) ## 4 smoke jobs as Ray Tune trials, 2 at once, ASHA: sweep_summary.csv, sweep.png
+	$(BIN)/python -m raydp_llm.train -m hydra/launcher=ray +experiment=smoke \
+		optim.lr=3e-3,1e-2,5e-3,1e-5 cluster.num_cpus=4 sweep.scheduler=asha $(ARGS)
 
 config: $(STAMP) ## print the composed config, each setting with its meaning (ARGS: overrides)
 	$(BIN)/python -m raydp_llm.train --cfg job $(ARGS)

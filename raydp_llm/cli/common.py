@@ -26,7 +26,7 @@ def cli_errors(main):
 
     In a Hydra sweep (``-m``) any error is logged (one line for a ``OneLineError``, with its
     traceback otherwise) and the job returns NaN, so that the sweep goes on and records the job as
-    failed (``sweep.SweepSummary``). Spark and Ray are already stopped by then: their context
+    failed (``cli/sweep/summary.py``). Spark and Ray are already stopped by then: their context
     managers end on any exception.
     """
 

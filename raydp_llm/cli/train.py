@@ -16,10 +16,10 @@ from omegaconf import DictConfig
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
+from raydp_llm.cli.sweep import use_plugins
 from raydp_llm.core.config import Settings
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Started
-from raydp_llm.sweep import use_plugins
 from raydp_llm.training import runs
 
 

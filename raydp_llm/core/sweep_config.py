@@ -1,7 +1,7 @@
-"""The sweep group's schema (``sweep.*``): how a multirun (``-m``) runs its jobs as Ray Tune trials
-with ``hydra/launcher=ray`` (raydp_llm/sweep/), how many at once, and which it stops early. Apart
-from the rest of the configuration (core/config.py, which re-exports it), as the data and model
-groups are."""
+"""The sweep group's schema (``sweep.*``): how a multirun (``-m``) runs its jobs as Ray Tune
+trials with ``hydra/launcher=ray`` (raydp_llm/cli/sweep/), how many at once, which it stops early,
+how many Optuna proposes. Apart from the rest of the configuration (core/config.py, which
+re-exports it), as the data and model groups are."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def spark_session(
     yield spark
 
 
-# A sweep's trials (raydp_llm/sweep/) start their Sparks in one Ray namespace, where RayDP names
+# A sweep's trials (raydp_llm/cli/sweep/) start their Sparks in one Ray namespace, where RayDP names
 # every app's actors alike: while they run, each Spark waits for its turn (``one_at_a_time``).
 TURNS = "raydp_llm_spark_turns"
 

@@ -9,8 +9,8 @@ Train's ``setup_mlflow`` runs in the workers instead: a restarted worker group w
 again, and workers on other nodes could not write the driver's local store.)
 
 A resumed run continues the MLflow run of the run it resumes (its ``run.json``, beside the
-checkpoint, names it). The jobs of a sweep nest under one parent run, which ``cli/sweep.py`` opens
-and closes; a job finds it by its tag, the sweep directory.
+checkpoint, names it). The jobs of a sweep nest under one parent run, which
+``cli/sweep/summary.py`` opens and closes; a job finds it by its tag, the sweep directory.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def continued_run(resumed_from: str | None, s3: S3Options) -> str | None:
 
 
 def sweep_parent(client, experiment: str, sweep_dir: str | None) -> str | None:
-    """The parent run ``cli/sweep.py`` opened for the sweep in ``sweep_dir``."""
+    """The parent run ``cli/sweep/summary.py`` opened for the sweep in ``sweep_dir``."""
     if not sweep_dir:
         return None
     found = client.search_runs([experiment], f"tags.`{SWEEP_TAG}` = '{sweep_dir}'", max_results=1)

@@ -1,7 +1,7 @@
 """A run that is a Ray Tune trial (a job of a sweep with ``hydra/launcher=ray``) passes its
 evaluations on to Tune, which ranks and stops the trials by them (``sweep.scheduler``).
 
-The launcher's trial sets ``TRIAL_ENV`` in its process (raydp_llm/sweep/trial.py); a run started
+The launcher's trial sets ``TRIAL_ENV`` in its process (raydp_llm/cli/sweep/trial.py); a run started
 any other way imports no Ray Tune."""
 
 from __future__ import annotations

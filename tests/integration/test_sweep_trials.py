@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK
@@ -23,17 +24,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a sweep of four tria
 
 MAX_STEPS = 40
 LEARNS_NOTHING = "1e-09"
-# 4 jobs of 2 workers × 1 CPU on a Ray of 4 CPUs: 2 trials at once. The one that learns nothing is
-# last: ASHA ranks a trial against those that reached its rung before it.
-SWEEP = [
-    "-m", "hydra/launcher=ray", f"optim.lr=3e-3,1e-2,5e-3,{LEARNS_NOTHING}",
-    "cluster.num_cpus=4", "cluster.dashboard=false", "train.num_workers=2",
-    "sweep.scheduler=asha", "sweep.grace_steps=10", "sweep.reduction_factor=2",
-    "model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.batch_size=8",
-    f"train.max_steps={MAX_STEPS}", "train.eval_interval=10", "train.eval_batches=2",
-    "train.checkpoint_interval=10", "optim.warmup_steps=2", "sample.max_new_tokens=10",
-    f"data.cache_dir={CACHE_DIR}", NO_CHECK,
-]
+# Jobs of 2 workers × 1 CPU on a Ray of 4 CPUs: 2 trials at once
+ROOM_FOR_TWO = ["-m", "hydra/launcher=ray", "cluster.num_cpus=4", "cluster.dashboard=false",
+                "train.num_workers=2"]
+JOB = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.batch_size=8",
+       f"train.max_steps={MAX_STEPS}", "train.eval_interval=10", "train.eval_batches=2",
+       "train.checkpoint_interval=10", "optim.warmup_steps=2", "sample.max_new_tokens=10",
+       f"data.cache_dir={CACHE_DIR}", NO_CHECK]
+# The one that learns nothing is last: ASHA ranks a trial against those that reached its rung
+# before it.
+SWEEP = [*ROOM_FOR_TWO, f"optim.lr=3e-3,1e-2,5e-3,{LEARNS_NOTHING}", "sweep.scheduler=asha",
+         "sweep.grace_steps=10", "sweep.reduction_factor=2", *JOB]
 
 
 def _rows(sweep_dir: Path) -> list[dict]:
@@ -109,3 +110,26 @@ def test_trials_run_two_at_a_time(sweep):
              for r in _rows(sweep_dir)]
     overlapping = [sum(1 for a, b in spans if a <= start < b) for start, _ in spans]
     assert max(overlapping) == 2
+
+
+def test_optuna_proposes_trials_in_batches_the_cluster_runs_side_by_side(corpus_dir, tmp_path):
+    """hydra/sweeper=optuna: 4 trials from a log-scale interval and a choice, 2 at a time on a Ray
+    with room for 2; each batch proposed after the one before ended; the best in
+    optimization_results.yaml is the summary's best completed job."""
+    sweep_dir = tmp_path / "optuna"
+    out = commands.run("raydp_llm.train", *ROOM_FOR_TWO, "hydra/sweeper=optuna",
+                       "optim.lr=tag(log,interval(1e-3,3e-2))", "model.n_head=choice(1,2)",
+                       "sweep.trials=4", *JOB,
+                       f"data.path={corpus_dir}", f"hydra.sweep.dir={sweep_dir}", timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = _rows(sweep_dir)
+    assert [r["status"] for r in rows] == ["completed"] * 4
+    spans = {int(r["job"]): (r["started"], r["ended"]) for r in rows}
+    assert max(spans[0][1], spans[1][1]) <= min(spans[2][0], spans[3][0])  # batch after batch
+    lrs = [float(r["overrides"].split("optim.lr=")[1].split()[0]) for r in rows]
+    assert all(1e-3 <= lr <= 3e-2 for lr in lrs) and len(set(lrs)) == 4
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    best = min(rows, key=lambda r: float(r["final_val_loss"]))
+    assert results["completed"] == 4
+    assert results["best_value"] == pytest.approx(float(best["final_val_loss"]))
+    assert f"optim.lr={results['best_params']['optim.lr']}" in best["overrides"]

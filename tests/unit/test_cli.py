@@ -285,3 +285,16 @@ def test_ray_out_of_disk_says_what_to_do(caplog):
     [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert error.startswith("error: RayTaskError(OutOfDiskError): the object store is full")
     assert "RAY_local_fs_capacity_threshold=0.99" in error and "data.cache=true" in error
+
+
+def test_a_sweep_ranked_by_a_column_no_evaluation_reports_is_one_line_before_ray(tmp_path):
+    before = ray_session_dir()
+    out = subprocess.run([sys.executable, "-m", "raydp_llm.train", "-m", "hydra/launcher=ray",
+                          "sweep.metric=val_los", "optim.lr=1e-3,2e-3",
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: sweep.metric=val_los: not a column every checkpoint "
+                               "reports; give val_loss, val_acc"), lines
+    assert ray_session_dir() == before

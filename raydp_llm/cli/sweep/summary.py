@@ -1,16 +1,16 @@
-"""Multirun sweeps (``-m``): one Ray for every job, each job's outcome recorded, a summary at the
-end.
+"""The callback around every multirun (``-m``): one Ray for every job, each job's outcome
+recorded, a summary at the end.
 
-Hydra calls ``SweepSummary`` (``hydra.callbacks`` in conf/config.yaml) around the jobs its launcher
-runs. In a sweep it starts Ray once: each job finds it running and uses it, and the ETL cache serves
-every job after the first with the same data settings. Jobs run one after another in this process
-(the embedded default), or as Ray Tune trials side by side (``hydra/launcher=ray``, sweep/). Each
-job's row is kept as it ends (sweep/records.py): a job that fails becomes a ``failed`` row with its
-error and the sweep goes on (in a sweep, ``errors.cli_errors`` logs the error, returns NaN instead
-of exiting); one a scheduler stopped early, a ``stopped`` row at the step it reached. At the end the
-sweep directory gets ``sweep_summary.csv`` (one row per job) and ``sweep.png`` (the jobs' validation
-curves), and the console the table with the best job marked.
-"""
+Hydra calls ``SweepSummary`` (``hydra.callbacks`` in conf/config.yaml) around the jobs its
+launcher runs. In a sweep it starts Ray once: each job finds it running and uses it, and the ETL
+cache serves every job after the first with the same data settings. Jobs run one after another in
+this process (the embedded default), or as Ray Tune trials side by side (``hydra/launcher=ray``:
+launcher.py, trial.py; ``hydra/sweeper=optuna``: search.py). Each job's row is kept as it ends
+(records.py): a job that fails becomes a ``failed`` row with its error and the sweep goes on (in a
+sweep, ``errors.cli_errors`` logs the error and returns NaN instead of exiting); one a scheduler
+stopped early, a ``stopped`` row at the step it reached. At the end the sweep directory gets
+``sweep_summary.csv`` (one row per job) and ``sweep.png`` (the jobs' validation curves), and the
+console the table with the best job marked."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from raydp_llm.sweep import records
+from raydp_llm.cli.sweep import records
 
 # Hydra builds this callback for every command, a single run too (and one refused for its input
 # in a second): Ray, the tracking and the plots are imported only where a sweep uses them.
@@ -58,7 +58,8 @@ class SweepSummary(Callback):
         from raydp_llm.engines.ray_cluster import ray_session
         from raydp_llm.training import tracking
 
-        # a door too: the sweep's Ray and tracking, from the typed settings
+        # a door too: the sweep's settings checked before Ray starts; its Ray and tracking
+        check_sweep(config)
         cluster = OmegaConf.to_object(config.cluster)
         self.tracking = OmegaConf.to_object(config.tracking)
         if self.tracking.kind == "mlflow":
@@ -74,12 +75,12 @@ class SweepSummary(Callback):
         self.job_started = time.time()
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
-        """A job run in this process (one after another): its row kept (sweep/records.py)."""
+        """A job run in this process (one after another): its row kept (records.py)."""
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         out_dir = Path(config.hydra.runtime.output_dir)
         failed = job_return.status != JobStatus.COMPLETED or _is_nan(job_return.return_value)
-        error = last_error(out_dir / f"{config.hydra.job.name}.log") if failed else None
+        error = records.last_error(out_dir / f"{config.hydra.job.name}.log") if failed else None
         span = (self.job_started, time.time())
         records.append(Path(config.hydra.sweep.dir), records.job_row(
             config.hydra.job.num, list(config.hydra.overrides.task), out_dir, span,
@@ -129,6 +130,25 @@ class SweepSummary(Callback):
         return done
 
 
+def check_sweep(config: DictConfig) -> None:
+    """``sweep.metric``: a column every evaluation reports (``best.check``); with
+    ``hydra/sweeper=optuna``, a search space it samples. Else one line and exit status 2, before
+    anything starts."""
+    from raydp_llm.core.errors import InputError
+    from raydp_llm.training import best
+
+    sweep, data = OmegaConf.to_object(config.sweep), OmegaConf.to_object(config.data)
+    try:
+        best.check(sweep.metric, [], [s.name for s in data.sources], None, setting="sweep.metric")
+        if str(config.hydra.sweeper._target_).endswith("RaydpOptunaSweeper"):
+            from raydp_llm.cli.sweep.search import space_of
+
+            space_of(list(config.hydra.overrides.task))
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 def format_table(rows: list[dict], best: int | None) -> str:
     """The summary as a console table, the best job (lowest best validation loss) marked with
     ``*``."""
@@ -170,14 +190,3 @@ def _varying_overrides(per_job: list[list[str]]) -> set[str]:
 
 def _is_nan(value) -> bool:
     return isinstance(value, float) and math.isnan(value)
-
-
-def last_error(log_file: Path) -> str | None:
-    """The message of the last ERROR line of a job's log (Hydra's ``[time][logger][ERROR] -
-    message`` lines)."""
-    if not log_file.is_file():
-        return None
-    errors = [
-        line.split("] - ", 1)[-1] for line in log_file.read_text().splitlines() if "[ERROR]" in line
-    ]
-    return errors[-1] if errors else None

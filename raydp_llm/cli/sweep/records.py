@@ -40,6 +40,12 @@ def job_row(num: int, overrides: list[str], out_dir: Path, span: tuple[float, fl
             "output_dir": str(out_dir), "error": error}
 
 
+def is_done(row: dict | None, overrides: list[str]) -> bool:
+    """Whether ``row`` says the job of these ``overrides`` ran (completed or stopped): a sweep run
+    again over its directory leaves it out."""
+    return row is not None and row["status"] in DONE and row["overrides"] == list(overrides)
+
+
 def append(sweep_dir: Path, row: dict) -> None:
     with (sweep_dir / ROWS_FILE).open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -84,5 +90,26 @@ def _figures(metrics_csv: Path) -> dict:
             "final_val_bpc": rows[-1].get("val_bpc"), "tokens_per_s": rows[-1].get("tokens_per_s")}
 
 
+def last_value(out_dir: Path, column: str) -> float | None:
+    """The last value of ``column`` in a run's ``metrics.csv``; None if it has none."""
+    from raydp_llm.training.metrics import read_metrics
+
+    path = out_dir / "metrics.csv"
+    values = [r[column] for r in read_metrics(path) if r.get(column) is not None] \
+        if path.is_file() else []
+    return float(values[-1]) if values else None
+
+
 def _nan(value) -> bool:
     return isinstance(value, float) and math.isnan(value)
+
+
+def last_error(log_file: Path) -> str | None:
+    """The message of the last ERROR line of a job's log (Hydra's ``[time][logger][ERROR] -
+    message`` lines)."""
+    if not log_file.is_file():
+        return None
+    errors = [
+        line.split("] - ", 1)[-1] for line in log_file.read_text().splitlines() if "[ERROR]" in line
+    ]
+    return errors[-1] if errors else None

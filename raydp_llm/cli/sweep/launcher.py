@@ -8,7 +8,7 @@ cluster, where the cache is not shared, each trial's Spark waits for its turn: o
 time, engines/spark.py); then Ray Tune runs the trials, as many at once as the cluster holds
 (``sweep.max_concurrent`` caps them), the others queued, and stops the poor ones early with
 ``sweep.scheduler=asha``. Each trial's row is kept as it ends (records.py); the summary is the
-sweep's callback's (cli/sweep.py).
+sweep's callback's (summary.py).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from omegaconf import OmegaConf, open_dict, read_write
 from ray import tune
 
 from raydp_llm.cli.inputs import check_inputs, typed_settings
-from raydp_llm.core.config import Settings, SweepSettings
+from raydp_llm.cli.sweep import records
+from raydp_llm.cli.sweep.trial import SweepJob, TrialWork, run_trial
+from raydp_llm.core.config import SweepSettings, TrainSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.engines import spark
-from raydp_llm.sweep import records
-from raydp_llm.sweep.trial import SweepJob, TrialWork, run_trial
 from raydp_llm.training import best
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,8 @@ def launch(plugin, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     jobs = [compose(plugin, initial_job_idx + i, list(o), sweep_dir)
             for i, o in enumerate(job_overrides)]
     sweep: SweepSettings = OmegaConf.to_object(config.sweep)
-    check_metric(sweep, jobs)
     done = records.rows(sweep_dir)
-    todo = [j for j in jobs if done.get(j.num, {}).get("status") not in records.DONE]
+    todo = [j for j in jobs if not records.is_done(done.get(j.num), j.overrides)]
     if len(todo) < len(jobs):
         log.info("sweep %s: %d of %d jobs done before; running the others", sweep_dir,
                  len(jobs) - len(todo), len(jobs))
@@ -105,18 +104,8 @@ def compose(plugin, num: int, overrides: list[str], sweep_dir: Path) -> SweepJob
     return job
 
 
-def check_metric(sweep: SweepSettings, jobs: list[SweepJob]) -> None:
-    """``sweep.metric``: a column every evaluation of every job reports (``best.check``)."""
-    for job in jobs:
-        if job.settings is not None:
-            t = job.settings.train
-            best.check(sweep.metric, [], [s.name for s in job.settings.data.sources],
-                       t.task_interval, setting="sweep.metric")
-
-
-def needs(settings: Settings) -> dict[str, float]:
+def needs(t: TrainSettings) -> dict[str, float]:
     """The Ray resources a job's trial holds while it trains: its workers'."""
-    t = settings.train
     workers = {"CPU": t.num_workers * t.cpus_per_worker}
     return workers | ({"GPU": float(t.num_workers)} if t.use_gpu else {})
 
@@ -125,17 +114,25 @@ def trials_at_once(jobs: list[SweepJob], cap: int | None) -> int:
     """How many trials the running cluster holds at once (every trial counted as the largest),
     at most ``cap``; one line for a job the cluster can never hold."""
     have = ray.cluster_resources()
-    most = math.inf
     for job in jobs:
-        for resource, amount in needs(job.settings).items():
+        for resource, amount in needs(job.settings.train).items():
             if amount > have.get(resource, 0):
                 raise InputError(
                     f"sweep job {job.num} ({' '.join(job.overrides) or 'no overrides'}) needs "
                     f"{amount:g} {resource}s for its workers (train.num_workers × "
                     f"train.cpus_per_worker) but the Ray cluster has "
                     f"{have.get(resource, 0):g}; lower them or add nodes")
-            most = min(most, have[resource] // amount)
-    return int(max(1, min(most, cap or math.inf, len(jobs) or 1)))
+    return room([j.settings.train for j in jobs], cap, len(jobs))
+
+
+def room(trains: list[TrainSettings], cap: int | None, count: int) -> int:
+    """Trials of these training settings the running cluster holds at once, at most ``cap`` and
+    ``count`` (how many there are)."""
+    have, most = ray.cluster_resources(), math.inf
+    for t in trains:
+        for resource, amount in needs(t).items():
+            most = min(most, have.get(resource, 0) // amount)
+    return int(max(1, min(most, cap or math.inf, count)))
 
 
 def prepare_data(job: SweepJob, sweep_dir: Path) -> None:
@@ -191,11 +188,12 @@ def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_d
             param_space={"job": tune.grid_search([j.num for j in jobs])},
             tune_config=tune.TuneConfig(max_concurrent_trials=at_once,
                                         scheduler=scheduler(sweep, jobs)),
-            run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
+            run_config=tune.RunConfig(name=f"tune-{jobs[0].num}", storage_path=str(sweep_dir),
+                                      verbose=0,
                                       callbacks=[lines],
                                       failure_config=tune.FailureConfig(max_failures=0)),
         ).fit()
-    # Ctrl-C (or SIGTERM): Tune stops every trial and returns; the summary says so (cli/sweep.py)
+    # Ctrl-C (or SIGTERM): Tune stops every trial and returns; the summary says so (summary.py)
     records.interrupted = grid.num_terminated + grid.num_errors < len(jobs)
 
 
@@ -268,9 +266,7 @@ class TrialLines(tune.Callback):
 
 
 def _last_error(out_dir: Path) -> str | None:
-    from raydp_llm.cli.sweep import last_error
-
-    return next((last_error(p) for p in sorted(out_dir.glob("*.log"))), None)
+    return next((records.last_error(p) for p in sorted(out_dir.glob("*.log"))), None)
 
 
 def job_return(job: SweepJob, row: dict | None) -> JobReturn:

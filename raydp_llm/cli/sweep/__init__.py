@@ -1,0 +1,19 @@
+"""Sweeps (``python -m raydp_llm.train -m ...``): Hydra's multirun. summary.py is the callback
+around every sweep (one Ray, each job's row, ``sweep_summary.csv``); launcher.py and trial.py run
+the jobs as Ray Tune trials side by side (``hydra/launcher=ray``); search.py has Optuna propose
+them (``hydra/sweeper=optuna``); records.py keeps each job's row as it ends. ``PLUGINS_DIR``
+holds the Hydra plugins that name the launcher and the sweeper."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PLUGINS_DIR = str(Path(__file__).resolve().parent / "plugins")
+
+
+def use_plugins() -> None:
+    """Let Hydra find raydp_llm's launcher (``hydra_plugins.raydp_llm_sweep``): before Hydra's
+    first plugin scan, which every entry point's ``main`` runs."""
+    if PLUGINS_DIR not in sys.path:
+        sys.path.append(PLUGINS_DIR)

@@ -1,0 +1,47 @@
+"""raydp_llm's Hydra launcher (``hydra/launcher=ray``) and sweeper (``hydra/sweeper=optuna``),
+named in conf/hydra/.
+
+Hydra instantiates plugins from the ``hydra_plugins`` namespace package alone, which an editable
+install cannot map into raydp_llm/: this shim lives in ``raydp_llm.cli.sweep.PLUGINS_DIR``, which
+the entry points put on ``sys.path`` (``raydp_llm.cli.sweep.use_plugins``). Hydra imports it on
+every command: it imports Hydra alone, the work (raydp_llm/cli/sweep/) when a sweep runs.
+"""
+
+from __future__ import annotations
+
+from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
+
+
+class RaydpLauncher(Launcher):
+    """``concurrent``: ``true`` runs the jobs as Ray Tune trials side by side (sweep/launcher.py);
+    ``auto`` does so on a Ray cluster (``cluster.address`` other than ``local``) and one job after
+    another on the embedded Ray, as Hydra's basic launcher does."""
+
+    def __init__(self, concurrent: str = "auto") -> None:
+        self.concurrent = str(concurrent).lower()
+        self.hydra_context = self.task_function = self.config = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
+
+    def launch(self, job_overrides, initial_job_idx):
+        from raydp_llm.cli.sweep.launcher import launch
+
+        return launch(self, job_overrides, initial_job_idx)
+
+
+class RaydpOptunaSweeper(Sweeper):
+    """``hydra/sweeper=optuna``: Optuna proposes ``sweep.trials`` settings from the search space in
+    Hydra's syntax, in batches the launcher runs side by side (raydp_llm/cli/sweep/search.py)."""
+
+    def __init__(self) -> None:
+        self.hydra_context = self.task_function = self.config = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
+
+    def sweep(self, arguments):
+        from raydp_llm.cli.sweep.search import sweep
+
+        return sweep(self, arguments)
