@@ -29,6 +29,7 @@ from raydp_llm.training.mixed_data import MixedData, prepared_sources
 from raydp_llm.training.plots import plot_loss, plot_throughput
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import TrainSpec, build_spec, samplings
+from raydp_llm.training.trial_reports import in_trial
 
 if TYPE_CHECKING:
     from ray.train import Checkpoint
@@ -120,7 +121,7 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
         with (runs.claimed(out_dir, job.record),
               job_session(settings, job.store, settings.train) as session,
               fit.started(settings.train, S3Options.of(settings.s3), job.run_name, launch,
-                          now=fits_beside_spark(settings.cluster, settings.train)) as group,
+                          now=early_start(settings)) as group,
               prepared_data(session, settings, corpus, out_dir) as data):
             group.mark("data_ready")
             spec = specify(settings, data, job)
@@ -136,6 +137,13 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
         outputs = artifacts(out_dir, trained, total, sampling.result())
         publish(settings, out_dir, trained)
         return report(out_dir, trained, outputs)
+
+
+def early_start(settings: Settings) -> bool:
+    """Whether the worker group starts beside Spark and the ETL: where the cluster holds both, and
+    not in a sweep's trial, whose cluster other trials share (its workers would hold CPUs that
+    another trial's Spark, in its turn, waits for)."""
+    return fits_beside_spark(settings.cluster, settings.train) and not in_trial()
 
 
 def prepared_data(session, settings: Settings, corpus: Corpus | dict[str, Corpus],

@@ -10,6 +10,7 @@ is read back from Ray's own records (the GCS actor table) and from Spark's event
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import os
@@ -256,3 +257,32 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     _assert_both_nodes_ran_an_executor_and_a_worker(two_nodes, run_dir)
     _assert_the_single_node_dataset_trained_to_the_end(run_dir, single, runs, s3)
+
+
+def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
+    s3, two_nodes, corpus_dir, tmp_path
+):
+    """``-m`` on a Ray cluster: Ray Tune trials by default, two at once (each 2 workers × 1 CPU on
+    a cluster of 6, beside one Spark of 2), their workers on both nodes; each trial's Spark (no
+    cache on a cluster) in its turn, never two RayDP apps at once."""
+    storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/sweep-corpus", s3)
+    sweep_dir = tmp_path / "sweep"
+    out = subprocess.run(
+        [sys.executable, "-m", "raydp_llm.train", "-m", f"cluster.address={two_nodes.address}",
+         *EMR, "train.cpus_per_worker=1", "cluster.executor_ray_cpus=0.5", "optim.lr=1e-3,3e-3",
+         *TINY, *DATA,
+         f"data.path=s3://{BUCKET}/multinode/sweep-corpus/", f"s3.endpoint_url={s3.endpoint_url}",
+         f"train.storage_path=s3://{BUCKET}/multinode/sweep-runs", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=two_nodes.env)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "2 at once" in out.stdout + out.stderr
+    with (sweep_dir / "sweep_summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["completed", "completed"], rows
+    assert rows[0]["started"] < rows[1]["ended"] and rows[1]["started"] < rows[0]["ended"]
+    workers = [a["node"] for a in two_nodes.actors() if a["class"] == "RayTrainWorker"]
+    assert len(workers) == 4 and set(workers) == set(two_nodes.nodes)
+    # Spark ran in each trial, one after the other: one executor log directory per trial
+    for row in rows:
+        assert json.loads((Path(row["output_dir"]) / "summary.json").read_text())["etl"][
+            "cache_hit"] is False

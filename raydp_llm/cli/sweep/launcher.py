@@ -111,8 +111,9 @@ def needs(t: TrainSettings) -> dict[str, float]:
 
 
 def trials_at_once(jobs: list[SweepJob], cap: int | None) -> int:
-    """How many trials the running cluster holds at once (every trial counted as the largest),
-    at most ``cap``; one line for a job the cluster can never hold."""
+    """How many trials the running cluster holds at once (every trial counted as the largest,
+    beside one Spark where a trial runs its own ETL), at most ``cap``; one line for a job the
+    cluster can never hold."""
     have = ray.cluster_resources()
     for job in jobs:
         for resource, amount in needs(job.settings.train).items():
@@ -122,13 +123,21 @@ def trials_at_once(jobs: list[SweepJob], cap: int | None) -> int:
                     f"{amount:g} {resource}s for its workers (train.num_workers × "
                     f"train.cpus_per_worker) but the Ray cluster has "
                     f"{have.get(resource, 0):g}; lower them or add nodes")
-    return room([j.settings.train for j in jobs], cap, len(jobs))
+    spark = max((spark_cpus(j.settings.cluster) for j in jobs if not j.settings.data.cache),
+                default=0.0)
+    return room([j.settings.train for j in jobs], cap, len(jobs), spark)
 
 
-def room(trains: list[TrainSettings], cap: int | None, count: int) -> int:
+def spark_cpus(cluster) -> float:
+    """The Ray CPUs of one Spark: its executors', and RayDP's app master's one."""
+    return cluster.executors * cluster.executor_ray_cpus + 1
+
+
+def room(trains: list[TrainSettings], cap: int | None, count: int, beside: float = 0.0) -> int:
     """Trials of these training settings the running cluster holds at once, at most ``cap`` and
-    ``count`` (how many there are)."""
-    have, most = ray.cluster_resources(), math.inf
+    ``count`` (how many there are), ``beside`` CPUs kept for a Spark."""
+    have, most = dict(ray.cluster_resources()), math.inf
+    have["CPU"] = have.get("CPU", 0) - beside
     for t in trains:
         for resource, amount in needs(t).items():
             most = min(most, have.get(resource, 0) // amount)

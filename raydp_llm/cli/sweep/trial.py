@@ -5,7 +5,6 @@ basic launcher would in the sweep's own process (``run_job``: the job's director
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from hydra.core.utils import JobReturn, run_job
 from hydra.types import HydraContext
 from omegaconf import DictConfig
 
-from raydp_llm.training.trial_reports import TRIAL_ENV
+from raydp_llm.training.trial_reports import evaluations_to_tune, report_to
 
 
 @dataclass
@@ -44,22 +43,43 @@ class TrialWork:
 
 
 def run_trial(trial_config: dict, work: TrialWork) -> None:
-    """Tune's function trainable: job ``trial_config["job"]`` of ``work``. A job that failed
-    raises, and its trial is an error."""
-    from hydra._internal.callbacks import Callbacks
+    """Tune's function trainable: job ``trial_config["job"]`` of ``work``, in a process of its own
+    on this node. Tune places a trial's process in the trial's placement group and makes every
+    task and actor it starts join it (``placement_group_capture_child_tasks``): the job's Spark
+    master, Ray Data's tasks, would wait for room there forever. The job's process is started
+    outside it, and ends with the trial's (its owner). A job that failed raises, and its trial is
+    an error."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raydp_llm.core.registry import register_configs
-
-    register_configs()  # the resolvers the job's config may still name
-    os.environ[TRIAL_ENV] = "1"
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    runner = ray.remote(num_cpus=0)(JobProcess).options(scheduling_strategy=here).remote()
     job = work.jobs[trial_config["job"]]
-    # the sweep's callbacks are the launcher's process's: a trial runs none (sweep/records.py)
-    context = HydraContext(config_loader=work.config_loader, callbacks=Callbacks())
-    ret = run_job(hydra_context=context, task_function=work.task_function, config=job.config,
-                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-    value = _value(ret)
+    try:
+        value = ray.get(runner.run.remote(job.config, work.config_loader, work.task_function,
+                                          evaluations_to_tune()))
+    finally:
+        ray.kill(runner)
     if value is None or math.isnan(value):
         raise RuntimeError(f"job {job.num} failed; see {job.out_dir}")
+
+
+class JobProcess:
+    """The process that runs a trial's job as Hydra's basic launcher would run it in the sweep's
+    own (``run_job``: the job's directory, its log, its ``.hydra/``)."""
+
+    def run(self, config: DictConfig, config_loader, task_function, to_tune) -> float | None:
+        from hydra._internal.callbacks import Callbacks
+
+        from raydp_llm.core.registry import register_configs
+
+        register_configs()  # the resolvers the job's config may still name
+        report_to(to_tune)
+        # the sweep's callbacks are the launcher's process's: a trial runs none (records.py)
+        context = HydraContext(config_loader=config_loader, callbacks=Callbacks())
+        ret = run_job(hydra_context=context, task_function=task_function, config=config,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        return _value(ret)
 
 
 def _value(ret: JobReturn) -> float | None:
@@ -68,3 +88,4 @@ def _value(ret: JobReturn) -> float | None:
         return ret.return_value
     except Exception:  # noqa: BLE001 - the job's log has it; the trial fails
         return None
+
