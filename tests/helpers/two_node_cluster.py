@@ -7,7 +7,7 @@ line, ``{"address": <GCS address>, "nodes": [<head node id>, <worker node id>]}`
 commands on stdin:
 
 - ``actors``: one JSON line, every actor the cluster has had (dead ones too), from the GCS actor
-  table: ``[{"class": ..., "name": ..., "node": <node id>, "state": ...}, ...]``
+  table: ``[{"id": ..., "class": ..., "name": ..., "node": <node id>, "state": ...}, ...]``
 - ``stop``, or the end of stdin (the test process is gone): shut both nodes down and exit.
 
 It runs in its own process because a process can be connected to one Ray only (pytest's may hold the
@@ -46,12 +46,13 @@ def main(cpus: int) -> None:
                     json.dumps(
                         [
                             {
+                                "id": actor_id,
                                 "class": a["ActorClassName"],
                                 "name": a["Name"],
                                 "node": a["Address"]["NodeID"],
                                 "state": a["State"],
                             }
-                            for a in table.values()
+                            for actor_id, a in table.items()
                         ]
                     ),
                     flush=True,

@@ -3,6 +3,7 @@ the run's own Prometheus metrics, TensorBoard events and the plots."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import socket
@@ -24,7 +25,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:
     """The status and body of a GET; status 0 when nothing answered within 10 s (a busy dashboard
-    on 2 cores) or the port refused (a server still starting): polled again."""
+    on 2 cores), the port refused (a server still starting) or the server closed the connection
+    without an answer (a dashboard stopping with its run): polled again."""
     request = urllib.request.Request(
         url, headers={"Authorization": f"Bearer {token}"} if token else {}
     )
@@ -33,7 +35,7 @@ def get(url: str, token: str | None = None) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
-    except (TimeoutError, urllib.error.URLError):  # a server still starting refuses at first
+    except (TimeoutError, urllib.error.URLError, ConnectionError, http.client.HTTPException):
         return 0, ""
 
 

@@ -267,6 +267,7 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
     cache on a cluster) in its turn, never two RayDP apps at once."""
     storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/sweep-corpus", s3)
     sweep_dir = tmp_path / "sweep"
+    earlier = {a["id"] for a in two_nodes.actors()}  # the module's other run's
     out = subprocess.run(
         [sys.executable, "-m", "raydp_llm.train", "-m", f"cluster.address={two_nodes.address}",
          *EMR, "train.cpus_per_worker=1", "cluster.executor_ray_cpus=0.5", "optim.lr=1e-3,3e-3",
@@ -280,7 +281,8 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
         rows = list(csv.DictReader(f))
     assert [r["status"] for r in rows] == ["completed", "completed"], rows
     assert rows[0]["started"] < rows[1]["ended"] and rows[1]["started"] < rows[0]["ended"]
-    workers = [a["node"] for a in two_nodes.actors() if a["class"] == "RayTrainWorker"]
+    workers = [a["node"] for a in two_nodes.actors()
+               if a["class"] == "RayTrainWorker" and a["id"] not in earlier]
     assert len(workers) == 4 and set(workers) == set(two_nodes.nodes)
     # Spark ran in each trial, one after the other: one executor log directory per trial
     for row in rows:

@@ -18,6 +18,7 @@ import copy
 import logging
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,7 +192,7 @@ def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_d
     log.info("sweep: %d trials, %d at once, in %s", len(jobs), at_once, sweep_dir)
     # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    with spark.one_at_a_time():
+    with spark.one_at_a_time(), sigterm_as_ctrl_c():
         grid = tune.Tuner(
             trainable,
             param_space={"job": tune.grid_search([j.num for j in jobs])},
@@ -204,6 +205,17 @@ def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_d
         ).fit()
     # Ctrl-C (or SIGTERM): Tune stops every trial and returns; the summary says so (summary.py)
     records.interrupted = grid.num_terminated + grid.num_errors < len(jobs)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM (a scheduler's, ``kill``) is passed on as Ctrl-C, which Tune handles: it stops
+    every trial and returns, and the sweep writes its summary."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def scheduler(sweep: SweepSettings, jobs: list[SweepJob]):
