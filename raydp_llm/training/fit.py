@@ -141,7 +141,8 @@ def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: 
             storage_filesystem=filesystem,
             checkpoint_config=checkpoint_config(train.keep_checkpoints, train.best_by),
             failure_config=FailureConfig(max_failures=train.max_failures),
-            callbacks=[recorder, RestartRecorder(recorder), ControllerHandle(run.handoff),
+            callbacks=[recorder, RestartRecorder(recorder),
+                       ControllerHandle(run.handoff, str(launch.out_dir) if in_trial() else None),
                        *trial_callbacks()],
         ),
     )

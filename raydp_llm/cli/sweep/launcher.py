@@ -27,6 +27,7 @@ import ray
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import OmegaConf, open_dict, read_write
 from ray import tune
+from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.sweep import records
@@ -36,6 +37,7 @@ from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.engines import spark
 from raydp_llm.training import best
+from raydp_llm.training.controller_hooks import SWEEP_GROUPS
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +194,8 @@ def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_d
     log.info("sweep: %d trials, %d at once, in %s", len(jobs), at_once, sweep_dir)
     # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    with spark.one_at_a_time(), sigterm_as_ctrl_c():
+    with spark.one_at_a_time(), sigterm_as_ctrl_c(), trial_groups() as groups:
+        lines.groups = groups
         grid = tune.Tuner(
             trainable,
             param_space={"job": tune.grid_search([j.num for j in jobs])},
@@ -205,6 +208,39 @@ def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_d
         ).fit()
     # Ctrl-C (or SIGTERM): Tune stops every trial and returns; the summary says so (summary.py)
     records.interrupted = grid.num_terminated + grid.num_errors < len(jobs)
+
+
+@ray.remote(num_cpus=0)
+class _Groups:
+    """The sweep's ledger of its trials' placement groups, by run directory."""
+
+    def __init__(self):
+        self.groups: dict[str, list] = {}
+
+    def add(self, key: str, group) -> None:
+        self.groups.setdefault(key, []).append(group)
+
+    def take(self, key: str) -> list:
+        return self.groups.pop(key, [])
+
+
+@contextlib.contextmanager
+def trial_groups():
+    """The ledger of the trials' placement groups (``controller_hooks.SWEEP_GROUPS``), for
+    ``TrialLines`` to free a trial's as it ends."""
+    groups = _Groups.options(name=SWEEP_GROUPS).remote()
+    try:
+        yield groups
+    finally:
+        ray.kill(groups)
+
+
+def free_groups(groups, out_dir: Path) -> None:
+    """The placement groups of the trial that ran in ``out_dir``, removed where its controller,
+    ended with the trial, left them."""
+    for group in ray.get(groups.take.remote(str(out_dir))):
+        if placement_group_table(group)["state"] != "REMOVED":
+            remove_placement_group(group)
 
 
 @contextlib.contextmanager
@@ -252,11 +288,14 @@ class TrialLines(tune.Callback):
     total: int
     at_once: int
     started: dict = field(default_factory=dict)  # trial id → time.time()
+    groups: object = None  # the ledger of the trials' placement groups (trial_groups)
+    ended: list = field(default_factory=list)  # the run directories of the ended trials
 
     def _job(self, trial) -> SweepJob:
         return self.jobs[trial.config["job"]]
 
     def on_trial_start(self, iteration, trials, trial, **info):
+        self._free_ended()
         self.started[trial.trial_id] = time.time()
         job = self._job(trial)
         print(f"[job {job.num}] started: {' '.join(job.overrides) or '(no overrides)'} "
@@ -277,8 +316,17 @@ class TrialLines(tune.Callback):
         job = self._job(trial)
         self._end(trial, _last_error(job.out_dir) or f"the trial failed; see {job.out_dir}")
 
+    def _free_ended(self) -> None:
+        """The placement groups of the ended trials, freed: again at each start and end, for a
+        controller that started a group as its trial was being stopped."""
+        if self.groups is not None:
+            for out_dir in self.ended:
+                free_groups(self.groups, out_dir)
+
     def _end(self, trial, error: str | None) -> None:
         job = self._job(trial)
+        self.ended.append(job.out_dir)
+        self._free_ended()
         span = (self.started.get(trial.trial_id, time.time()), time.time())
         row = records.job_row(job.num, job.overrides, job.out_dir, span, error)
         records.append(self.sweep_dir, row)
