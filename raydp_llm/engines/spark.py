@@ -31,6 +31,7 @@ from raydp_llm.engines.spark_settings import (
     spark_configs,
     warn_unknown_settings,
 )
+from raydp_llm.engines.spark_turns import spark_turn
 
 log = logging.getLogger(__name__)
 
@@ -112,56 +113,12 @@ def spark_session(
     yield spark
 
 
-# A sweep's trials (raydp_llm/cli/sweep/) start their Sparks in one Ray namespace, where RayDP names
-# every app's actors alike: while they run, each Spark waits for its turn (``one_at_a_time``).
-TURNS = "raydp_llm_spark_turns"
-
-
-@ray.remote(num_cpus=0)
-class _Turns:
-    def __init__(self):
-        import asyncio
-
-        self.lock = asyncio.Lock()
-
-    async def take(self) -> None:
-        await self.lock.acquire()
-
-    async def give(self) -> None:
-        self.lock.release()
-
-
-@contextlib.contextmanager
-def one_at_a_time() -> Iterator[None]:
-    """In this block every Spark started on this Ray waits until no other runs."""
-    turns = _Turns.options(name=TURNS).remote()
-    try:
-        yield
-    finally:
-        ray.kill(turns)
-
-
-@contextlib.contextmanager
-def _turn() -> Iterator[None]:
-    """The Spark's turn, when a sweep shares Ray by turns (``one_at_a_time``); else at once."""
-    try:
-        turns = ray.get_actor(TURNS)
-    except ValueError:  # no sweep's
-        yield
-        return
-    ray.get(turns.take.remote())
-    try:
-        yield
-    finally:
-        turns.give.remote()
-
-
 @contextlib.contextmanager
 def _started_spark(
     cfg: ClusterSettings, app_name: str, log_dir: Path, hive: bool
 ) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     """``spark_session``'s Spark, started in its turn; always stopped on exit."""
-    with _turn(), _spark_up(cfg, app_name, log_dir, hive) as spark:
+    with spark_turn(), _spark_up(cfg, app_name, log_dir, hive) as spark:
         yield spark
 
 

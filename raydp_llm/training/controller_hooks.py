@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ray
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.util.placement_group import placement_group_table, remove_placement_group
 
 # the named actor of a sweep that keeps its trials' placement groups (cli/sweep/launcher.py): a
 # trial a scheduler stops ends with its controller, whose group Ray Train's cleaner frees only
@@ -37,3 +38,10 @@ class ControllerHandle(ControllerCallback, WorkerGroupCallback):
         self.handoff.set_group.remote(group)
         if self.sweep_key is not None:  # the sweep frees it when the trial ends (cli/sweep/)
             ray.get_actor(SWEEP_GROUPS).add.remote(self.sweep_key, group)
+
+
+def free_group(group) -> None:
+    """A worker group's placement group, removed if its controller left it (killed, out of memory,
+    its trial stopped)."""
+    if placement_group_table(group)["state"] != "REMOVED":
+        remove_placement_group(group)

@@ -26,14 +26,13 @@ from ray.train.v2._internal.callbacks.placement_group_callback import (
     PlacementGroupCleanerCallback,
 )
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.errors import first_line
 from raydp_llm.core.storage import S3Options, resolve
 from raydp_llm.training.backend import ProcessGroupConfig
 from raydp_llm.training.best import Best, best_of, checkpoint_config
-from raydp_llm.training.controller_hooks import ControllerHandle
+from raydp_llm.training.controller_hooks import ControllerHandle, free_group
 from raydp_llm.training.handoff import Delivery, Handoff, RunContext
 from raydp_llm.training.loop import train_loop
 from raydp_llm.training.metrics import (
@@ -109,11 +108,10 @@ class LeanTorchTrainer(DataParallelTrainer):
     waits for (together about 2.5 s of a 2-worker run's start and end on 2 cores):
     - the Ray Datasets manager: the data comes through the hand-off, never as Ray Datasets;
     - the detached placement group cleaner, for a controller that dies while the driver lives:
-      the driver frees the run's group itself then (``StartedFit.close``)."""
+      the driver frees the run's group itself then (``StartedFit.close``), and a sweep the group
+      of a trial it stopped (``ControllerHandle``'s ``sweep_key``)."""
 
     def _create_default_callbacks(self) -> list:
-        if in_trial():  # a scheduler stops a trial by ending its process, the controller with it
-            return super()._create_default_callbacks()
         unused = (DatasetsCallback, PlacementGroupCleanerCallback)
         return [c for c in super()._create_default_callbacks() if not isinstance(c, unused)]
 
@@ -241,8 +239,8 @@ class StartedFit:
         ends, also on an error, which a failure here must not replace: it is logged."""
         try:
             group = ray.get(self.run.handoff.group.remote(), timeout=30)
-            if group is not None and placement_group_table(group)["state"] != "REMOVED":
-                remove_placement_group(group)
+            if group is not None:
+                free_group(group)
         except (ray.exceptions.RayError, TimeoutError) as err:
             log.warning("the run's worker group could not be checked for removal (%s)",
                         first_line(err, with_type=True))

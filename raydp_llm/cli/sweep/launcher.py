@@ -5,7 +5,7 @@ or a ``sweep.metric`` no evaluation reports (one line, before anything starts); 
 an earlier run of this sweep directory finished (``records``); run each distinct data setting's
 ETL once, here, into the ETL cache, which every trial then reads without a Spark of its own (on a
 cluster, where the cache is not shared, each trial's Spark waits for its turn: one RayDP app at a
-time, engines/spark.py); then Ray Tune runs the trials, as many at once as the cluster holds
+time, engines/spark_turns.py); then Ray Tune runs the trials, as many at once as the cluster holds
 (``sweep.max_concurrent`` caps them), the others queued, and stops the poor ones early with
 ``sweep.scheduler=asha``. Each trial's row is kept as it ends (records.py); the summary is the
 sweep's callback's (summary.py).
@@ -27,7 +27,6 @@ import ray
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import OmegaConf, open_dict, read_write
 from ray import tune
-from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.sweep import records
@@ -35,9 +34,9 @@ from raydp_llm.cli.sweep.trial import SweepJob, TrialWork, run_trial
 from raydp_llm.core.config import SweepSettings, TrainSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.engines import spark
+from raydp_llm.engines import spark_turns
 from raydp_llm.training import best
-from raydp_llm.training.controller_hooks import SWEEP_GROUPS
+from raydp_llm.training.controller_hooks import SWEEP_GROUPS, free_group
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,8 @@ def launch(plugin, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     if runnable:
         run_trials(runnable, sweep, at_once, sweep_dir, TrialWork(
             {j.num: j for j in runnable}, plugin.hydra_context.config_loader, plugin.task_function))
-    return [job_return(j, records.rows(sweep_dir).get(j.num)) for j in jobs]
+    ended = records.rows(sweep_dir)
+    return [job_return(j, ended.get(j.num)) for j in jobs]
 
 
 def concurrent(setting: str, config) -> bool:
@@ -190,11 +190,11 @@ def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_d
     here = f"node:{ray.util.get_node_ip_address()}"
     trainable = tune.with_resources(tune.with_parameters(run_trial, work=work),
                                     {"cpu": 0, here: 0.001})
-    lines = TrialLines(work.jobs, sweep_dir, len(jobs), at_once)
+    lines = TrialLines(work.jobs, sweep_dir)
     log.info("sweep: %d trials, %d at once, in %s", len(jobs), at_once, sweep_dir)
     # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    with spark.one_at_a_time(), sigterm_as_ctrl_c(), trial_groups() as groups:
+    with spark_turns.one_at_a_time(), sigterm_as_ctrl_c(), trial_groups() as groups:
         lines.groups = groups
         grid = tune.Tuner(
             trainable,
@@ -220,8 +220,8 @@ class _Groups:
     def add(self, key: str, group) -> None:
         self.groups.setdefault(key, []).append(group)
 
-    def take(self, key: str) -> list:
-        return self.groups.pop(key, [])
+    def take(self, keys: list[str]) -> list:
+        return [group for key in keys for group in self.groups.pop(key, [])]
 
 
 @contextlib.contextmanager
@@ -233,14 +233,6 @@ def trial_groups():
         yield groups
     finally:
         ray.kill(groups)
-
-
-def free_groups(groups, out_dir: Path) -> None:
-    """The placement groups of the trial that ran in ``out_dir``, removed where its controller,
-    ended with the trial, left them."""
-    for group in ray.get(groups.take.remote(str(out_dir))):
-        if placement_group_table(group)["state"] != "REMOVED":
-            remove_placement_group(group)
 
 
 @contextlib.contextmanager
@@ -285,8 +277,6 @@ class TrialLines(tune.Callback):
 
     jobs: dict[int, SweepJob]
     sweep_dir: Path
-    total: int
-    at_once: int
     started: dict = field(default_factory=dict)  # trial id → time.time()
     groups: object = None  # the ledger of the trials' placement groups (trial_groups)
     ended: list = field(default_factory=list)  # the run directories of the ended trials
@@ -320,8 +310,8 @@ class TrialLines(tune.Callback):
         """The placement groups of the ended trials, freed: again at each start and end, for a
         controller that started a group as its trial was being stopped."""
         if self.groups is not None:
-            for out_dir in self.ended:
-                free_groups(self.groups, out_dir)
+            for group in ray.get(self.groups.take.remote([str(d) for d in self.ended])):
+                free_group(group)
 
     def _end(self, trial, error: str | None) -> None:
         job = self._job(trial)

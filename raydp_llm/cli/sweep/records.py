@@ -71,7 +71,7 @@ def _summary(out_dir: Path) -> dict:
     if not path.is_file():
         return {}
     summary = json.loads(path.read_text())
-    if summary.get("status") != "finished" or _nan(summary.get("final_val_loss")):
+    if summary.get("status") != "finished" or is_nan(summary.get("final_val_loss")):
         return {}
     return summary
 
@@ -100,7 +100,7 @@ def last_value(out_dir: Path, column: str) -> float | None:
     return float(values[-1]) if values else None
 
 
-def _nan(value) -> bool:
+def is_nan(value) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 

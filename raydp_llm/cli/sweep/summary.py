@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import math
 import sys
 import time
 from pathlib import Path
@@ -79,7 +78,7 @@ class SweepSummary(Callback):
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         out_dir = Path(config.hydra.runtime.output_dir)
-        failed = job_return.status != JobStatus.COMPLETED or _is_nan(job_return.return_value)
+        failed = job_return.status != JobStatus.COMPLETED or records.is_nan(job_return.return_value)
         error = records.last_error(out_dir / f"{config.hydra.job.name}.log") if failed else None
         span = (self.job_started, time.time())
         records.append(Path(config.hydra.sweep.dir), records.job_row(
@@ -186,7 +185,3 @@ def format_table(rows: list[dict], best: int | None) -> str:
 def _varying_overrides(per_job: list[list[str]]) -> set[str]:
     """The overrides not shared by every job: what the sweep varies."""
     return set().union(*per_job) - set.intersection(*map(set, per_job))
-
-
-def _is_nan(value) -> bool:
-    return isinstance(value, float) and math.isnan(value)

@@ -4,7 +4,6 @@ basic launcher would in the sweep's own process (``run_job``: the job's director
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from hydra.core.utils import JobReturn, run_job
 from hydra.types import HydraContext
 from omegaconf import DictConfig
 
+from raydp_llm.cli.sweep import records
 from raydp_llm.training.trial_reports import evaluations_to_tune, report_to
 
 
@@ -60,7 +60,7 @@ def run_trial(trial_config: dict, work: TrialWork) -> None:
                                           evaluations_to_tune()))
     finally:
         ray.kill(runner)
-    if value is None or math.isnan(value):
+    if value is None or records.is_nan(value):
         raise RuntimeError(f"job {job.num} failed; see {job.out_dir}")
 
 
