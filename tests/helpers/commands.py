@@ -23,10 +23,12 @@ from helpers.paths import ROOT
 USER_ENV = dict(os.environ)
 
 
-def start(module: str, *args: str, cwd: Path = ROOT) -> subprocess.Popen:
+def start(module: str, *args: str, cwd: Path = ROOT, env: dict | None = None
+          ) -> subprocess.Popen:
     """``python -m module args`` started in its own session (a test can kill it and all it
-    started), its output (stdout and stderr together) piped."""
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=USER_ENV,
+    started), its output (stdout and stderr together) piped; ``env`` is added to the user's."""
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd,
+                            env=USER_ENV | (env or {}),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 

@@ -56,14 +56,19 @@ WATCHED_RUN = [
     "model.n_embd=32",
     "model.block_size=16",
     "train.batch_size=8",
-    # long enough for Ray's metrics agent, which yields the CPU to training (nice 19), to export
-    # the run's figures while it trains, on 2 busy cores
-    "train.max_steps=1000",
-    "train.eval_interval=250",
+    # one worker, so that Ray's metrics agent, which yields the CPU to training (nice 19), has a
+    # core; with both cores training it exported the run's figures only after runs had ended
+    "train.num_workers=1",
+    "train.max_steps=8000",  # 15-25 s of steps: the test reaches the metrics while it trains
+    "train.eval_interval=2000",
     "train.eval_batches=2",
     "train.checkpoint_interval=0",
     "sample.max_new_tokens=10",
 ]
+
+
+# Ray reports metrics every 10 s by default (docs/monitoring.md)
+EXPORT_EVERY_SECOND = {"RAY_metrics_report_interval_ms": "1000"}
 
 
 def _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard: str,
@@ -133,7 +138,7 @@ def _assert_tensorboard_events_and_plots(out: Path) -> None:
 
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
-    assert [e.step for e in events.Scalars("val_loss")] == [250, 500, 750, 1000]
+    assert [e.step for e in events.Scalars("val_loss")] == [2000, 4000, 6000, 8000]
     assert {"train_loss", "tokens_per_s", "grad_norm", "rss_mb", "lr"} <= set(
         events.Tags()["scalars"]
     )
@@ -148,7 +153,8 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     proc = commands.start("raydp_llm.train", f"data.path={corpus_dir}", *WATCHED_RUN,
-                          f"cluster.dashboard_port={port}", f"hydra.run.dir={tmp_path}")
+                          f"cluster.dashboard_port={port}", f"hydra.run.dir={tmp_path}",
+                          env=EXPORT_EVERY_SECOND)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     dashboard = wait_for("the dashboard's address on the console", lambda: next(
@@ -157,7 +163,7 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp
     assert dashboard == f"http://127.0.0.1:{port}"
     run = psutil.Process(proc.pid)
     token = _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard, run)
-    run_name = _assert_the_run_shows_while_it_trains(dashboard, token, 2, tmp_path)
+    run_name = _assert_the_run_shows_while_it_trains(dashboard, token, 1, tmp_path)
     jobs = json.loads(get(f"{dashboard}/api/jobs/", token)[1])
     assert any(job["metadata"].get("raydp_llm_run") == "watched" for job in jobs)  # the driver's
     statuses = []  # the run's, until it shows as finished or the command (and its dashboard) ends
