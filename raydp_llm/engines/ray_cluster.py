@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 import time
 import warnings
 from pathlib import Path
@@ -113,9 +114,26 @@ def embedded_cpus(waiting_cpus: float) -> int:
     is done its workers only wait for their data, so their CPUs are counted twice rather than
     taken from Spark and the Ray tasks beside it, which keep the room they had. Once training
     starts, Spark has stopped and given its CPUs back."""
-    from ray._private.utils import get_num_cpus
+    return machine_cpus() + math.ceil(waiting_cpus)
 
-    return get_num_cpus() + math.ceil(waiting_cpus)
+
+# a container's CPU quota and its period, in microseconds: cgroup v2's file, then v1's two
+CGROUP_QUOTAS = (("/sys/fs/cgroup/cpu.max",),
+                 ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+
+
+def machine_cpus() -> int:
+    """This machine's cores, fewer where a container's CPU quota (its cgroup's) says so, as
+    Ray counts them when it starts without ``num_cpus``."""
+    cpus = os.cpu_count() or 1
+    for files in CGROUP_QUOTAS:
+        try:
+            quota, period = " ".join(Path(f).read_text() for f in files).split()[:2]
+            if int(quota) > 0:
+                return min(cpus, max(1, int(quota) // int(period)))
+        except (OSError, ValueError):  # no such cgroup, or no quota ("max", -1)
+            continue
+    return cpus
 
 
 # Ray's helper processes (Python) that poll on a timer: the dashboard (its head and modules), the
@@ -163,12 +181,8 @@ def secure_token_file(path: Path | None = None) -> None:
             path.chmod(0o600)
             log.info("%s was readable by other users; it is 0600 now", path)
         return
-    from ray._private.authentication.authentication_token_setup import (
-        generate_new_authentication_token,
-    )
-
     with os.fdopen(fd, "w") as f:
-        f.write(generate_new_authentication_token())
+        f.write(secrets.token_hex(32))  # 256 bits, as Ray's own tokens
 
 
 def quiet_python_logs() -> None:

@@ -24,6 +24,7 @@ from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines.class_archive import ClassArchive
 from raydp_llm.engines.java import ensure_java, remove_ray_java_library_copies
+from raydp_llm.engines.raydp_fixes import ray_logs_flag
 from raydp_llm.engines.spark_settings import (
     EVENT_LOG_DIR,
     FETCH_MEMORY_KEY,
@@ -169,7 +170,7 @@ def _session_configs(cfg: ClusterSettings, log_dir: Path, hive: bool,
     driver's Ray log directory. RayDP's app master (its gateway JVM and its Java actor) maps the
     executors' archive: most of its classes are theirs (its CPU to start 9.3 → 6.7 s)."""
     jvm_flags = {"spark.driver.extraJavaOptions": [*(archive.flags() if archive else []),
-                                                   _ray_logs_flag()]}
+                                                   ray_logs_flag()]}
     if executors is not None:  # one look at the archive decides both: map it, or record one
         mapped = executors.mapping_flags()
         jvm_flags["spark.executor.extraJavaOptions"] = (
@@ -184,14 +185,6 @@ def _session_configs(cfg: ClusterSettings, log_dir: Path, hive: bool,
 def _executor_marker() -> str:
     """A flag that tells this process's executor JVMs from any other's."""
     return f"-Draydp_llm.executor_of={os.getpid()}"
-
-
-def _ray_logs_flag() -> str:
-    """Where the driver JVM's RayDP agent writes its log: this node's Ray session, as RayDP tells
-    its app master's JVM. Without it the agent uses /tmp/ray/session_latest, which is left dangling
-    once the sessions are deleted (Ray does not replace a dangling link), and the driver's JVM
-    then exits before Spark starts."""
-    return f"-Dray.logging.dir={ray._private.worker._global_node.get_logs_dir_path()}"
 
 
 def _user_class_path(cfg: ClusterSettings) -> str:

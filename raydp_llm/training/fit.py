@@ -21,24 +21,17 @@ from pathlib import Path
 
 import ray
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
-from ray.train.v2._internal.callbacks import DatasetsCallback
-from ray.train.v2._internal.callbacks.placement_group_callback import (
-    PlacementGroupCleanerCallback,
-)
-from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 
 from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.errors import first_line
 from raydp_llm.core.storage import S3Options, resolve
-from raydp_llm.training.backend import ProcessGroupConfig
 from raydp_llm.training.best import Best, best_of, checkpoint_config
-from raydp_llm.training.controller_hooks import ControllerHandle, free_group
-from raydp_llm.training.handoff import Delivery, Handoff, RunContext
+from raydp_llm.training.handoff import Delivery, Handoff, RunContext, free_group
 from raydp_llm.training.loop import train_loop
 from raydp_llm.training.metrics import (
     Divergence,
     MetricsWriter,
-    RestartRecorder,
     read_divergence,
     read_events,
 )
@@ -102,31 +95,17 @@ def startup_timeline(marks: dict, origin: float) -> dict:
             for name, (a, b) in STARTUP_SPANS.items() if a in marks and b in marks}
 
 
-class LeanTorchTrainer(DataParallelTrainer):
-    """Ray Train's ``TorchTrainer`` whose controller imports no torch (backend.py), without two
-    helper actors that a run here never needs, each a fresh Python process that the run's start
-    waits for (together about 2.5 s of a 2-worker run's start and end on 2 cores):
-    - the Ray Datasets manager: the data comes through the hand-off, never as Ray Datasets;
-    - the detached placement group cleaner, for a controller that dies while the driver lives:
-      the driver frees the run's group itself then (``StartedFit.close``), and a sweep the group
-      of a trial it stopped (``ControllerHandle``'s ``sweep_key``)."""
-
-    def _create_default_callbacks(self) -> list:
-        unused = (DatasetsCallback, PlacementGroupCleanerCallback)
-        return [c for c in super()._create_default_callbacks() if not isinstance(c, unused)]
-
-
-def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: Launch,
-                  recorder: MetricsWriter) -> LeanTorchTrainer:
+def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext,
+                  launch: Launch) -> TorchTrainer:
     """Ray Train's trainer of ``train_loop``: the workers as the ``train`` settings say,
-    checkpoints into ``launch.storage/<run>/``, ``recorder`` writing the metrics, the controller's
-    handle posted to the run's hand-off."""
+    checkpoints into ``launch.storage/<run>/``, ``MetricsWriter`` writing the metrics and the
+    restarts into ``launch.out_dir``."""
     filesystem, storage_path = resolve(launch.storage, s3)
     workers = (train.min_workers, train.num_workers) if train.min_workers else train.num_workers
-    return LeanTorchTrainer(
+    return TorchTrainer(
         train_loop,
         train_loop_config={"run": run},  # the spec and the data come through run.handoff
-        backend_config=ProcessGroupConfig(backend="nccl" if train.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend="nccl" if train.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=train.use_gpu,
@@ -139,9 +118,7 @@ def torch_trainer(train: TrainSettings, s3: S3Options, run: RunContext, launch: 
             storage_filesystem=filesystem,
             checkpoint_config=checkpoint_config(train.keep_checkpoints, train.best_by),
             failure_config=FailureConfig(max_failures=train.max_failures),
-            callbacks=[recorder, RestartRecorder(recorder),
-                       ControllerHandle(run.handoff, str(launch.out_dir) if in_trial() else None),
-                       *trial_callbacks()],
+            callbacks=[MetricsWriter(launch.out_dir, train.max_failures), *trial_callbacks()],
         ),
     )
 
@@ -154,9 +131,11 @@ class StartedFit:
 
     def __init__(self, train: TrainSettings, s3: S3Options, run_name: str, launch: Launch):
         self.launch, self.aborted = launch, False
-        self.run = RunContext(run_name, handoff=Handoff.remote())
+        # a sweep's trial: its worker groups go to the sweep's ledger too (handoff.post_group)
+        sweep_key = str(launch.out_dir) if in_trial() else None
+        self.run = RunContext(run_name, handoff=Handoff.remote(), sweep_key=sweep_key)
         self.marks: dict = {}
-        self.trainer = torch_trainer(train, s3, self.run, launch, MetricsWriter(launch.out_dir))
+        self.trainer = torch_trainer(train, s3, self.run, launch)
         self.outcome = None  # fit's Result, or what it raised
         self.thread = threading.Thread(target=self._fit, name="ray-train-fit", daemon=True)
 
@@ -212,26 +191,16 @@ class StartedFit:
         return self.outcome
 
     def abort(self, wait_s: float = 30.0) -> None:
-        """End the run, as Ray Train's SIGINT handler would: workers still waiting for their data
-        get none and return; the controller, once its handle is known, aborts the group (the
-        dashboard shows the run ABORTED). Waits up to ``wait_s`` for fit's thread; Ray's
-        shutdown ends whatever is left."""
+        """End the run before its data came: the workers waiting for it get none and return, and
+        fit's thread ends (waited for up to ``wait_s``). A run already training goes on until
+        Ray ends it: the embedded Ray's shutdown, or a cluster's end of this driver's job, which
+        takes its actors and placement groups with it."""
         if self.aborted or not self.thread.is_alive():
             return
         self.aborted = True
-        handoff, deadline = self.run.handoff, time.monotonic() + wait_s
-        handoff.deliver.remote(None)  # after a delivery, ignored: the workers have theirs
-        try:  # the controller posts its handle once it runs: seconds after the launch
-            box = ray.get(handoff.controller.remote(), timeout=wait_s)
-            while box is None and self.thread.is_alive() and time.monotonic() < deadline:
-                time.sleep(0.2)
-                box = ray.get(handoff.controller.remote(), timeout=wait_s)
-            if box is not None:
-                controller = ray.get(box[0], timeout=wait_s)
-                ray.get(controller.abort.remote(), timeout=wait_s)
-        except (ray.exceptions.RayError, TimeoutError):  # abort ends the controller: expected
-            pass
-        self.thread.join(max(0.0, deadline - time.monotonic()))
+        self.run.handoff.deliver.remote(None)  # after a delivery, ignored: the workers have theirs
+        if "delivered" not in self.marks:
+            self.thread.join(wait_s)
 
     def close(self) -> None:
         """Free the run's placement group if it outlived the run (its controller died without

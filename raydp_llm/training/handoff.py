@@ -4,11 +4,10 @@ and warms up, then waits here for what only the ETL can tell (the spec: the voca
 windows, the steps; the chunks; the checkpoint to resume), which the driver delivers once it has
 it. A restarted group finds it here at once.
 
-Ray Train's controller leaves its handle here too (``controller_hooks.ControllerHandle``): its own
-Ctrl-C handler is the main thread's, and the driver's main thread runs the ETL while the group
-starts, so the driver aborts the run itself (``Handoff.controller``). And rank 0 posts its
-progress here for the driver's display (progress.py): one actor a run, not two (each is a fresh
-Python process, about a second of CPU on the way to the first step).
+Rank 0 posts its worker group's placement group here (``post_group``), for the driver to free
+should Ray Train's controller die without removing it, and its progress for the driver's display
+(progress.py): one actor a run, not two (each is a fresh Python process, about a second of CPU on
+the way to the first step).
 
 This module imports Ray alone: the actor's process imports it, and ray.train would cost it seconds
 of CPU while Spark starts.
@@ -20,6 +19,12 @@ import asyncio
 from dataclasses import dataclass
 
 import ray
+from ray.util.placement_group import placement_group_table, remove_placement_group
+
+# the named actor of a sweep that keeps its trials' placement groups (cli/sweep/launcher.py): a
+# trial a scheduler stops ends with its controller, whose group Ray Train's cleaner frees only
+# through the State API, which a Ray without its dashboard does not serve
+SWEEP_GROUPS = "raydp_llm_sweep_groups"
 
 
 @dataclass(frozen=True)
@@ -39,16 +44,18 @@ class RunContext:
     rank 0 posts its progress to for the driver's display (progress.py). It lives here, not with
     the workers' loop: Ray Train's controller unpickles it (the loop's config), and loop.py's
     imports (torch, the models) cost the controller about 5 s on 2 cores before it started the
-    workers."""
+    workers. ``sweep_key``: a sweep's trial (its run directory), whose worker groups go to the
+    sweep's ledger too (``post_group``)."""
 
     run_name: str
     handoff: object = None
+    sweep_key: str | None = None
 
 
 @ray.remote(num_cpus=0)
 class Handoff:
-    """The driver's delivery to the workers, the controller's handle and its worker group's
-    placement group, and rank 0's latest step, loss and throughput with the moments it reached
+    """The driver's delivery to the workers, the worker group's placement group, and rank 0's
+    latest step, loss and throughput with the moments it reached
     (``post``, ``mark``). The delivery comes as
     ``[ObjectRef]`` of a ``Delivery``: inside a list Ray leaves the reference as it is, so this
     actor never loads the spec and the data (nor imports what they are made of); None: the driver
@@ -58,7 +65,6 @@ class Handoff:
     def __init__(self):
         self.ready = asyncio.Event()
         self.delivery: list | None = None
-        self.handle = None
         self.placement_group = None  # the worker group's, the latest
         self.latest: dict = {}
         self.marks: dict = {}
@@ -73,12 +79,6 @@ class Handoff:
     async def wait(self) -> list | None:
         await self.ready.wait()
         return self.delivery
-
-    async def set_controller(self, handle) -> None:
-        self.handle = handle
-
-    async def controller(self):
-        return self.handle
 
     async def set_group(self, placement_group) -> None:
         self.placement_group = placement_group
@@ -105,3 +105,19 @@ def delivered(handoff) -> Delivery | None:
     """What the driver delivered through ``handoff``, once it has (None: nothing will come)."""
     box = ray.get(handoff.wait.remote())
     return None if box is None else ray.get(box[0])
+
+
+def post_group(run: RunContext) -> None:
+    """On rank 0, as its worker group starts: the group's placement group to the run's hand-off
+    (and to a sweep's ledger for a trial's), to be freed should the controller leave it."""
+    group = ray.util.get_current_placement_group()
+    run.handoff.set_group.remote(group)
+    if run.sweep_key is not None:  # the sweep frees it when the trial ends (cli/sweep/)
+        ray.get_actor(SWEEP_GROUPS).add.remote(run.sweep_key, group)
+
+
+def free_group(group) -> None:
+    """A worker group's placement group, removed if its controller left it (killed, out of memory,
+    its trial stopped)."""
+    if placement_group_table(group)["state"] != "REMOVED":
+        remove_placement_group(group)

@@ -37,7 +37,7 @@ from raydp_llm.checkpoint.layout import TrainState, is_sharded
 from raydp_llm.core import integrity
 from raydp_llm.core.storage import resolve, write_file, write_tree
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.training.handoff import delivered
+from raydp_llm.training.handoff import delivered, post_group
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.parallel import grad_stats, non_finite_weights
 from raydp_llm.training.progress import LivePosts
@@ -205,6 +205,7 @@ def train_loop(config: dict) -> None:
     live = LivePosts(run.handoff, run.run_name) if placement.rank == 0 else None
     if live:  # start-up, phase by phase (fit.STARTUP_SPANS)
         live.mark("loop_start", loop_start)
+        post_group(run)
     delivery = delivered(run.handoff)
     if delivery is None:  # the driver's error (or Ctrl-C) ends the run
         return

@@ -17,12 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ray.train import UserCallback
-from ray.train.v2._internal.execution.callback import ControllerCallback
-from ray.train.v2._internal.execution.controller.state import (
-    ReschedulingState,
-    ResizingState,
-    RestartingState,
-)
 
 from raydp_llm.core.errors import first_line
 
@@ -106,20 +100,31 @@ class MetricsWriter(UserCallback):
     - after each ``ray.train.report``, rank 0's metrics as a row of ``metrics.csv`` and as
       TensorBoard scalars in ``tensorboard/`` (``tensorboard --logdir <run dir>/tensorboard``),
       against the step;
-    - ``diverged.json`` when the workers report a non-finite loss, gradient norm or weight.
+    - ``diverged.json`` when the workers report a non-finite loss, gradient norm or weight;
+    - a line of ``events.jsonl`` per restart of the worker group (which workers failed, from which
+      checkpoint step it goes on) and per elastic resize (a report from another number of workers
+      than the last, with no failure between).
 
-    The driver reads these files (``read_divergence``): the callback object it holds is a copy.
+    The driver reads these files (``read_divergence``, ``read_events``): the callback object it
+    holds is a copy. ``max_failures`` is the run's ``FailureConfig``'s: a failure beyond it ends
+    the run instead of restarting it.
     """
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, max_failures: int = 0):
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / METRICS_FILE
+        self.max_failures = max_failures
         self._events: ScalarEvents | None = None  # opened on the first row
         self._last_step = -1
         self._checkpoint: dict | None = None  # the last registered checkpoint: step and path
+        self._failures = 0
+        self._workers: int | None = None  # those of the last report; None after a failure
 
     # ------------------------------------------------------------------ reports
     def after_report(self, run_context, metrics, checkpoint):
+        if self._workers is not None and len(metrics) != self._workers:
+            self._write_event({"event": "resize", "workers": len(metrics)})
+        self._workers = len(metrics)
         first = metrics[0]
         if "diverged" in first:
             record = {
@@ -165,9 +170,28 @@ class MetricsWriter(UserCallback):
             self._events.close()
         self._events = ScalarEvents(self.out_dir / "tensorboard", purge_step=purge_step)
 
-    @property
-    def checkpoint_step(self) -> int | None:
-        return self._checkpoint["step"] if self._checkpoint else None
+    # ------------------------------------------------------------------ failures
+    def after_exception(self, run_context, worker_exceptions: dict) -> None:
+        """Ray Train polled the worker group and found ``worker_exceptions`` (``{rank: error}``):
+        it restarts the group from the last checkpoint while ``max_failures`` allows."""
+        self._failures += 1
+        self._workers = None
+        if 0 <= self.max_failures < self._failures:
+            return  # the run fails: fit raises the error
+        # The lost workers fail their health check (or die); the others fail after them (a
+        # collective aborts).
+        self._write_event({
+            "event": "restart",
+            "lost": sorted(int(rank) for rank, err in worker_exceptions.items()
+                           if type(err).__name__ in LOST),
+            "errors": {int(rank): first_line(err, 160, with_type=True)
+                       for rank, err in worker_exceptions.items()},
+        })
+
+    def _write_event(self, event: dict) -> None:
+        step = self._checkpoint["step"] if self._checkpoint else None
+        with (self.out_dir / EVENTS_FILE).open("a") as f:
+            f.write(json.dumps(event | {"from_step": step, "time": time.time()}) + "\n")
 
 
 class ScalarEvents:
@@ -200,36 +224,6 @@ class ScalarEvents:
 
     def close(self) -> None:
         self._writer.close()
-
-
-class RestartRecorder(ControllerCallback):
-    """A line of ``events.jsonl`` in the run directory per restart of the worker group (which
-    workers failed, from which checkpoint step it goes on) and per elastic resize. Ray Train calls a
-    ``UserCallback`` for reports only, so this is a callback of its own, sharing the
-    ``MetricsWriter`` that knows the last checkpoint (pass both in one ``RunConfig``: they travel to
-    the controller together, as one object graph)."""
-
-    def __init__(self, metrics: MetricsWriter):
-        self.metrics = metrics
-
-    def after_controller_state_update(self, previous_state, current_state):
-        if isinstance(current_state, (RestartingState, ReschedulingState)):
-            error = current_state.training_failed_error
-            failures = getattr(error, "worker_failures", None) or {}
-            # The lost workers fail their health check (or die); the others fail after them (a
-            # collective aborts).
-            lost = sorted(int(rank) for rank, err in failures.items() if type(err).__name__ in LOST)
-            event = {"event": "restart", "lost": lost,
-                     "errors": {int(rank): first_line(err, 160, with_type=True)
-                                for rank, err in failures.items()}
-                     or {"-": first_line(error, 160, with_type=True)}}
-        elif isinstance(current_state, ResizingState):
-            event = {"event": "resize", "workers": current_state.scaling_decision.num_workers}
-        else:
-            return
-        event |= {"from_step": self.metrics.checkpoint_step, "time": time.time()}
-        with (self.metrics.out_dir / EVENTS_FILE).open("a") as f:
-            f.write(json.dumps(event) + "\n")
 
 
 def _read_rows(path: Path) -> list[dict]:

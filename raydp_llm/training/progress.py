@@ -92,7 +92,7 @@ class TrainingProgress(threading.Thread):
 
 
 def event_line(event: dict, restarts: int, max_failures: int) -> str:
-    """The console line of a restart or an elastic resize (``metrics.RestartRecorder``'s events)."""
+    """The console line of a restart or an elastic resize (``metrics.MetricsWriter``'s events)."""
     where = (f"the checkpoint at step {event['from_step']}" if event["from_step"] is not None
              else "the run's starting point")
     if event["event"] == "resize":

@@ -210,7 +210,8 @@ def test_a_killed_controller_fails_the_run_and_frees_its_workers_cpus(ray_cluste
                                                                      tmp_path):
     """SIGKILL of Ray Train's controller mid-run, the driver alive (as one job of a sweep): the run
     fails, and its worker group's placement group, which outlives the controller in Ray, is freed
-    by the driver (Ray Train's own detached cleaner actor is not started: fit.LeanTorchTrainer).
+    by the driver (rank 0 posted it to the hand-off; Ray Train's own cleaner actor needs the State
+    API, which the tests' Ray, without a dashboard, does not serve).
     Last of the elastic runs: Ray Train's autoscaling coordinator keeps the dead controller's
     request for CPUs until it expires (a minute), and an elastic group sees fewer meanwhile."""
     import ray

@@ -34,7 +34,7 @@ def test_a_restarts_repeated_steps_replace_the_earlier_points(tmp_path):
 
 
 # What Ray Train's controller unpickles of a run: the callbacks, the backend, the loop's config
-CONTROLLER_SIDE = ["metrics", "controller_hooks", "backend", "best", "handoff"]
+CONTROLLER_SIDE = ["metrics", "best", "handoff"]
 
 
 def test_the_controller_side_imports_no_torch(tmp_path):
@@ -52,3 +52,30 @@ def test_the_controller_side_imports_no_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert (tmp_path / "tensorboard").is_dir()
+
+
+def test_restarts_and_resizes_are_events_and_a_last_failure_is_none(tmp_path):
+    """A failed group restarts from the last checkpoint while max_failures allows (the lost
+    workers named); a report from another number of workers with no failure between is a resize;
+    the failure beyond max_failures ends the run and is no restart."""
+    from ray.exceptions import ActorDiedError
+
+    from raydp_llm.training.metrics import read_events
+
+    writer = MetricsWriter(tmp_path, max_failures=1)
+    writer.after_report(None, [{"step": 10, "train_loss": 3.0}] * 2, _Checkpoint("ckpt-10"))
+    writer.after_exception(None, {1: ActorDiedError(), 0: RuntimeError("collective aborted")})
+    writer.after_report(None, [{"step": 20, "train_loss": 2.0}], None)  # restarted on 1 worker
+    writer.after_report(None, [{"step": 30, "train_loss": 1.0}] * 2, None)  # grown to 2
+    writer.after_exception(None, {0: ActorDiedError()})  # the second failure: the run fails
+    writer._events.close()
+
+    events = read_events(tmp_path)
+    assert [(e["event"], e["from_step"]) for e in events] == [("restart", 10), ("resize", 10)]
+    assert events[0]["lost"] == [1] and "collective aborted" in events[0]["errors"]["0"]
+    assert events[1]["workers"] == 2
+
+
+class _Checkpoint:
+    def __init__(self, path: str):
+        self.path = path

@@ -36,7 +36,7 @@ from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.engines import spark_turns
 from raydp_llm.training import best
-from raydp_llm.training.controller_hooks import SWEEP_GROUPS, free_group
+from raydp_llm.training.handoff import SWEEP_GROUPS, free_group
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class _Groups:
 
 @contextlib.contextmanager
 def trial_groups():
-    """The ledger of the trials' placement groups (``controller_hooks.SWEEP_GROUPS``), for
+    """The ledger of the trials' placement groups (``handoff.SWEEP_GROUPS``), for
     ``TrialLines`` to free a trial's as it ends."""
     groups = _Groups.options(name=SWEEP_GROUPS).remote()
     try:
