@@ -2,12 +2,16 @@
 side (``hydra/launcher=ray``), and side by side with ASHA stopping the poor ones, measured in the
 same run.
 
-    python benchmarks/sweep.py [--steps 300] [--cpus 4] [--set KEY=VALUE ...]
+    python benchmarks/sweep.py [--steps 300] [--cpus 4] [--two-nodes] [--set KEY=VALUE ...]
 
 Each is ``python -m raydp_llm.train -m +experiment=smoke optim.lr=<4 values>`` with
 ``cluster.num_cpus`` (room for two trials of smoke's 2 workers × 1 CPU on a Ray of 4) on one ETL
 cache entry made before the first (every variant reads it: the table compares the training, not
-the ETL). The table: each variant's wall time, its trial-steps (the steps its jobs trained, from
+the ETL). ``--two-nodes``: on the simulated two-node cluster of the multinode tests
+(tests/helpers/two_node_cluster.py, ``--cpus`` / 2 logical CPUs a node) as on a real one: each
+job runs its own ETL (no cache on a cluster; Spark in turns), checkpoints in a shared directory,
+and the sequential sweep is ``hydra.launcher.concurrent=false``.
+The table: each variant's wall time, its trial-steps (the steps its jobs trained, from
 sweep_summary.csv), the jobs completed and stopped, and the best validation loss; the ratios
 against the sequential sweep.
 """
@@ -15,7 +19,10 @@ against the sequential sweep.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,16 +39,16 @@ VARIANTS = {
 }
 
 
-def sweep(variant: list[str], steps: int, cpus: int, cache: str, out: Path, extra: list[str]
-          ) -> dict:
-    """One sweep to its end: its wall seconds and its summary's figures."""
+def sweep(variant: list[str], steps: int, where: list[str], out: Path, extra: list[str],
+          env: dict | None = None) -> dict:
+    """One sweep to its end on the Ray and the data ``where`` says: its wall seconds and its
+    summary's figures."""
     command = [sys.executable, "-m", "raydp_llm.train", "-m", "+experiment=smoke",
                f"optim.lr={RATES}", f"train.max_steps={steps}", "train.eval_interval=50",
-               f"sweep.grace_steps={steps // 6}", f"cluster.num_cpus={cpus}",
-               "cluster.dashboard=false", f"data.cache_dir={cache}", f"hydra.sweep.dir={out}",
-               *variant, *extra]
+               f"sweep.grace_steps={steps // 6}", f"hydra.sweep.dir={out}",
+               *where, *variant, *extra]
     began = time.time()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.time() - began
     if done.returncode != 0:
         sys.exit(f"{' '.join(variant) or 'sequential'} failed:\n{done.stderr[-3000:]}")
@@ -53,21 +60,42 @@ def sweep(variant: list[str], steps: int, cpus: int, cache: str, out: Path, extr
             "stopped": sum(r["status"] == "stopped" for r in rows), "best": min(losses)}
 
 
+@contextlib.contextmanager
+def two_nodes(cpus: int, tmp: Path):
+    """The simulated two-node cluster: its address, and the environment that reaches it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SPARK_LOCAL_IP")}
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Unix sockets
+    helper = subprocess.Popen([sys.executable, str(ROOT / "tests/helpers/two_node_cluster.py"),
+                               str(cpus // 2)], cwd=ROOT, env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=(tmp / "two_nodes.log").open("w"))
+    try:
+        line = ""
+        while not line.startswith("{"):  # its one JSON line, once both nodes are up
+            line = helper.stdout.readline() or sys.exit("the two-node cluster did not start")
+        yield json.loads(line)["address"], env
+    finally:
+        helper.stdin.write("stop\n")
+        helper.stdin.close()
+        helper.wait(timeout=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--cpus", type=int, default=4)
+    parser.add_argument("--two-nodes", action="store_true",
+                        help="on the simulated two-node cluster of the multinode tests")
     parser.add_argument("--set", nargs="*", default=[], help="more overrides, KEY=VALUE")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sweep_bench_") as tmp:
-        cache = str(Path(tmp) / "cache")
-        subprocess.run([sys.executable, "-m", "raydp_llm.prepare", "+experiment=smoke",
-                        f"data.cache_dir={cache}", f"hydra.run.dir={Path(tmp) / 'prepare'}"],
-                       cwd=ROOT, check=True, capture_output=True)
-        results = {name: sweep(v, args.steps, args.cpus, cache, Path(tmp) / f"s{i}", args.set)
-                   for i, (name, v) in enumerate(VARIANTS.items())}
+        if args.two_nodes:
+            results = on_two_nodes(args, Path(tmp))
+        else:
+            results = embedded(args, Path(tmp))
     base = results["sequential"]
-    print(f"4 smoke jobs of {args.steps} steps, a Ray of {args.cpus} CPUs\n")
+    ray = "two nodes of" if args.two_nodes else "an embedded Ray of"
+    print(f"4 smoke jobs of {args.steps} steps, {ray} {args.cpus} CPUs\n")
     print("| sweep | wall s | vs sequential | trial-steps | vs sequential | completed | stopped "
           "| best val loss |")
     print("|---|---|---|---|---|---|---|---|")
@@ -75,6 +103,28 @@ def main() -> None:
         print(f"| {name} | {r['wall_s']:.0f} | {r['wall_s'] / base['wall_s']:.2f}× "
               f"| {r['trial_steps']} | {r['trial_steps'] / base['trial_steps']:.2f}× "
               f"| {r['completed']} | {r['stopped']} | {r['best']:.4f} |")
+
+
+def embedded(args, tmp: Path) -> dict:
+    """The variants on the embedded Ray, on one ETL cache entry made before them."""
+    cache = str(tmp / "cache")
+    subprocess.run([sys.executable, "-m", "raydp_llm.prepare", "+experiment=smoke",
+                    f"data.cache_dir={cache}", f"hydra.run.dir={tmp / 'prepare'}"],
+                   cwd=ROOT, check=True, capture_output=True)
+    where = [f"cluster.num_cpus={args.cpus}", "cluster.dashboard=false",
+             f"data.cache_dir={cache}"]
+    return {name: sweep(v, args.steps, where, tmp / f"s{i}", args.set)
+            for i, (name, v) in enumerate(VARIANTS.items())}
+
+
+def on_two_nodes(args, tmp: Path) -> dict:
+    """The variants on the simulated two-node cluster, each job's ETL its own."""
+    variants = VARIANTS | {"sequential": ["hydra.launcher.concurrent=false"]}
+    with two_nodes(args.cpus, tmp) as (address, env):
+        where = [f"cluster.address={address}", "data.cache=false",
+                 f"train.storage_path={tmp / 'runs'}"]
+        return {name: sweep(v, args.steps, where, tmp / f"s{i}", args.set, env)
+                for i, (name, v) in enumerate(variants.items())}
 
 
 if __name__ == "__main__":
