@@ -1,0 +1,110 @@
+"""Group relative policy optimisation (GRPO, Shao et al. 2024): the advantages of sampled answers
+from their rewards, and the clipped surrogate loss from the policy's log-probabilities of them, as
+TRL's ``GRPOTrainer`` defines them (read at trl f2cd577; ``grpo.loss_type`` grpo | dr_grpo | dapo).
+
+A batch holds the answers to B prompts, G = ``grpo.num_generations`` each, a prompt's next to each
+other: N = B·G rows. A row's ``mask`` counts its answer's tokens (not its prompt's, not padding).
+
+Each loss here is this worker's *share* of the loss of the whole batch of an optimizer step (every
+worker, every micro-batch): the shares sum to it. So the workers' gradients are summed, never
+averaged (gloo's AVG has summed: pytorch 162338), and no loss type depends on how the batch is
+split (``Whole``).
+
+Shapes: N rows, T answer tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from raydp_llm.core.grpo_config import GrpoLossType, GrpoSettings, RewardScale
+
+STD_FLOOR = 1e-4  # TRL's: added to a standard deviation before it divides
+
+
+def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The sample standard deviation (Bessel's correction) of the values that are not NaN, along
+    ``dim`` (all of them: None)."""
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    count = (~x.isnan()).sum(dim=dim)
+    return (torch.nanmean((x - mean) ** 2, dim=dim) * count / (count - 1)).sqrt()
+
+
+def combined_rewards(per_function: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each answer's reward (N,): the weighted sum of what the functions gave it (N, F), a None
+    (NaN) counting 0; NaN where no function scored it (no signal: its advantage is 0)."""
+    total = (per_function * weights).nansum(dim=1)
+    return total.masked_fill(per_function.isnan().all(dim=1), float("nan"))
+
+
+@dataclass(frozen=True)
+class Advantages:
+    values: torch.Tensor  # (N,): each answer's advantage over its group
+    zero_std: torch.Tensor  # (N,) bool: its rewards did not vary (no signal; frac_reward_zero_std)
+
+
+def advantages(rewards: torch.Tensor, num_generations: int, scale: str) -> Advantages:
+    """Each answer's reward less its group's mean, divided by the group's (``group``) or the
+    batch's (``batch``) standard deviation, or not (``none``); 0 for an unscored answer (NaN)."""
+    groups = rewards.view(-1, num_generations)
+    mean = torch.nanmean(groups, dim=1).repeat_interleave(num_generations)
+    if scale == RewardScale.batch:
+        std = nanstd(rewards).expand_as(rewards)
+    else:
+        std = nanstd(groups, dim=1).repeat_interleave(num_generations)
+    values = rewards - mean
+    if scale != RewardScale.none:
+        values = values / (std + STD_FLOOR)
+    return Advantages(torch.nan_to_num(values, nan=0.0), torch.isclose(std, torch.zeros_like(std)))
+
+
+@dataclass(frozen=True)
+class Whole:
+    """The batch of one optimizer step, over every worker and micro-batch: what a worker's share
+    of the loss is divided by."""
+
+    answers: int  # N over the whole batch (grpo, dr_grpo)
+    tokens: int  # answer tokens over the whole batch (dapo)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    share: torch.Tensor  # this worker's share of the loss (a scalar with its graph)
+    clipped_tokens: torch.Tensor  # answer tokens whose ratio the clip held (clip_ratio's sum)
+    kl_sum: torch.Tensor  # the KL estimate summed over answer tokens (0 without a reference)
+
+
+def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantage: torch.Tensor,
+                mask: torch.Tensor, grpo: GrpoSettings, whole: Whole,
+                ref_logps: torch.Tensor | None = None) -> PolicyLoss:
+    """The clipped surrogate of ``logps`` (N, T), the policy's log-probabilities of the answers'
+    tokens, against ``old_logps`` (N, T), those of the policy that sampled them; ``advantage``
+    (N,); plus ``grpo.beta`` × the k3 estimate of the KL divergence to ``ref_logps`` (N, T)."""
+    mask = mask.to(logps.dtype)
+    ratio = torch.exp(logps - old_logps)
+    low, high = 1 - grpo.epsilon, 1 + (grpo.epsilon_high or grpo.epsilon)
+    adv = advantage.unsqueeze(1)
+    per_token = -torch.min(ratio * adv, ratio.clamp(low, high) * adv)
+    kl = torch.zeros_like(per_token)
+    if grpo.beta > 0:
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        per_token = per_token + grpo.beta * kl
+    clipped = ((ratio < low) & (adv < 0)) | ((ratio > high) & (adv > 0))
+    return PolicyLoss(_share(per_token, mask, grpo, whole), (clipped * mask).sum().detach(),
+                      (kl * mask).sum().detach())
+
+
+def _share(per_token: torch.Tensor, mask: torch.Tensor, grpo: GrpoSettings,
+           whole: Whole) -> torch.Tensor:
+    """This worker's part of the whole batch's loss, by ``grpo.loss_type``."""
+    summed = (per_token * mask).sum()
+    if grpo.loss_type == GrpoLossType.grpo:
+        per_answer = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return per_answer.sum() / whole.answers
+    if grpo.loss_type == GrpoLossType.dr_grpo:
+        return summed / (whole.answers * grpo.max_new_tokens)
+    return summed / max(whole.tokens, 1)

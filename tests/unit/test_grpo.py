@@ -1,0 +1,187 @@
+"""GRPO's arithmetic against hand-computed tensors (advantages, the clipped surrogate of each
+loss_type, the KL term), and the reward functions: found and checked by their spec, called in
+their own process, a hanging and a raising one failing their batch, never the caller."""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+import time
+
+import pytest
+import torch
+
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.grpo_config import GrpoSettings
+from raydp_llm.training.grpo import (
+    STD_FLOOR,
+    Whole,
+    advantages,
+    combined_rewards,
+    policy_loss,
+)
+from raydp_llm.training.rewards import SHIPPED, FailureStreak, Reward, RewardCalls, load
+
+NAN = float("nan")
+
+
+def test_advantages_are_relative_to_the_group_scaled_as_asked():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])  # two prompts, 4 answers each
+    group_std = math.sqrt(1 / 3)  # of 1, 0, 0, 1 (Bessel)
+    batch_std = math.sqrt(5.5 / 7)  # of all eight: mean 1.25, squares summing to 5.5
+    centred = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
+
+    group = advantages(rewards, 4, "group")
+    std = torch.tensor([group_std] * 4 + [0.0] * 4)
+    assert torch.allclose(group.values, centred / (std + STD_FLOOR))
+    assert group.zero_std.tolist() == [False] * 4 + [True] * 4  # the second group: no signal
+    assert torch.allclose(advantages(rewards, 4, "batch").values, centred / (batch_std + STD_FLOOR))
+    assert torch.equal(advantages(rewards, 4, "none").values, centred)
+
+
+def test_an_unscored_answer_has_no_advantage_and_leaves_its_groups_baseline():
+    rewards = torch.tensor([1.0, NAN, 0.0, 1.0])
+    values = advantages(rewards, 4, "none").values
+    assert torch.allclose(values, torch.tensor([1 / 3, 0.0, -2 / 3, 1 / 3]))  # mean of 1, 0, 1
+    per_function = torch.tensor([[1.0, NAN], [NAN, NAN], [0.5, 2.0]])
+    total = combined_rewards(per_function, torch.tensor([1.0, 0.5]))
+    assert total[0] == 1.0 and total[1].isnan() and total[2] == 1.5
+
+
+# Two answers of up to 3 tokens: ratios exp(logp - old) of [1.5, 0.9, -] and [0.5, 1.1, 1.0],
+# advantages +1 and -1. With epsilon 0.2 the first token of each is clipped (1.5 > 1.2 with a
+# positive advantage, 0.5 < 0.8 with a negative one): per-token losses [-1.2, -0.9] and
+# [0.8, 1.1, 1.0]; sums -2.1 over 2 tokens and 2.9 over 3.
+RATIOS = torch.tensor([[1.5, 0.9, 1.0], [0.5, 1.1, 1.0]])
+MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
+ADVANTAGE = torch.tensor([1.0, -1.0])
+
+
+def _loss(grpo: GrpoSettings, whole=Whole(answers=2, tokens=5), rows=slice(None), ref=None):
+    old = torch.zeros(2, 3)
+    logps = RATIOS.log().clone().requires_grad_(True)
+    loss = policy_loss(logps[rows], old[rows], ADVANTAGE[rows], MASK[rows], grpo, whole,
+                       None if ref is None else ref[rows])
+    return loss, logps
+
+
+@pytest.mark.parametrize("loss_type, expected", [
+    ("dapo", (-2.1 + 2.9) / 5),  # every answer token of the batch alike
+    ("grpo", (-2.1 / 2 + 2.9 / 3) / 2),  # each answer's mean, then the mean over answers
+    ("dr_grpo", (-2.1 + 2.9) / (2 * 4)),  # over answers × grpo.max_new_tokens
+])
+def test_each_loss_type_is_trls_and_the_workers_shares_sum_to_it(loss_type, expected):
+    grpo = GrpoSettings(loss_type=loss_type, max_new_tokens=4)
+    loss, _ = _loss(grpo)
+    assert loss.share.item() == pytest.approx(expected) and loss.clipped_tokens == 2
+    halves = [_loss(grpo, rows=slice(i, i + 1))[0].share.item() for i in (0, 1)]
+    assert sum(halves) == pytest.approx(expected)  # two workers, one answer each
+
+
+def test_a_clipped_token_gets_no_gradient_and_clip_higher_lets_it_through():
+    loss, logps = _loss(GrpoSettings(loss_type="dapo"))
+    loss.share.backward()
+    # d/dlogp of -A·r/5 where unclipped: -A·r/5; clipped and masked tokens: 0
+    expected = torch.tensor([[0.0, -0.9 / 5, 0.0], [0.0, 1.1 / 5, 1.0 / 5]])
+    assert torch.allclose(logps.grad, expected)
+    wider, _ = _loss(GrpoSettings(loss_type="dapo", epsilon_high=0.6))
+    assert wider.share.item() == pytest.approx((-1.5 - 0.9 + 2.9) / 5)
+    assert wider.clipped_tokens == 1
+
+
+def test_the_kl_to_the_reference_is_k3_weighted_by_beta():
+    ref = RATIOS.log().clone()
+    ref[1, 2] += math.log(2)  # one token twice as likely under the reference
+    k3 = 2 - math.log(2) - 1
+    loss, _ = _loss(GrpoSettings(loss_type="dapo", beta=0.1), ref=ref)
+    assert loss.kl_sum.item() == pytest.approx(k3)
+    assert loss.share.item() == pytest.approx((0.8 + 0.1 * k3) / 5)
+
+
+def test_the_shipped_rewards():
+    completions = ["The sum is 1,234.", "no number", "<think>a</think> <answer>7</answer>"]
+    answers = ["#### 1234", "5", "7"]
+    assert SHIPPED["last_number"]([""] * 3, completions, answer=answers) == [1.0, 0.0, 1.0]
+    assert SHIPPED["exact_match"]([""] * 2, [" 5 ", "6"], answer=["5", 5]) == [1.0, 0.0]
+    assert SHIPPED["tagged_format"]([""] * 3, completions) == [0.0, 0.0, 1.0]
+
+
+REWARDS = textwrap.dedent("""
+    import time
+
+    def length(prompts, completions, **columns):
+        return [float(len(c)) for c in completions]
+
+    def against(prompts, completions, answer, source=None):
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    def hangs(prompts, completions, **columns):
+        time.sleep(600)
+
+    def raises(prompts, completions, **columns):
+        raise ValueError("no score for this batch")
+
+    def short(prompts, completions, **columns):
+        return [1.0]
+
+    def unlike_trl(text):
+        return [1.0]
+""")
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARDS)
+    return path
+
+
+def test_a_reward_is_found_by_its_spec_and_its_columns_checked(reward_file):
+    loaded = load([f"{reward_file}:against", "last_number"], {"answer", "source"})
+    assert [r.name for r in loaded] == ["against", "last_number"]
+    bad = {
+        f"{reward_file}:nothing": f"{reward_file} has no function 'nothing'",
+        f"{reward_file.parent}/absent.py:f": "absent.py does not exist",
+        "no_such_module_here:f": "the module no_such_module_here cannot be imported",
+        "just_a_name": "names no function",
+        f"{reward_file}:unlike_trl": "must take (prompts, completions, **columns); it takes (text)",
+        f"{reward_file}:against ": "has no function 'against '",
+    }
+    for spec, message in bad.items():
+        with pytest.raises(InputError, match="grpo.rewards: .*" + re.escape(message)):
+            load([spec], {"answer"})
+    with pytest.raises(InputError, match="asks for the column 'answer', which the data lacks"):
+        load([f"{reward_file}:against"], {"source"})
+    with pytest.raises(InputError, match="grpo.rewards is empty"):
+        load([], set())
+
+
+def test_a_hanging_or_raising_reward_fails_its_batch_and_the_next_call_still_scores(reward_file):
+    calls = RewardCalls(timeout_s=3)
+    try:
+        texts = ["a", "bcd"]
+        good = calls.score(f"{reward_file}:length", ["p", "p"], texts, {"answer": ["x", "y"]})
+        assert good.values == [1.0, 3.0] and good.error is None
+        began = time.monotonic()
+        hung = calls.score(f"{reward_file}:hangs", ["p", "p"], texts, {})
+        assert hung.values == [None, None] and "no answer within 3s" in hung.error
+        assert time.monotonic() - began < 10
+        raised = calls.score(f"{reward_file}:raises", ["p", "p"], texts, {})
+        assert raised.values == [None, None] and "ValueError: no score" in raised.error
+        short = calls.score(f"{reward_file}:short", ["p", "p"], texts, {})
+        assert "returned 1 scores for 2 completions" in short.error
+        again = calls.score(f"{reward_file}:against", ["p", "p"], texts,
+                            {"answer": ["a", "b"], "other": [1, 2]})
+        assert again.values == [1.0, 0.0]  # the columns it does not take are left out
+    finally:
+        calls.close()
+
+
+def test_a_reward_failing_every_batch_for_too_many_steps_stops_the_run():
+    streak = FailureStreak([Reward("f.py:r", "r"), Reward("g", "g")], limit=2)
+    streak.step({"f.py:r": "TimeoutError", "g": None})
+    streak.step({"f.py:r": None, "g": None})  # a step it scored: the count starts again
+    streak.step({"f.py:r": "TimeoutError", "g": None})
+    with pytest.raises(InputError, match=r"f.py:r failed on every batch of 2 steps in a row"):
+        streak.step({"f.py:r": "TimeoutError", "g": None})
