@@ -1,0 +1,85 @@
+"""GRPO's answers: a prompt's ``grpo.num_generations`` samples, drawn together as one batch with the
+model's cache (``next_logits``), each from its own random stream seeded by (seed, step, prompt,
+sample). So the answers at a step do not depend on the cluster: 1, 2 or 4 workers, and a run
+resumed on another number of workers, draw the same ones (a prompt's group is the same batch on
+any worker; no stream is shared with another prompt's).
+
+Shapes: G samples, T prompt tokens, L answer tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from raydp_llm.core.grpo_config import GrpoSettings
+
+PAD = 0  # after an answer's end; its mask leaves it out
+
+
+def stream_seed(seed: int, step: int, prompt: int, sample: int) -> int:
+    """The seed of one sample's random stream: ``prompt`` is its index in the dataset."""
+    return int(np.random.SeedSequence([seed, step, prompt, sample]).generate_state(1)[0])
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Which answers to draw: the run's ``seed``, the optimizer ``step`` and the ``prompt``'s
+    index in the dataset."""
+
+    seed: int
+    step: int
+    prompt: int
+
+
+@dataclass(frozen=True)
+class Answers:
+    ids: torch.Tensor  # (G, L) the answers' tokens, PAD after an answer's end
+    mask: torch.Tensor  # (G, L) bool: the answer's own tokens (its end token included)
+
+
+def pick(probs: torch.Tensor, generators: list[torch.Generator], top_p: float) -> torch.Tensor:
+    """One token per row of ``probs`` (G, V), each from its own generator: the inverse of the row's
+    distribution (its nucleus, with ``top_p`` < 1) at one uniform draw."""
+    if top_p < 1:
+        ranked, order = probs.sort(dim=-1, descending=True)
+        before = ranked.cumsum(dim=-1) - ranked  # the mass of the likelier tokens
+        probs = torch.zeros_like(probs).scatter(-1, order, ranked * (before < top_p))
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+    cdf = probs.double().cumsum(dim=-1)
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1)
+    return tokens.clamp(max=probs.size(-1) - 1)
+
+
+@torch.no_grad()
+def answer(model, prompt: torch.Tensor, draw: Draw, grpo: GrpoSettings, end_id: int | None,
+           samples: int | None = None, temperature: float | None = None) -> Answers:
+    """``samples`` (``grpo.num_generations``) answers to ``prompt`` (T,), of at most
+    ``grpo.max_new_tokens`` tokens each, an answer ending at ``end_id``; ``temperature`` 0 is
+    greedy (an evaluation's answer)."""
+    samples = samples or grpo.num_generations
+    temperature = grpo.temperature if temperature is None else temperature
+    generators = [torch.Generator().manual_seed(stream_seed(draw.seed, draw.step, draw.prompt, s))
+                  for s in range(samples)]
+    idx = prompt.unsqueeze(0).repeat(samples, 1)  # (G, T)
+    ended = torch.zeros(samples, dtype=torch.bool, device=prompt.device)
+    tokens, owned, state = [], [], None
+    for _ in range(grpo.max_new_tokens):
+        logits, state = model.next_logits(idx, state)  # (G, V)
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1)
+        else:
+            probs = F.softmax(logits.float().cpu() / temperature, dim=-1)
+            nxt = pick(probs, generators, grpo.top_p).to(prompt.device)
+        owned.append(~ended)
+        nxt = nxt.masked_fill(ended, PAD)
+        tokens.append(nxt)
+        if end_id is not None:
+            ended = ended | (nxt == end_id)
+        idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
+        if ended.all():
+            break
+    return Answers(torch.stack(tokens, dim=1), torch.stack(owned, dim=1))
