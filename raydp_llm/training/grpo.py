@@ -108,3 +108,15 @@ def _share(per_token: torch.Tensor, mask: torch.Tensor, grpo: GrpoSettings,
     if grpo.loss_type == GrpoLossType.dr_grpo:
         return summed / (whole.answers * grpo.max_new_tokens)
     return summed / max(whole.tokens, 1)
+
+
+def answer_logps(model, prompt: torch.Tensor, answers: torch.Tensor,
+                 temperature: float) -> torch.Tensor:
+    """The log-probabilities (G, L) the model gives each answer's tokens (``answers`` (G, L))
+    after ``prompt`` (T,), its logits divided by the sampling ``temperature`` (as TRL's)."""
+    G, L = answers.shape
+    T = prompt.size(0)
+    ids = torch.cat([prompt.unsqueeze(0).expand(G, T), answers], dim=1)  # (G, T + L)
+    logits, _ = model(ids[:, :-1])  # the logits of every next token: (G, T + L - 1, V)
+    logits = logits[:, T - 1:, :].float() / temperature  # those of the answer's: (G, L, V)
+    return torch.log_softmax(logits, dim=-1).gather(2, answers.unsqueeze(2)).squeeze(2)

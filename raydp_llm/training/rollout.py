@@ -83,3 +83,53 @@ def answer(model, prompt: torch.Tensor, draw: Draw, grpo: GrpoSettings, end_id: 
         if ended.all():
             break
     return Answers(torch.stack(tokens, dim=1), torch.stack(owned, dim=1))
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """A prompt of the data: its index in the dataset (its answers' streams), its tokens (T,) and
+    text, and its other columns' values (what the rewards may ask for)."""
+
+    index: int
+    ids: torch.Tensor
+    text: str
+    columns: dict
+
+
+@dataclass(frozen=True)
+class Group:
+    """A prompt's answers and their scores: ``per_function`` (G, F), NaN where a function gave
+    None; ``errors`` by reward spec, that function's error if its batch failed."""
+
+    prompt: PromptRow
+    answers: Answers
+    completions: list[str]
+    per_function: torch.Tensor
+    errors: dict
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How answers become scores: ``decode`` (token ids → text, special tokens skipped), the
+    token that ends an answer, and the ``rewards`` (rewards.Reward) called through ``calls``
+    (rewards.RewardCalls)."""
+
+    decode: object
+    end_id: int | None
+    calls: object
+    rewards: list
+
+
+def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: Scoring) -> Group:
+    """``prompt``'s answers (``answer``), decoded and scored by each reward as TRL calls them:
+    the prompt and its columns repeated for each answer."""
+    answers = answer(model, prompt.ids, draw, grpo, scoring.end_id)
+    completions = [scoring.decode([t for t, own in zip(row, mask) if own and t != scoring.end_id])
+                   for row, mask in zip(answers.ids.tolist(), answers.mask.tolist())]
+    n, rewards = len(completions), scoring.rewards
+    columns = {k: [v] * n for k, v in prompt.columns.items()}
+    scores = [scoring.calls.score(r.spec, [prompt.text] * n, completions, columns)
+              for r in rewards]
+    values = [[float("nan") if v is None else v for v in s.values] for s in scores]
+    return Group(prompt, answers, completions, torch.tensor(values).T.reshape(n, len(rewards)),
+                 {r.spec: s.error for r, s in zip(rewards, scores)})

@@ -226,3 +226,47 @@ def test_a_prompts_answers_come_from_streams_of_seed_step_prompt_and_sample():
     assert (ended.ids[0, at + 1:] == PAD).all()
     greedy = answer(model, prompt, Draw(1, 5, 9), grpo, end_id=None, samples=2, temperature=0)
     assert torch.equal(greedy.ids[0], greedy.ids[1])
+
+
+SEVENS = textwrap.dedent("""
+    def sevens(prompts, completions, **columns):
+        return [c.split().count("7") / max(len(c.split()), 1) for c in completions]
+""")
+
+
+def test_the_reward_rises_on_a_toy_task(tmp_path):
+    """GRPO steps of one worker on a tiny GPT, rewarded for the share of token 7 in its answers:
+    rollouts, the user's reward in its own process, advantages, the dapo loss, AdamW."""
+    from raydp_llm.core.model_config import GPTConfig
+    from raydp_llm.models.factory import build_model
+    from raydp_llm.training.grpo import answer_logps
+    from raydp_llm.training.rollout import Draw, PromptRow, Scoring, roll_out
+
+    (tmp_path / "toy.py").write_text(SEVENS)
+    torch.manual_seed(0)
+    model = build_model(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    grpo = GrpoSettings(num_generations=8, max_new_tokens=6)
+    prompts = [PromptRow(i, torch.tensor(ids), "", {}) for i, ids in enumerate([[1, 2], [3, 4]])]
+    calls = RewardCalls(timeout_s=30)
+    scoring = Scoring(lambda ids: " ".join(map(str, ids)), None, calls,
+                      load([f"{tmp_path / 'toy.py'}:sevens"], set()))
+    means = []
+    try:
+        for step in range(25):
+            groups = [roll_out(model.eval(), p, Draw(1, step, p.index), grpo, scoring)
+                      for p in prompts]
+            whole = Whole(answers=16, tokens=int(sum(g.answers.mask.sum() for g in groups)))
+            model.train()
+            optimizer.zero_grad()
+            for group in groups:
+                rewards = group.per_function[:, 0]
+                logps = answer_logps(model, group.prompt.ids, group.answers.ids, grpo.temperature)
+                advantage = advantages(rewards, grpo.num_generations, "group").values
+                policy_loss(logps, logps.detach(), advantage, group.answers.mask, grpo,
+                            whole).share.backward()
+            optimizer.step()
+            means.append(float(torch.cat([g.per_function[:, 0] for g in groups]).mean()))
+    finally:
+        calls.close()
+    assert sum(means[:5]) / 5 < 0.2 and sum(means[-5:]) / 5 > 0.5, means
