@@ -120,10 +120,14 @@ class Scoring:
     rewards: list
 
 
-def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: Scoring) -> Group:
-    """``prompt``'s answers (``answer``), decoded and scored by each reward as TRL calls them:
-    the prompt and its columns repeated for each answer."""
-    answers = answer(model, prompt.ids, draw, grpo, scoring.end_id)
+def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: Scoring,
+             greedy: bool = False) -> Group:
+    """``prompt``'s answers (``answer``; ``greedy``: its one likeliest), decoded and scored by
+    each reward as TRL calls them: the prompt and its columns repeated for each answer."""
+    if greedy:
+        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id, samples=1, temperature=0)
+    else:
+        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id)
     completions = [scoring.decode([t for t, own in zip(row, mask) if own and t != scoring.end_id])
                    for row, mask in zip(answers.ids.tolist(), answers.mask.tolist())]
     n, rewards = len(completions), scoring.rewards
@@ -133,3 +137,28 @@ def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: 
     values = [[float("nan") if v is None else v for v in s.values] for s in scores]
     return Group(prompt, answers, completions, torch.tensor(values).T.reshape(n, len(rewards)),
                  {r.spec: s.error for r, s in zip(rewards, scores)})
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Greedy answers to held-out prompts, scored: the mean reward over them (the rewards' weighted
+    sum; an answer no function scored counts 0) and each function's mean over those it scored."""
+
+    reward: float
+    per_function: dict[str, float]
+    answers: list[str]
+
+
+@torch.no_grad()
+def evaluate(model, prompts: list[PromptRow], grpo: GrpoSettings, scoring: Scoring,
+             weights: torch.Tensor) -> Evaluation:
+    """One greedy answer (``grpo.max_new_tokens``) to each of ``prompts``, scored (``val_reward``,
+    and ``python -m raydp_llm.evaluate`` on prompts)."""
+    groups = [roll_out(model, p, Draw(0, 0, p.index), grpo, scoring, greedy=True)
+              for p in prompts]
+    scores = torch.cat([g.per_function for g in groups])  # (P, F)
+    total = (scores * weights).nansum(dim=1)
+    return Evaluation(float(total.mean()),
+                      {r.name: float(torch.nanmean(scores[:, i]))
+                       for i, r in enumerate(scoring.rewards)},
+                      [g.completions[0] for g in groups])

@@ -240,7 +240,7 @@ def test_the_reward_rises_on_a_toy_task(tmp_path):
     from raydp_llm.core.model_config import GPTConfig
     from raydp_llm.models.factory import build_model
     from raydp_llm.training.grpo import answer_logps
-    from raydp_llm.training.rollout import Draw, PromptRow, Scoring, roll_out
+    from raydp_llm.training.rollout import Draw, PromptRow, Scoring, evaluate, roll_out
 
     (tmp_path / "toy.py").write_text(SEVENS)
     torch.manual_seed(0)
@@ -267,6 +267,12 @@ def test_the_reward_rises_on_a_toy_task(tmp_path):
                             whole).share.backward()
             optimizer.step()
             means.append(float(torch.cat([g.per_function[:, 0] for g in groups]).mean()))
+        held_out = [PromptRow(7, torch.tensor([5, 6]), "", {})]
+        greedy = evaluate(model.eval(), held_out, grpo, scoring, torch.tensor([1.0]))
     finally:
         calls.close()
     assert sum(means[:5]) / 5 < 0.2 and sum(means[-5:]) / 5 > 0.5, means
+    # the evaluation: one greedy answer per held-out prompt, its reward the share of 7s in it
+    (text,) = greedy.answers
+    assert greedy.reward == pytest.approx(text.split().count("7") / len(text.split()))
+    assert greedy.per_function == {"sevens": pytest.approx(greedy.reward)} and greedy.reward > 0.5
