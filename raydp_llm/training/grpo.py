@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from raydp_llm.core.grpo_config import GrpoLossType, GrpoSettings, RewardScale
 
@@ -69,6 +70,16 @@ class Whole:
 
     answers: int  # N over the whole batch (grpo, dr_grpo)
     tokens: int  # answer tokens over the whole batch (dapo)
+
+
+def whole_of(masks: list[torch.Tensor]) -> Whole:
+    """The whole batch's answers and answer tokens: those of this worker's ``masks`` (a (G, L)
+    mask per prompt) summed over the workers, where torch.distributed runs."""
+    counts = torch.tensor([sum(m.size(0) for m in masks), sum(int(m.sum()) for m in masks)],
+                          dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return Whole(answers=int(counts[0]), tokens=int(counts[1]))
 
 
 @dataclass(frozen=True)

@@ -276,3 +276,40 @@ def test_the_reward_rises_on_a_toy_task(tmp_path):
     (text,) = greedy.answers
     assert greedy.reward == pytest.approx(text.split().count("7") / len(text.split()))
     assert greedy.per_function == {"sevens": pytest.approx(greedy.reward)} and greedy.reward > 0.5
+
+
+def _grpo_gradients(rank: int, world: int) -> torch.Tensor:
+    """The summed gradient of one GRPO step over four prompts, rank r answering every world-th
+    one from r: the answers' streams are the prompts', so any split draws the same."""
+    import torch.distributed as dist
+
+    from raydp_llm.core.model_config import GPTConfig
+    from raydp_llm.models.factory import build_model
+    from raydp_llm.training.grpo import answer_logps, whole_of
+    from raydp_llm.training.rollout import Draw, answer
+
+    torch.manual_seed(0)
+    model = build_model(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    grpo = GrpoSettings(num_generations=4, max_new_tokens=5, loss_type="dapo")
+    mine = [(i, torch.tensor([1 + i, 2])) for i in range(4)][rank::world]
+    groups = [(prompt, answer(model.eval(), prompt, Draw(3, 0, i), grpo, end_id=9))
+              for i, prompt in mine]
+    whole = whole_of([a.mask for _, a in groups])
+    model.train()
+    for prompt, answers in groups:
+        rewards = (answers.ids == 7).float().sum(dim=1)  # 7s in the answer
+        logps = answer_logps(model, prompt, answers.ids, grpo.temperature)
+        advantage = advantages(rewards, grpo.num_generations, "group").values
+        policy_loss(logps, logps.detach(), advantage, answers.mask, grpo, whole).share.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    if world > 1:
+        dist.all_reduce(grads, op=dist.ReduceOp.SUM)  # summed, never averaged
+    return grads
+
+
+def test_two_workers_summing_their_shares_have_one_process_gradient(tmp_path):
+    from helpers.gloo import spawned
+
+    alone = _grpo_gradients(0, 1)
+    assert alone.abs().sum() > 0
+    assert torch.allclose(spawned(2, _grpo_gradients, tmp_path), alone, atol=1e-6)
