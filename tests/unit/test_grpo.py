@@ -313,3 +313,22 @@ def test_two_workers_summing_their_shares_have_one_process_gradient(tmp_path):
     alone = _grpo_gradients(0, 1)
     assert alone.abs().sum() > 0
     assert torch.allclose(spawned(2, _grpo_gradients, tmp_path), alone, atol=1e-6)
+
+
+def test_the_grpo_settings_refuse_what_grpo_cannot_run_with_one_line():
+    from dataclasses import replace
+
+    from raydp_llm.core.schema import check_fields
+
+    check_fields(GrpoSettings(), "grpo.")  # the defaults pass
+    refused = {
+        "num_generations": (1, "a whole number ≥ 2"),  # one answer has no group to be relative to
+        "loss_type": ("ppo", "grpo | dr_grpo | dapo"),
+        "scale_rewards": ("median", "group | batch | none"),
+        "top_p": (0, "a number in (0, 1]"),
+        "beta": (-0.1, "a number ≥ 0"),
+    }
+    for key, (value, allowed) in refused.items():
+        with pytest.raises(InputError, match=re.escape(f"grpo.{key}={value} is not allowed: use "
+                                                       f"{allowed}")):
+            check_fields(replace(GrpoSettings(), **{key: value}), "grpo.")
