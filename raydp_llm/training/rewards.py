@@ -115,11 +115,15 @@ def load(specs: list[str], columns: set[str]) -> list[Reward]:
     return rewards
 
 
+def _takes_any_column(params) -> bool:
+    """Whether a signature's ``params`` take ``**columns``."""
+    return any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
 def _check_parameters(function: Callable, spec: str, columns: set[str]) -> None:
     """Called as TRL calls it, by keyword: ``prompts=``, ``completions=``, and the columns."""
     params = inspect.signature(function).parameters
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    if not takes_any and not set(TEXTS) <= set(params):
+    if not _takes_any_column(params) and not set(TEXTS) <= set(params):
         raise InputError(f"grpo.rewards: {spec} must take (prompts, completions, **columns); it "
                          f"takes ({', '.join(params)})")
     wanted = [name for name, p in params.items() if name not in TEXTS and p.default is p.empty
@@ -135,7 +139,7 @@ def call(function: Callable, prompts: list[str], completions: list[str],
     """``function`` called as TRL calls it: by keyword, with the columns it takes (all of them
     if it takes ``**columns``)."""
     params = inspect.signature(function).parameters
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    if not _takes_any_column(params):
         columns = {k: v for k, v in columns.items() if k in params}
     return list(function(prompts=prompts, completions=completions, **columns))
 
@@ -178,11 +182,15 @@ class RewardCalls:
               columns: dict[str, list]) -> Scores:
         if self.process is None or not self.process.is_alive():
             self._start()
-        self.connection.send((spec, prompts, completions, columns))
-        if not self.connection.poll(self.timeout_s):
+        try:
+            self.connection.send((spec, prompts, completions, columns))
+            if not self.connection.poll(self.timeout_s):
+                self.close()
+                return _failed(len(completions), f"no answer within {self.timeout_s:g}s")
+            status, got = self.connection.recv()
+        except (EOFError, OSError):  # the process ended under the call (os._exit, a crash)
             self.close()
-            return _failed(len(completions), f"no answer within {self.timeout_s:g}s")
-        status, got = self.connection.recv()
+            return _failed(len(completions), "the rewards' process ended during the call")
         if status != "ok":
             return _failed(len(completions), got)
         return _checked(got, len(completions))

@@ -16,6 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from raydp_llm.core.grpo_config import GrpoSettings
+from raydp_llm.training.grpo import combined_rewards
 
 PAD = 0  # after an answer's end; its mask leaves it out
 
@@ -157,7 +158,7 @@ def evaluate(model, prompts: list[PromptRow], grpo: GrpoSettings, scoring: Scori
     groups = [roll_out(model, p, Draw(0, 0, p.index), grpo, scoring, greedy=True)
               for p in prompts]
     scores = torch.cat([g.per_function for g in groups])  # (P, F)
-    total = (scores * weights).nansum(dim=1)
+    total = combined_rewards(scores, weights).nan_to_num(nan=0.0)  # unscored: 0
     return Evaluation(float(total.mean()),
                       {r.name: float(torch.nanmean(scores[:, i]))
                        for i, r in enumerate(scoring.rewards)},

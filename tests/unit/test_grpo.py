@@ -122,6 +122,10 @@ REWARDS = textwrap.dedent("""
     def raises(prompts, completions, **columns):
         raise ValueError("no score for this batch")
 
+    def dies(prompts, completions, **columns):
+        import os
+        os._exit(3)
+
     def short(prompts, completions, **columns):
         return [1.0]
 
@@ -169,6 +173,8 @@ def test_a_hanging_or_raising_reward_fails_its_batch_and_the_next_call_still_sco
         assert time.monotonic() - began < 10
         raised = calls.score(f"{reward_file}:raises", ["p", "p"], texts, {})
         assert raised.values == [None, None] and "ValueError: no score" in raised.error
+        died = calls.score(f"{reward_file}:dies", ["p", "p"], texts, {})
+        assert died.values == [None, None] and "process ended" in died.error
         short = calls.score(f"{reward_file}:short", ["p", "p"], texts, {})
         assert "returned 1 scores for 2 completions" in short.error
         again = calls.score(f"{reward_file}:against", ["p", "p"], texts,
