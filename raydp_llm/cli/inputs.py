@@ -50,6 +50,9 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
             eval_tasks=task_paths(train.eval_tasks),
         ),
     }
+    if settings.grpo.rewards:  # the workers import a reward file from elsewhere
+        changes["grpo"] = replace(settings.grpo, rewards=[
+            _absolute_reward(spec) for spec in settings.grpo.rewards])
     if getattr(settings, "tasks", None):  # evaluate's
         changes["tasks"] = task_paths(settings.tasks)
     for key in ("model_dir", "ref_model_dir"):  # evaluate's
@@ -66,6 +69,12 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
         changes["model"], changes["tokenizer"] = _pretrained(
             changes["model"], changes["tokenizer"], S3Options.of(settings.s3))
     return replace(settings, **changes)
+
+
+def _absolute_reward(spec: str) -> str:
+    """A reward's ``file.py:function`` with the file's absolute path; a module's as it is."""
+    place, _, name = spec.rpartition(":")
+    return f"{absolute(place)}:{name}" if place.endswith(".py") else spec
 
 
 def task_paths(tasks: list[str]) -> list[str]:
@@ -195,7 +204,29 @@ def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
     if d.sources:  # a mixture: each source's corpus
         return {source.name: corpus_of(source_settings(settings, source))
                 for source in d.sources}
-    return corpus_of(settings)
+    corpus = corpus_of(settings)
+    if d.format == "prompts":
+        check_prompts(settings, corpus)
+    return corpus
+
+
+def check_prompts(settings: Settings, corpus: Corpus) -> None:
+    """Prompts for GRPO: the first file's columns (local JSON Lines or Parquet; others are read by
+    Spark) hold a prompt or messages column, and each reward function is found and takes the
+    columns it asks for."""
+    from raydp_llm.data.prompt_columns import first_columns
+    from raydp_llm.training.rewards import load
+
+    d = settings.data
+    columns = first_columns(corpus.files[0]) if corpus.files else None
+    if columns is not None and not {d.prompt_column, d.messages_column} & columns:
+        raise InputError(f"data.prompt_column={d.prompt_column}: no such column in "
+                         f"{corpus.files[0]}, nor data.messages_column={d.messages_column}; its "
+                         f"columns are {', '.join(sorted(columns))}; name the prompt's column "
+                         "with one of them")
+    if settings.train.objective == "grpo" or settings.grpo.rewards:
+        load(settings.grpo.rewards,
+             None if columns is None else columns - {d.prompt_column, d.messages_column})
 
 
 def corpus_of(settings: Settings) -> Corpus:

@@ -119,6 +119,35 @@ def _check_objective(settings: Settings) -> None:
     if fmt == "preference" and objective != "dpo":
         raise InputError(f"data.format=preference: train.objective={objective} does not train on "
                          "pairs; set train.objective=dpo (or +experiment=dpo)")
+    if objective == "grpo" and fmt != "prompts":
+        raise InputError(f"train.objective=grpo answers prompts and data.format={fmt} has none; "
+                         "set data.format=prompts (rows with a prompt or messages column)")
+    if fmt == "prompts" and objective != "grpo":
+        raise InputError(f"data.format=prompts: train.objective={objective} does not learn from "
+                         "prompts; set train.objective=grpo (or +experiment=grpo)")
+    if objective == "grpo":
+        _check_grpo(settings)
+
+
+def _check_grpo(settings: Settings) -> None:
+    """What learning from rewards needs beyond its own fields: the model's own tokenizer (a
+    prompt is answered in the model's tokens), room for an answer in the block, a weight per
+    reward; DDP (its FSDP2 path is not built yet)."""
+    g, model = settings.grpo, settings.model
+    if not settings.tokenizer.path:
+        raise InputError("train.objective=grpo answers with the model's own tokenizer: give "
+                         "model=hf model.path=DIR, or tokenizer.path (a finished run's "
+                         "model/tokenizer.json) with model.init_from")
+    if g.max_new_tokens >= model.block_size:
+        raise InputError(f"grpo.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in "
+                         f"model.block_size={model.block_size}; lower it or raise the block")
+    if g.reward_weights is not None and len(g.reward_weights) != len(g.rewards):
+        raise InputError(f"grpo.reward_weights has {len(g.reward_weights)} weights for "
+                         f"{len(g.rewards)} grpo.rewards; give one per reward, or null (1 each)")
+    if settings.train.strategy != "ddp":
+        raise InputError("train.objective=grpo runs with train.strategy=ddp (its FSDP2 path is "
+                         "not built yet); set train.strategy=ddp, with model.lora.r for a large "
+                         "model")
 
 
 def _check_score_filter(f: FilterSettings) -> None:

@@ -31,6 +31,7 @@ from raydp_llm.core.data_config import (  # noqa: F401 - the data group, re-expo
     ValidationSplit,
     WindowSampling,
 )
+from raydp_llm.core.grpo_config import GrpoSettings  # noqa: F401 - the grpo group, re-exported
 from raydp_llm.core.model_config import (  # noqa: F401 - the model group, re-exported
     MODEL_CONFIGS,
     GPTConfig,
@@ -91,6 +92,7 @@ class TrackingKind(Choice):
 class Objective(Choice):
     lm = "lm", "next-token cross-entropy (pre-training, continued pre-training, instruction tuning)"
     dpo = "dpo", "direct preference optimisation on data.format=preference pairs (the dpo group)"
+    grpo = "grpo", "learning from rewards on data.format=prompts (the grpo group)"
 
 
 class DpoLossKind(Choice):
@@ -352,6 +354,7 @@ class Settings:
                                                     "evaluation, checkpoints")
     dpo: DpoSettings = setting(DpoSettings(), "preference tuning (train.objective=dpo): the "
                                               "loss and the reference model")
+    grpo: GrpoSettings = setting(GrpoSettings(), "learning from rewards (train.objective=grpo)")
     cluster: ClusterSettings = setting(ClusterSettings(), "Ray, and Spark on it with RayDP")
     sample: SampleSettings = setting(SampleSettings(), "text generated into samples.txt after "
                                                        "training")

@@ -52,6 +52,9 @@ class DataFormat(Choice):
                                 "JSON Lines or Parquet row each (or data.query's rows), rendered "
                                 "with a chat template; train.objective=dpo; "
                                 "docs/preference-tuning.md")
+    prompts = "prompts", ("prompts to answer, a JSON Lines or Parquet row each (or data.query's "
+                          "rows): data.prompt_column or data.messages_column, the other columns "
+                          "for the rewards; train.objective=grpo; docs/rl.md")
 
 
 class TrainOn(Choice):

@@ -1,8 +1,8 @@
-"""What a chat or preference run's data left out, and why: the encoder's counts (manifest.json's
-``chat``) as reasons, each with the setting that keeps those rows. A run never drops rows without
-saying so: the console, manifest.json and summary.json say it (``LeftOut``), and a run that would
-leave out more than ``data.max_dropped`` of its conversations or pairs stops with one line
-(``refused``) before it trains."""
+"""What a chat, preference or prompts run's data left out, and why: the encoder's counts
+(manifest.json's ``chat``) as reasons, each with the setting that keeps those rows. A run never
+drops rows without saying so: the console, manifest.json and summary.json say it (``LeftOut``),
+and a run that would leave out more than ``data.max_dropped`` of its conversations, pairs or
+prompts stops with one line (``refused``) before it trains."""
 
 from __future__ import annotations
 
@@ -20,14 +20,22 @@ WHY = {
     "no_assistant": ("with no assistant turn to train on", "set data.train_on=all"),
     "incomplete": ("without both answers", "give each row a chosen and a rejected answer"),
     "identical": ("whose two answers are the same", "give each row two different answers"),
+    # prompts (data.format=prompts): record is the most tokens a prompt keeps
+    "overlong": ("longer than model.block_size - grpo.max_new_tokens = {record} tokens",
+                 "raise model.block_size, lower grpo.max_new_tokens, or set "
+                 "data.overlong=truncate"),
+    "no_prompt": ("with no prompt", "name its column with data.prompt_column or "
+                                    "data.messages_column"),
+    "not_json": ("that are not a JSON object", "fix those rows"),
 }
+UNITS = ("pairs", "prompts", "conversations")  # the first a manifest's entry counts
 
 
 @dataclass(frozen=True)
 class LeftOut:
     """The rows read (conversations or pairs), those kept, and those left out by reason."""
 
-    unit: str  # conversations | pairs
+    unit: str  # conversations | pairs | prompts
     read: int
     kept: int
     reasons: dict[str, int]
@@ -38,11 +46,10 @@ class LeftOut:
         """From a manifest's ``chat`` entry; None for other data (nothing is dropped)."""
         if not chat:
             return None
-        pairs = "pairs" in chat
-        kept = chat["pairs"] if pairs else chat["conversations"]
+        unit = next(u for u in UNITS if u in chat)
         reasons = {why: int(chat.get(why, 0)) for why in WHY if chat.get(why)}
-        return cls("pairs" if pairs else "conversations", kept + sum(reasons.values()), kept,
-                   reasons, int(chat["record_tokens"]))
+        return cls(unit, chat[unit] + sum(reasons.values()), chat[unit], reasons,
+                   int(chat["record_tokens"]))
 
     @property
     def count(self) -> int:

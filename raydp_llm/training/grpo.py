@@ -45,22 +45,26 @@ def combined_rewards(per_function: torch.Tensor, weights: torch.Tensor) -> torch
 @dataclass(frozen=True)
 class Advantages:
     values: torch.Tensor  # (N,): each answer's advantage over its group
-    zero_std: torch.Tensor  # (N,) bool: its rewards did not vary (no signal; frac_reward_zero_std)
+    zero_std: torch.Tensor  # (N,) bool: its group's rewards did not vary (frac_reward_zero_std)
 
 
-def advantages(rewards: torch.Tensor, num_generations: int, scale: str) -> Advantages:
+def advantages(rewards: torch.Tensor, num_generations: int, scale: str,
+               batch_std: float | None = None) -> Advantages:
     """Each answer's reward less its group's mean, divided by the group's (``group``) or the
-    batch's (``batch``) standard deviation, or not (``none``); 0 for an unscored answer (NaN)."""
+    batch's (``batch``: ``batch_std``, the whole batch's over every worker, else that of
+    ``rewards``) standard deviation, or not (``none``); 0 for an unscored answer (NaN)."""
     groups = rewards.view(-1, num_generations)
     mean = torch.nanmean(groups, dim=1).repeat_interleave(num_generations)
+    group_std = nanstd(groups, dim=1).repeat_interleave(num_generations)
+    std = group_std
     if scale == RewardScale.batch:
-        std = nanstd(rewards).expand_as(rewards)
-    else:
-        std = nanstd(groups, dim=1).repeat_interleave(num_generations)
+        whole = nanstd(rewards) if batch_std is None else torch.tensor(batch_std)
+        std = whole.to(rewards.dtype).expand_as(rewards)
     values = rewards - mean
     if scale != RewardScale.none:
         values = values / (std + STD_FLOOR)
-    return Advantages(torch.nan_to_num(values, nan=0.0), torch.isclose(std, torch.zeros_like(std)))
+    return Advantages(torch.nan_to_num(values, nan=0.0),
+                      torch.isclose(group_std, torch.zeros_like(group_std)))
 
 
 @dataclass(frozen=True)

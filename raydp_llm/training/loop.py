@@ -37,6 +37,7 @@ from raydp_llm.checkpoint.layout import TrainState, is_sharded
 from raydp_llm.core import integrity
 from raydp_llm.core.storage import resolve, write_file, write_tree
 from raydp_llm.core.timing import Stopwatch
+from raydp_llm.training.grpo_worker import GrpoWorker
 from raydp_llm.training.handoff import delivered, post_group
 from raydp_llm.training.optim import lr_at
 from raydp_llm.training.parallel import grad_stats, non_finite_weights
@@ -79,7 +80,7 @@ class TrainLoop:
         """One optimizer step, and the evaluation when one is due; False when it diverged."""
         worker, state, live = self.worker, self.state, self.live
         step_clock, lr = Stopwatch(), lr_at(state.step, self.spec)
-        result = worker.train_step(group, lr)
+        result = worker.train_step(group, lr, state.step)
         if live and live.first_step:
             live.mark("first_step")
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1
@@ -109,7 +110,7 @@ class TrainLoop:
         if bad:
             self.report({"step": metrics["step"], "diverged": bad})
             return False
-        if self.live:
+        if self.live and metrics["val_loss"] is not None:
             self.live.evaluation(metrics["val_loss"])
         step, spec = metrics["step"], self.spec
         interval = spec.train.checkpoint_every
@@ -130,7 +131,7 @@ def divergence(metrics: dict, model) -> str | None:
     bad = [
         f"{key} {metrics[key]:.4g}"
         for key in ("train_loss", "val_loss")
-        if not math.isfinite(metrics[key])
+        if metrics[key] is not None and not math.isfinite(metrics[key])  # grpo: no val_loss
     ]
     tensors = non_finite_weights(model)
     if tensors:
@@ -212,7 +213,8 @@ def train_loop(config: dict) -> None:
     if live:
         live.mark("data")
     spec = delivery.spec
-    worker = Worker(spec, delivery.data, placement, prepare=ray.train.torch.prepare_model)
+    kind = GrpoWorker if spec.train.objective == "grpo" else Worker
+    worker = kind(spec, delivery.data, placement, prepare=ray.train.torch.prepare_model)
     state = restore(worker, delivery.resume_from)
     if live:
         live.mark("worker_ready")

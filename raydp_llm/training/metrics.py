@@ -70,8 +70,12 @@ METRICS_FILE, EVENTS_FILE, DIVERGED_FILE = "metrics.csv", "events.jsonl", "diver
 def columns_of(metrics: dict) -> list[str]:
     """``metrics.csv``'s columns for a worker's ``metrics``: ``COLUMNS``, then a mixture's
     ``val_loss_<name>`` in its sources' order, then the ``task_<task>_<metric>`` scores of
-    ``train.eval_tasks`` (at the evaluations that scored them)."""
-    return COLUMNS + [k for k in metrics if k.startswith((SOURCE_LOSS, TASK))]
+    ``train.eval_tasks`` (at the evaluations that scored them); a GRPO run's rewards and answers
+    (training/grpo_worker.py) after them, each reward function's too."""
+    extra = [k for k in metrics if k.startswith((SOURCE_LOSS, TASK))]
+    if "reward_mean" in metrics:
+        extra += [k for k in metrics if k not in COLUMNS and k not in extra]
+    return COLUMNS + extra
 
 
 def source_losses(row: dict) -> dict[str, float]:
@@ -311,6 +315,7 @@ def write_summary(path: Path, rows: list[dict], status: str = "finished", **tota
         "final_val_bpc": last.get("val_bpc"),
         "final_val_acc": last.get("val_acc"),
         **_dpo_finals(last),
+        **_grpo_finals(rows, last),
         "final_train_loss": last.get("train_loss"),
         "steps": int(rows[-1]["step"]) if rows else 0,
         "tokens": int(rows[-1]["tokens"]) if rows else 0,
@@ -324,6 +329,16 @@ def write_summary(path: Path, rows: list[dict], status: str = "finished", **tota
     }
     Path(path).write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _grpo_finals(rows: list[dict], last: dict) -> dict:
+    """A GRPO run's rewards: its first and last evaluations' on the held-out prompts, and the
+    last interval's on its own answers; nothing for other runs."""
+    if "reward_mean" not in last:
+        return {}
+    val = [r["val_reward"] for r in rows if r.get("val_reward") is not None]
+    return {"first_val_reward": val[0] if val else None, "final_val_reward": last.get("val_reward"),
+            "final_reward_mean": last.get("reward_mean")}
 
 
 def _dpo_finals(last: dict) -> dict:

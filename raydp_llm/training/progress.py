@@ -57,15 +57,10 @@ class TrainingProgress(threading.Thread):
                 row["step"] <= self._step
             ):  # shown already (a restart reports steps again: shown once)
                 continue
-            self._step, self._val = row["step"], row["val_loss"]
+            self._step, self._val = row["step"], row.get("val_reward", row["val_loss"])
             if self.on_row:
                 self.on_row(row)
-            per_source = ", ".join(f"{name} {loss:.4f}"
-                                   for name, loss in source_losses(row).items())
-            sources = f" ({per_source})" if per_source else ""
-            bar.write(f"step {row['step']:.0f}/{self.max_steps} | train loss "
-                      f"{row['train_loss']:.4f} | val loss {row['val_loss']:.4f}{sources} | "
-                      f"val acc {row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")
+            bar.write(row_line(row, self.max_steps))
             bar.update(
                 max(0, int(row["step"]) - bar.n)
             )  # the last steps may come after the last post
@@ -89,6 +84,20 @@ class TrainingProgress(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join()
+
+
+def row_line(row: dict, max_steps: int) -> str:
+    """The console line of an evaluation: the losses (each source's), or a GRPO run's rewards."""
+    head = f"step {row['step']:.0f}/{max_steps}"
+    if row.get("reward_mean") is not None:
+        val = row.get("val_reward")
+        return (f"{head} | reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f} | val reward "
+                f"{'n/a' if val is None else f'{val:.4f}'} | answers "
+                f"{row['completion_len_mean']:.1f} tokens | {row['tokens_per_s']:,.0f} tok/s")
+    per_source = ", ".join(f"{name} {loss:.4f}" for name, loss in source_losses(row).items())
+    sources = f" ({per_source})" if per_source else ""
+    return (f"{head} | train loss {row['train_loss']:.4f} | val loss {row['val_loss']:.4f}"
+            f"{sources} | val acc {row['val_acc']:.3f} | {row['tokens_per_s']:,.0f} tok/s")
 
 
 def event_line(event: dict, restarts: int, max_failures: int) -> str:

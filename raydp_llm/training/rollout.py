@@ -21,6 +21,16 @@ from raydp_llm.training.grpo import combined_rewards
 PAD = 0  # after an answer's end; its mask leaves it out
 
 
+def end_id(tokenizer, end_text: str | None) -> int | None:
+    """The token that ends an answer: ``end_text`` (a chat template's end of turn) when it is one
+    token, else the tokenizer's end of document."""
+    if end_text:
+        ids = tokenizer.encode(end_text)
+        if len(ids) == 1:
+            return int(ids[0])
+    return tokenizer.eod_id
+
+
 def stream_seed(seed: int, step: int, prompt: int, sample: int) -> int:
     """The seed of one sample's random stream: ``prompt`` is its index in the dataset."""
     return int(np.random.SeedSequence([seed, step, prompt, sample]).generate_state(1)[0])
@@ -163,3 +173,17 @@ def evaluate(model, prompts: list[PromptRow], grpo: GrpoSettings, scoring: Scori
                       {r.name: float(torch.nanmean(scores[:, i]))
                        for i, r in enumerate(scoring.rewards)},
                       [g.completions[0] for g in groups])
+
+
+def sample_lines(model, tokenizer, prompts: list[PromptRow], grpo: GrpoSettings,
+                 end_text: str | None) -> str:
+    """``samples.txt`` of a GRPO run: each prompt and the model's greedy answer."""
+    scoring = Scoring(tokenizer.decode, end_id(tokenizer, end_text), None, [])
+    lines = []
+    for prompt in prompts:
+        answers = answer(model, prompt.ids, Draw(0, 0, prompt.index), grpo, scoring.end_id,
+                         samples=1, temperature=0)
+        own = [t for t, keep in zip(answers.ids[0].tolist(), answers.mask[0].tolist())
+               if keep and t != scoring.end_id]
+        lines += [f"prompt: {prompt.text}", f"answer: {tokenizer.decode(own)}", ""]
+    return "\n".join(lines)

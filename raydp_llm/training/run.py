@@ -19,6 +19,7 @@ from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.left_out import LeftOut
 from raydp_llm.data.prepare import PreparedData, write_json
+from raydp_llm.data.prompt_set import PromptData
 from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.models import lora
 from raydp_llm.training import fit, reference, runs, tracking
@@ -27,8 +28,9 @@ from raydp_llm.training.generation import chat_reply, sample_text
 from raydp_llm.training.metrics import read_metrics, write_summary
 from raydp_llm.training.mixed_data import MixedData, prepared_sources
 from raydp_llm.training.plots import plot_loss, plot_throughput
+from raydp_llm.training.rollout import sample_lines
 from raydp_llm.training.session import job_session
-from raydp_llm.training.spec import TrainSpec, build_spec, samplings
+from raydp_llm.training.spec import TrainSpec, build_prompt_spec, build_spec, samplings
 from raydp_llm.training.trial_reports import in_trial
 
 if TYPE_CHECKING:
@@ -131,7 +133,8 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
                 export(outcome, out_dir, spec)
             # the sample is written while Spark, the worker group and Ray stop (no process is
             # started meanwhile: a fork beside a thread's import can deadlock on Python's locks)
-            sampling = in_background("sample", sample_of, settings, out_dir, outcome)
+            sampling = in_background("sample", sample_of, settings, out_dir, outcome,
+                                     sample_prompts(data))
         trained = Trained(data, outcome, session.timings, session.ray_up, job.destination)
         trained.timings["startup"] = startup(started, trained)
         outputs = artifacts(out_dir, trained, total, sampling.result())
@@ -152,6 +155,8 @@ def prepared_data(session, settings: Settings, corpus: Corpus | dict[str, Corpus
     (``corpus``: a corpus per source)."""
     if settings.data.sources:
         return prepared_sources(session, settings, corpus, out_dir)
+    if settings.train.objective == "grpo":
+        return session.prompts(corpus, out_dir)
     return session.prepared(corpus, out_dir, to_ray=True)
 
 
@@ -159,8 +164,11 @@ def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> Tra
     """What the workers train, from the settings and the data (written as ``manifest.json``);
     where the run resumes from; the tracking run started."""
     write_json(job.out_dir / "manifest.json", data.manifest_json())
-    spec = build_spec(settings, data.tokenizer, data.manifest, data.windows, samplings(settings),
-                      getattr(data, "mixture", None))
+    if isinstance(data, PromptData):
+        spec = build_prompt_spec(settings, data)
+    else:
+        spec = build_spec(settings, data.tokenizer, data.manifest, data.windows,
+                          samplings(settings), getattr(data, "mixture", None))
     job.record.resumed_from = resume_checkpoint(settings, spec, job.out_dir)
     job.tracker.start(settings, job.run_name, job.record, data.manifest.etl_key,
                       job.sweep_dir)
@@ -259,10 +267,24 @@ class Outputs:
     summary: dict
 
 
-def sample_of(settings: Settings, out_dir: Path, outcome: FitResult) -> Sample:
-    """After training: the model's sample (``samples.txt``); a diverged run has no model, so
-    none."""
-    return write_sample(settings, out_dir) if outcome.diverged is None else Sample()
+def sample_of(settings: Settings, out_dir: Path, outcome: FitResult,
+              prompts: list | None = None) -> Sample:
+    """After training: the model's sample (``samples.txt``; a GRPO run's answers to a few held-out
+    ``prompts``); a diverged run has no model, so none."""
+    if outcome.diverged is not None:
+        return Sample()
+    return write_sample(settings, out_dir, prompts)
+
+
+def sample_prompts(data: PreparedData | MixedData | PromptData, count: int = 4) -> list | None:
+    """A GRPO run's first few held-out prompts (else its first training prompts), for its
+    ``samples.txt``: read while Ray runs. None for other runs."""
+    if not isinstance(data, PromptData):
+        return None
+    from raydp_llm.training.grpo_worker import prompt_rows
+
+    source = data.sources["val"] if data.sources["val"].count else data.sources["train"]
+    return prompt_rows(source.table().slice(0, count))
 
 
 def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample) -> Outputs:
@@ -313,13 +335,16 @@ def mixture_summary(data: PreparedData | MixedData, rows: list[dict]) -> dict:
     return {"mixture": data.summary(rows[-1]["step"] if rows else 0)}
 
 
-def write_sample(settings: Settings, out_dir: Path) -> Sample:
+def write_sample(settings: Settings, out_dir: Path, prompts: list | None = None) -> Sample:
     """The model of ``out_dir/model`` continues ``sample.prompt`` into ``samples.txt``; a chat
-    model (data.format=chat) replies to it as a user turn."""
+    model (data.format=chat) replies to it as a user turn; a GRPO run's answers ``prompts``."""
     model, tokenizer = load_model_dir(out_dir / MODEL_DIR)
     sample = settings.sample
     chat = model_template(out_dir / MODEL_DIR)
-    if settings.data.chat and chat is not None:
+    if prompts is not None:
+        text = sample_lines(model, tokenizer, prompts, settings.grpo,
+                            chat.end_of_turn() if chat else None)
+    elif settings.data.chat and chat is not None:
         text = chat_reply(model, tokenizer, chat, sample, settings.seed)
     else:
         text = sample_text(model, tokenizer, sample.prompt, sample.max_new_tokens,
@@ -355,19 +380,29 @@ def report(out_dir: Path, trained: Trained, outputs: Outputs) -> dict:
     if outcome.diverged:
         raise RunFailure(outcome.diverged.line(out_dir))
     log.info(
-        "done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): val loss %.4f → "
-        "%.4f; outputs in %s",
+        "done in %.0fs (Ray %.0fs, Spark %.0fs, ETL %.0fs, training %.0fs): %s; outputs in %s",
         timings["total_s"],
         timings["ray_start_s"],
         timings.get("spark_start_s", 0.0),
         timings["etl_s"],
         timings["train_s"],
-        summary["first_val_loss"],
-        summary["final_val_loss"],
+        progress_words(summary),
         out_dir,
     )
     log.info("sample:\n%s", outputs.sample.text)
     return summary
+
+
+def progress_words(summary: dict) -> str:
+    """What the run achieved, in words: the validation loss's way, or a GRPO run's reward's."""
+    if "final_val_reward" in summary:
+        return (f"val reward {_figure(summary['first_val_reward'])} → "
+                f"{_figure(summary['final_val_reward'])}")
+    return f"val loss {summary['first_val_loss']:.4f} → {summary['final_val_loss']:.4f}"
+
+
+def _figure(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def copy_outputs(out_dir: Path, destination: str, s3: S3Options) -> None:

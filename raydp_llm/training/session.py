@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from raydp_llm.core.config import Settings, TrainSettings, source_settings
-from raydp_llm.core.timing import Span
+from raydp_llm.core.timing import Span, timed
 from raydp_llm.data import left_out
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, SharedSpark, prepared, write_json
+from raydp_llm.data.prompt_set import PromptData, check_train_prompts, run_prompts_etl
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.spec import windows_of
@@ -63,6 +64,27 @@ class JobSession:
             data.windows = windows_of(settings, data.index, data.manifest, every_token)
             yield data
             self.timings |= data.timings
+
+    @contextlib.contextmanager
+    def prompts(self, corpus: Corpus, out_dir: Path) -> Iterator[PromptData]:
+        """The prompts' ETL (``prompt_set``), in Ray's object store once Spark has stopped; one
+        line when it leaves out more than ``data.max_dropped`` of them, or leaves fewer than a
+        batch."""
+        settings, timings = self.settings, {}
+        with contextlib.ExitStack() as own:
+            spark = self.spark or SharedSpark(settings.cluster, settings.name, out_dir,
+                                              settings.data.query is not None, own)
+            session = spark.started(timings)
+            with timed(timings, "etl_s"):
+                data = run_prompts_etl(session, settings, corpus)
+        data.timings = timings
+        write_json(out_dir / "manifest.json", data.manifest_json())
+        refused = left_out.said(data.manifest.chat, settings.data.max_dropped)
+        if refused:
+            raise refused
+        check_train_prompts(data, settings.train.batch_size)
+        yield data
+        self.timings |= timings
 
     def prepare(self, corpus: Corpus, out_dir: Path, every_token: bool = False,
                 settings: Settings | None = None) -> PreparedData:

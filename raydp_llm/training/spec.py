@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 
 from raydp_llm.core.config import (
     DpoSettings,
+    GrpoSettings,
     ModelConfig,
     OptimSettings,
     Settings,
@@ -71,6 +72,8 @@ class TrainSpec:
     # data.sources: the sources, their weights and windows; the run is one epoch of max_steps
     # steps, each source counting its own (data/mixture.py)
     mixture: MixtureSpec | None = None
+    grpo: GrpoSettings = GrpoSettings()  # train.objective=grpo: answers, rewards, the loss
+    answer_end: str | None = None  # grpo: the chat template's end of turn (an answer's end)
 
     @property
     def pairs(self) -> bool:
@@ -117,6 +120,23 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: Manifest,
                      chat_template=(manifest.chat or {}).get("template_text"),
                      dpo=settings.dpo, mixture=mixture)
     return replace(spec, fingerprint=fingerprint(spec, manifest.to_json() | windows.to_json()))
+
+
+def build_prompt_spec(settings: Settings, data) -> TrainSpec:
+    """The spec of a run that learns from rewards on ``data`` (``prompt_set.PromptData``): an
+    epoch is every training prompt once, ``train.batch_size`` a step."""
+    train, tokenizer = settings.train, data.tokenizer
+    per_epoch = data.sources["train"].count // train.batch_size
+    model = replace(settings.model, vocab_size=settings.model.vocab_size or tokenizer.vocab_size)
+    template = data.template
+    spec = TrainSpec(model=model, optim=settings.optim, train=train, seed=settings.seed,
+                     tokenizer_json=tokenizer.to_json(), token_dtype="int32",
+                     chars_per_token=None, sampling={}, steps_per_epoch=per_epoch,
+                     max_steps=train.epochs * per_epoch if train.epochs else train.max_steps,
+                     fingerprint="", s3=S3Options.of(settings.s3),
+                     chat_template=template.text if template else None, grpo=settings.grpo,
+                     answer_end=template.end_of_turn() if template else None)
+    return replace(spec, fingerprint=fingerprint(spec, data.manifest_json()))
 
 
 def fingerprint(spec: TrainSpec, data: dict) -> str:

@@ -183,7 +183,7 @@ class Worker:
         self.spec, self.placement, self.device = spec, placement, placement.device
         torch.set_num_threads(spec.train.cpus_per_worker)
         torch.manual_seed(spec.seed)
-        self.data = WorkerData(spec, data, placement.rank, placement.world_size)
+        self.data = self._data(data)
         train = spec.train
         self.autocast = autocast_for(train.precision, self.device, train.strategy)
         self.model = self._starting_model()
@@ -199,6 +199,10 @@ class Worker:
         self.tokens_per_step = spec.train.batch_size * rows * self.model.config.block_size
         self.process = psutil.Process()
         self.process.cpu_percent(), psutil.cpu_percent()  # start the CPU load measurements
+
+    def _data(self, data: dict) -> WorkerData:
+        """This worker's windows of ``data`` (each split's chunks)."""
+        return WorkerData(self.spec, data, self.placement.rank, self.placement.world_size)
 
     def _starting_model(self) -> torch.nn.Module:
         """The starting weights: loaded shard by shard under FSDP from a transformers directory
@@ -308,10 +312,11 @@ class Worker:
         model.train()
         table.gather()
 
-    def train_step(self, group: list[np.ndarray], lr: float) -> StepResult:
+    def train_step(self, group: list[np.ndarray], lr: float, step: int = 0) -> StepResult:
         """Forward and backward over this worker's ``grad_accum`` micro-batches (the gradients are
         all-reduced, or reduce-scattered, after the last only), clip, and step the optimizer unless
-        the gradient norm is not finite."""
+        the gradient norm is not finite. ``step``: the optimizer step's number (the data knows
+        it already)."""
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         loss_sum, hits, count, sums = 0.0, 0, 0, {}

@@ -184,6 +184,19 @@ class PreferenceReader(ChatReader):
                             data.rejected_column, strict=data.strict_json)
 
 
+class PromptsReader(ChatReader):
+    """``data.format=prompts``: each row a prompt and the columns the rewards read (a JSON line, or
+    a Parquet or query row with all its columns), rendered and tokenized by the prompts' encoder
+    (``prompt_encode.py``)."""
+
+    def columns(self, columns: list[str], data: DataSettings, name: str) -> list[str]:
+        if data.prompt_column in columns or data.messages_column in columns:
+            return columns
+        raise InputError(f"data.prompt_column={data.prompt_column}: no such column in {name}, nor "
+                         f"data.messages_column={data.messages_column}; its columns are "
+                         f"{', '.join(columns)}; name the prompt's column with one of them")
+
+
 def preference_columns(columns: list[str], data: DataSettings, name: str) -> list[str]:
     """The columns a preference table's rows are rendered from: the chosen and rejected columns,
     and the prompt column when there is one; one line naming the columns found when not."""
@@ -211,7 +224,7 @@ def chat_columns(columns: list[str], data: DataSettings, name: str) -> list[str]
 
 READERS = {"text": TextReader(), "ids": IdsReader(), "parquet": ParquetReader(),
            "jsonl": JsonLinesReader(), "chat": ChatReader(), "sql": SqlReader(),
-           "preference": PreferenceReader()}
+           "preference": PreferenceReader(), "prompts": PromptsReader()}
 
 
 def reader_for(data: DataSettings) -> TextReader:

@@ -1,0 +1,318 @@
+"""One worker's side of learning from rewards (``train.objective=grpo``): its prompts
+(``PromptShare``), and the step (``GrpoWorker.train_step``): its prompts' answers drawn with the
+model's cache and scored by the user's rewards (rollout.py), their advantages over their groups,
+then ``grpo.num_iterations`` updates of the clipped surrogate (grpo.py), the workers' gradients
+summed (each loss is its worker's share of the whole batch's).
+
+``train.batch_size`` prompts a step over all workers: the step's prompts are the next
+``batch_size`` of the epoch's seeded order of the training prompts, worker ``r`` of ``W`` taking
+the ``r``-th ``1/W`` of them. Each answer's random stream is seeded by (seed, step, prompt,
+sample), so 1, 2 or 4 workers, and a run resumed on another number of workers, draw the same
+answers at a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raydp_llm.core.model_config import uses_lora
+from raydp_llm.core.timing import Stopwatch
+from raydp_llm.training import parallel
+from raydp_llm.training.grpo import (
+    Advantages,
+    advantages,
+    answer_logps,
+    combined_rewards,
+    policy_loss,
+    whole_of,
+)
+from raydp_llm.training.objectives import frozen_copy
+from raydp_llm.training.rewards import FailureStreak, RewardCalls, load
+from raydp_llm.training.rollout import (
+    Draw,
+    Group,
+    PromptRow,
+    Scoring,
+    end_id,
+    evaluate,
+    roll_out,
+)
+from raydp_llm.training.worker import (
+    Interval,
+    StepResult,
+    Worker,
+    all_reduce_sum,
+    system_stats,
+)
+
+# the sums a step adds to its interval, over every worker's answers (metrics.GRPO_COLUMNS)
+STEP_SUMS = ("answers", "scored", "reward_sum", "reward_sq", "zero_std", "groups",
+             "answer_tokens", "clipped_tokens", "kl_sum", "reward_failures", "prompt_tokens",
+             "gen_s", "train_s")
+
+
+def prompt_rows(table) -> list[PromptRow]:
+    """A split's table (data/prompt_set.py) as prompts: number, ids, text, other columns."""
+    return [PromptRow(index, torch.from_numpy(np.frombuffer(ids, np.int32).astype(np.int64)),
+                      text, json.loads(columns))
+            for index, ids, text, columns in zip(*(table.column(c).to_pylist()
+                                                   for c in ("index", "ids", "text", "columns")))]
+
+
+class PromptShare:
+    """One worker's prompts: its share of each step's batch (the epoch's seeded order), and its
+    contiguous share of the validation prompts."""
+
+    def __init__(self, spec, data: dict, rank: int, world: int):
+        self.spec, self.rank, self.world = spec, rank, world
+        self.train = prompt_rows(data["train"].table())
+        val = prompt_rows(data["val"].table())
+        self.val = val[rank * len(val) // world:(rank + 1) * len(val) // world]
+        self.epoch_reads = {"epoch": None, "windows": 0, "chunks": 0}
+
+    def steps(self, epoch: int, first_step: int):
+        """This worker's prompts for the optimizer steps ``first_step..`` of ``epoch``."""
+        spec, batch = self.spec, self.spec.train.batch_size
+        order = np.random.default_rng([spec.seed, epoch]).permutation(len(self.train))
+        lo, hi = self.rank * batch // self.world, (self.rank + 1) * batch // self.world
+        for step in range(first_step, spec.steps_per_epoch):
+            picked = order[step * batch + lo:step * batch + hi]
+            self.epoch_reads = {"epoch": epoch, "windows": (step + 1) * (hi - lo), "chunks": 0}
+            yield [self.train[i] for i in picked]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A step's groups with their rewards (N,) and advantages over their groups."""
+
+    groups: list[Group]
+    rewards: list[torch.Tensor]
+    advantages: list[Advantages]
+
+
+class GrpoWorker(Worker):
+    """A worker that learns from rewards: the model, optimizer and checkpoints of ``Worker``, its
+    prompts (``PromptShare``), the reward functions' process, and the reference (``grpo.beta`` >
+    0: the model with LoRA's adapters off, else a frozen copy)."""
+
+    def _data(self, data: dict) -> PromptShare:
+        return PromptShare(self.spec, data, self.placement.rank, self.placement.world_size)
+
+    def _objective(self, model: torch.nn.Module):
+        """The reference's model (None when ``grpo.beta`` is 0), and the rewards."""
+        grpo, tokenizer = self.spec.grpo, self.spec.tokenizer()
+        rewards = load(grpo.rewards, set())  # checked against the data's columns at the door
+        self.calls = RewardCalls(grpo.reward_timeout_s)
+        self.scoring = Scoring(tokenizer.decode, end_id(tokenizer, self.spec.answer_end),
+                               self.calls, rewards)
+        self.weights = torch.tensor(grpo.reward_weights or [1.0] * len(rewards))
+        self.streak = FailureStreak(rewards, grpo.max_reward_failures)
+        self.tokens_seen = 0.0  # answers vary in length: counted as they come
+        if grpo.beta == 0:
+            return None
+        if uses_lora(self.spec.model):
+            return model  # its adapters switched off (``_reference_logps``)
+        return frozen_copy(model).to(self.device)
+
+    def train_step(self, prompts: list[PromptRow], lr: float, step: int) -> StepResult:
+        """Answers to this worker's ``prompts`` at ``step``, scored; then the updates."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        clock = Stopwatch()
+        scored = self._scored(self._rolled_out(prompts, step))
+        gen_s, clock = clock.seconds(), Stopwatch()
+        loss, grad_norm, figures = self._updates(scored)
+        sums = self._figures(scored, figures) | {"gen_s": gen_s, "train_s": clock.seconds()}
+        return StepResult(loss, 0, int(sums["answer_tokens"]), grad_norm, sums)
+
+    @torch.no_grad()
+    def _rolled_out(self, prompts: list[PromptRow], step: int) -> list[Group]:
+        model, grpo = self.model, self.spec.grpo
+        model.eval()
+        try:
+            with self.autocast():
+                return [roll_out(model, self._placed_prompt(p), Draw(self.spec.seed, step,
+                                                                    p.index), grpo, self.scoring)
+                        for p in prompts]
+        finally:
+            model.train()
+
+    def _placed_prompt(self, prompt: PromptRow) -> PromptRow:
+        return PromptRow(prompt.index, prompt.ids.to(self.device), prompt.text, prompt.columns)
+
+    def _scored(self, groups: list[Group]) -> Scored:
+        """Each answer's reward and advantage; the failure streak (over every worker) counted."""
+        grpo = self.spec.grpo
+        rewards = [combined_rewards(g.per_function, self.weights) for g in groups]
+        self._count_failures(groups)
+        return Scored(groups, rewards,
+                      [advantages(r, grpo.num_generations, grpo.scale_rewards,
+                                  batch_std=self._batch_std(rewards)) for r in rewards])
+
+    def _batch_std(self, rewards: list[torch.Tensor]) -> float:
+        """The standard deviation of the whole batch's rewards (every worker's), scored ones."""
+        flat = torch.cat(rewards) if rewards else torch.zeros(0)
+        ok = flat[~flat.isnan()].double()
+        n, total, sq = all_reduce_sum(len(ok), float(ok.sum()), float((ok ** 2).sum()))
+        return math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+
+    def _count_failures(self, groups: list[Group]) -> None:
+        """A function that failed on every batch of every worker this step adds to its streak."""
+        specs = [r.spec for r in self.scoring.rewards]
+        worked = all_reduce_sum(*(sum(g.errors[s] is None for g in groups) for s in specs))
+        errors = {s: next((g.errors[s] for g in groups if g.errors[s]), "on every worker")
+                  for s in specs}
+        self.streak.step({s: errors[s] if ok == 0 else None for s, ok in zip(specs, worked)})
+
+    def _updates(self, scored: Scored) -> tuple[float, float, dict]:
+        """``grpo.num_iterations`` optimizer updates on the step's answers: the loss (this
+        worker's share), the last gradient norm, and the clip and KL sums of the first."""
+        grpo, groups = self.spec.grpo, scored.groups
+        whole = whole_of([g.answers.mask for g in groups])
+        old = self._logps(groups, self.model) if grpo.num_iterations > 1 else None
+        ref = self._reference_logps(groups) if grpo.beta > 0 else [None] * len(groups)
+        figures, loss, grad_norm = {}, 0.0, math.nan
+        for iteration in range(grpo.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, sums = self._backward(scored, old, ref, whole)
+            figures = figures or sums
+            grad_norm = self._optimizer_step()
+        return loss, grad_norm, figures
+
+    def _backward(self, scored: Scored, old, ref, whole) -> tuple[float, dict]:
+        """This worker's share of the loss, backward, a group at a time (the gradients summed
+        over the workers after the last)."""
+        grpo, groups, loss = self.spec.grpo, scored.groups, 0.0
+        clipped = kl = 0.0
+        for i, group in enumerate(groups):
+            last = i == len(groups) - 1
+            with contextlib.nullcontext() if last else parallel.gradients_accumulated(
+                    self.ddp_model), self.autocast():
+                logps = answer_logps(self.forward, group.prompt.ids, group.answers.ids,
+                                     grpo.temperature)
+                out = policy_loss(logps, logps.detach() if old is None else old[i],
+                                  scored.advantages[i].values.to(self.device),
+                                  group.answers.mask, grpo, whole, ref[i])
+            out.share.backward()
+            loss, clipped, kl = loss + out.share.item(), clipped + float(out.clipped_tokens), \
+                kl + float(out.kl_sum)
+        if not groups:  # a worker with no prompts still joins the gradients' all-reduce
+            sum(p.sum() * 0 for p in self.ddp_model.parameters()).backward()
+        return loss, {"clipped_tokens": clipped, "kl_sum": kl}
+
+    def _optimizer_step(self) -> float:
+        max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
+        grad_norm = parallel.as_float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        return grad_norm
+
+    @torch.no_grad()
+    def _logps(self, groups: list[Group], model) -> list[torch.Tensor]:
+        temperature = self.spec.grpo.temperature
+        with self.autocast():
+            return [answer_logps(model, g.prompt.ids, g.answers.ids, temperature).float()
+                    for g in groups]
+
+    def _reference_logps(self, groups: list[Group]) -> list[torch.Tensor]:
+        """The reference's log-probabilities of the answers: the model with its adapters off
+        (LoRA), or the frozen copy."""
+        if self.objective is not self.model:
+            return self._logps(groups, self.objective)
+        was = self.model.training
+        self.model.eval()
+        try:
+            with self.model.net.disable_adapter():
+                return self._logps(groups, self.model)
+        finally:
+            self.model.train(was)
+
+    def _figures(self, scored: Scored, update: dict) -> dict:
+        """The step's sums for the metrics (``STEP_SUMS``, and each function's)."""
+        groups = scored.groups
+        rewards = torch.cat(scored.rewards) if groups else torch.zeros(0)
+        ok = rewards[~rewards.isnan()]
+        per_function = torch.cat([g.per_function for g in groups]) if groups else None
+        sums = {"answers": float(rewards.numel()), "scored": float(ok.numel()),
+                "reward_sum": float(ok.sum()), "reward_sq": float((ok.double() ** 2).sum()),
+                "zero_std": float(sum(bool(a.zero_std[0]) for a in scored.advantages)),
+                "groups": float(len(groups)),
+                "answer_tokens": float(sum(int(g.answers.mask.sum()) for g in groups)),
+                "reward_failures": float(sum(e is not None for g in groups
+                                             for e in g.errors.values())),
+                "prompt_tokens": float(sum(g.prompt.ids.numel() * g.answers.ids.size(0)
+                                           for g in groups)), **update}
+        for i, reward in enumerate(self.scoring.rewards):
+            column = per_function[:, i] if per_function is not None else torch.zeros(0)
+            sums[f"fn_sum_{reward.name}"] = float(column.nansum())
+            sums[f"fn_n_{reward.name}"] = float((~column.isnan()).sum())
+        return sums
+
+    def metrics(self, interval: Interval, state, lr: float) -> dict:
+        """The metrics.csv row of an evaluation: the interval's rewards and answers over every
+        worker, and ``val_reward`` (greedy answers to the held-out prompts)."""
+        world = self.placement.world_size
+        keys = sorted(interval.sums)
+        s = dict(zip(keys, all_reduce_sum(*(interval.sums[k] for k in keys))))
+        train_loss, = all_reduce_sum(interval.loss)
+        self.tokens_seen += s["answer_tokens"] + s["prompt_tokens"]  # since this worker started
+        return {
+            "step": state.step, "epoch": state.epoch, "tokens": self.tokens_seen, "lr": lr,
+            "train_loss": train_loss / interval.steps, "val_loss": None,
+            "grad_norm": interval.grad_norm / interval.steps,
+            "tokens_per_s": (s["answer_tokens"] + s["prompt_tokens"]) / interval.clock.seconds(),
+            "step_time_s": interval.step_s / interval.steps,
+            **system_stats(self.process, self.device), "elapsed_s": state.elapsed_s,
+            "workers": world, "windows_read": self.data.epoch_reads["windows"],
+            **rollout_columns(s, [r.name for r in self.scoring.rewards], world),
+            **self._validation_rewards(),
+        }
+
+    @torch.no_grad()
+    def _validation_rewards(self) -> dict:
+        """``val_reward`` and ``val_reward_<function>``: one greedy answer per held-out prompt,
+        this worker's share, summed over the workers (None without validation prompts)."""
+        names = [r.name for r in self.scoring.rewards]
+        self.model.eval()
+        try:
+            with self.autocast():
+                found = evaluate(self.model, [self._placed_prompt(p) for p in self.data.val],
+                                 self.spec.grpo, self.scoring, self.weights)
+        finally:
+            self.model.train()
+        n = len(self.data.val)
+        total, count, *per = all_reduce_sum(
+            found.reward * n, n, *(found.per_function.get(k, 0.0) * n for k in names))
+        if not count:
+            return {"val_reward": None}
+        return {"val_reward": total / count,
+                **{f"val_reward_{k}": v / count for k, v in zip(names, per)}}
+
+
+def rollout_columns(s: dict, names: list[str], world: int) -> dict:
+    """The rollouts' columns of an interval's sums ``s`` (over every worker)."""
+    scored = max(s["scored"], 1)
+    mean = s["reward_sum"] / scored
+    variance = (s["reward_sq"] - s["reward_sum"] * mean) / max(s["scored"] - 1, 1)
+    answer_tokens = max(s["answer_tokens"], 1)
+    return {
+        "reward_mean": mean,
+        "reward_std": math.sqrt(max(variance, 0.0)),
+        **{f"reward_{k}": s[f"fn_sum_{k}"] / max(s[f"fn_n_{k}"], 1) for k in names},
+        "frac_reward_zero_std": s["zero_std"] / max(s["groups"], 1),
+        "completion_len_mean": s["answer_tokens"] / max(s["answers"], 1),
+        "clip_ratio": s["clipped_tokens"] / answer_tokens,
+        "kl": s["kl_sum"] / answer_tokens,
+        "reward_failures": int(s["reward_failures"]),
+        # each worker's seconds summed: tokens over all workers' seconds, times the workers
+        "gen_tokens_per_s": s["answer_tokens"] * world / max(s["gen_s"], 1e-9),
+        "train_tokens_per_s": (s["answer_tokens"] + s["prompt_tokens"]) * world
+        / max(s["train_s"], 1e-9),
+    }
