@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 TABLE_SCHEMA = pa.schema([("index", pa.int64()), ("ids", pa.binary()), ("text", pa.string()),
                           ("columns", pa.string())])
 SPLITS = ("train", "val")
+# what the prompts' ETL reads of data.* (in the manifest: the run's fingerprint holds it)
+ETL_SETTINGS = ("path", "query", "prompt_column", "messages_column", "chat_template",
+                "val_fraction", "overlong")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class PromptManifest:
     vocab_size: int
     token_dtype: str = "int32"
     limit: int = 0  # the most tokens a prompt keeps
+    settings: dict = field(default_factory=dict)  # the data settings the ETL read
     etl_key: str | None = None
     chars_per_token: float | None = None
 
@@ -84,6 +88,7 @@ class PromptManifest:
         return {"format": "prompts", "corpus": self.corpus, "rows": self.counts,
                 "prompts": self.splits, "template": self.template, "tokenizer": self.tokenizer,
                 "vocab_size": self.vocab_size, "prompt_tokens_limit": self.limit,
+                "settings": self.settings,
                 "left_out": LeftOut.of(self.chat).to_json()}
 
 
@@ -146,9 +151,11 @@ def run_prompts_etl(spark: SparkSession, settings: Settings, corpus: Corpus) -> 
                    for name in SPLITS}
     finally:
         encoded.unpersist()
+    read = {k: getattr(data, k) for k in ETL_SETTINGS} | {"seed": settings.seed,
+                                                          "inputs": corpus.fingerprints}
     manifest = PromptManifest(corpus.name, counts, {k: s.count for k, s in sources.items()},
                               template and template.name, tokenizer.kind, tokenizer.vocab_size,
-                              limit=limit)
+                              limit=limit, settings=read)
     log.info("prompts: %s training, %s validation (rows: %s)", sources["train"].count,
              sources["val"].count, json.dumps(counts))
     return PromptData(tokenizer, manifest, sources, template)

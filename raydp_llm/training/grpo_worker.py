@@ -107,7 +107,7 @@ class GrpoWorker(Worker):
     def _objective(self, model: torch.nn.Module):
         """The reference's model (None when ``grpo.beta`` is 0), and the rewards."""
         grpo, tokenizer = self.spec.grpo, self.spec.tokenizer()
-        rewards = load(grpo.rewards, set())  # checked against the data's columns at the door
+        rewards = load(grpo.rewards, None)  # checked against the data's columns at the door
         self.calls = RewardCalls(grpo.reward_timeout_s)
         self.scoring = Scoring(tokenizer.decode, end_id(tokenizer, self.spec.answer_end),
                                self.calls, rewards)

@@ -35,6 +35,7 @@ from ray.train import Checkpoint
 
 from raydp_llm.checkpoint.layout import TrainState, is_sharded
 from raydp_llm.core import integrity
+from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import resolve, write_file, write_tree
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.training.grpo_worker import GrpoWorker
@@ -80,7 +81,12 @@ class TrainLoop:
         """One optimizer step, and the evaluation when one is due; False when it diverged."""
         worker, state, live = self.worker, self.state, self.live
         step_clock, lr = Stopwatch(), lr_at(state.step, self.spec)
-        result = worker.train_step(group, lr, state.step)
+        try:
+            result = worker.train_step(group, lr, state.step)
+        except InputError as err:  # it cannot go on (grpo: a reward failing on every batch)
+            # every rank: the failures were all-reduced; restarting would only fail again
+            self.report({"step": state.step + 1, "diverged": str(err), "stopped": True})
+            return False
         if live and live.first_step:
             live.mark("first_step")
         state.step, state.step_in_epoch = state.step + 1, state.step_in_epoch + 1

@@ -135,6 +135,7 @@ class MetricsWriter(UserCallback):
                 "step": first["step"],
                 "what": first["diverged"],
                 "last_checkpoint": self._checkpoint,
+                "stopped": bool(first.get("stopped")),
             }
             (self.out_dir / DIVERGED_FILE).write_text(json.dumps(record, indent=1))
             return
@@ -270,9 +271,12 @@ class Divergence:
     step: int
     what: str
     last_checkpoint: dict | None
+    stopped: bool = False  # not a divergence: the run could not go on (``what`` says why)
 
     def line(self, out_dir: Path) -> str:
-        """The run's one line: where it diverged, and what to do."""
+        """The run's one line: where it diverged (or stopped), and what to do."""
+        if self.stopped:
+            return f"the run stopped at step {self.step}: {self.what}; metrics in {out_dir}"
         last = self.last_checkpoint
         if last:
             where = (f"the last good checkpoint is {last['path']} (step {last['step']}): lower "

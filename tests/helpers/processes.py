@@ -3,6 +3,11 @@ State API answers only through the dashboard, which the tests' own Ray does not 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+
 import psutil
 
 
@@ -44,3 +49,14 @@ def spark_executor_pids() -> list[int]:
     master, the other Java actor, has none)."""
     return _pids(lambda c: c[0].endswith("java") and c[-1].endswith(".DefaultWorker")
                  and any(a.startswith("-Dspark.driver.port=") for a in c))
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL of the driver and everything it started (its embedded Ray) at once, as a crashed
+    machine: Ray's workers would otherwise go on for a few seconds after the driver."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    proc.wait(timeout=60)

@@ -16,14 +16,13 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.etl import prepare
 from helpers.paths import ROOT
-from helpers.processes import ray_actor_pids
+from helpers.processes import kill_tree, ray_actor_pids
 from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
@@ -265,17 +264,6 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(
 def start_train(*args: str, cwd: Path) -> subprocess.Popen:
     """The command as a user starts it (``helpers.commands``: nothing of this process's state)."""
     return commands.start("raydp_llm.train", *args, cwd=cwd)
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL of the driver and everything it started (its embedded Ray) at once, as a crashed
-    machine: Ray's workers would otherwise go on for a few seconds after the driver."""
-    tree = psutil.Process(proc.pid).children(recursive=True)
-    os.kill(proc.pid, signal.SIGKILL)
-    for child in tree:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    proc.wait(timeout=60)
 
 
 def test_a_killed_driver_is_continued_by_the_same_command(reference, overrides, tmp_path):
