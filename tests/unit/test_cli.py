@@ -143,6 +143,29 @@ HYDRA_ERRORS = [
     ("model.n_heads=3", "Key 'n_heads' not in 'GPTConfig'"),  # a typo
     ("model=lstm model.n_head=2", "Key 'n_head' not in 'LSTMConfig'"),  # a GPT setting on the LSTM
 ]
+# learning from rewards: each refused at the door ({d}: the fixture's files, grpo_files)
+GRPO = ("train.objective=grpo data.format=prompts tokenizer=bpe tokenizer.path={d}/tokenizer.json "
+        "data.path={d}/prompts.jsonl grpo.max_new_tokens=16")
+BAD_GRPO = [
+    (f"{GRPO} grpo.rewards=[last_number] grpo.max_new_tokens=64",
+     "grpo.max_new_tokens=64 leaves no room for a prompt in model.block_size=64"),
+    (f"{GRPO} grpo.rewards=[{{d}}/rewards.py:vowels] data.path={{d}}/no_prompt.jsonl",
+     "data.prompt_column=prompt: no such column in"),
+    (f"{GRPO} grpo.rewards=[{{d}}/none.py:vowels]", "/none.py does not exist"),
+    (f"{GRPO} grpo.rewards=[{{d}}/rewards.py:nope]", "rewards.py has no function 'nope'"),
+    (f"{GRPO} grpo.rewards=[{{d}}/rewards.py:wrong]",
+     "rewards.py:wrong must take (prompts, completions, **columns); it takes (texts)"),
+    (f"{GRPO} grpo.rewards=[{{d}}/rewards.py:wants_solution]",
+     "asks for the column 'solution', which the data lacks (it has ['answer', 'id'])"),
+    (f"{GRPO} grpo.rewards=[]", "grpo.rewards is empty"),
+    (f"{GRPO} grpo.rewards=[last_number] data.format=text",
+     "train.objective=grpo answers prompts and data.format=text has none"),
+    ("data.format=prompts", "data.format=prompts: train.objective=lm does not learn from prompts"),
+    ("train.objective=grpo data.format=prompts grpo.rewards=[last_number]",
+     "train.objective=grpo answers with the model's own tokenizer"),
+    (f"{GRPO} grpo.rewards=[last_number] grpo.reward_weights=[1,2]",
+     "grpo.reward_weights has 2 weights for 1 grpo.rewards"),
+]
 EVALUATE = [
     ((), "model_dir is required: give the model/ directory of a finished run"),
     (("model_dir=/no/model",), "model_dir=/no/model: no model.safetensors, config.json, "
@@ -165,6 +188,8 @@ def cli(tmp_path_factory) -> dict:
         + [("raydp_llm.evaluate", args) for args, _ in EVALUATE]
     )
     work = tmp_path_factory.mktemp("cli")
+    files = grpo_files(work / "grpo")
+    cases += [("raydp_llm.train", tuple(o.format(d=files).split())) for o, _ in BAD_GRPO]
     commands = [[m, [*args, f"hydra.run.dir={work / str(i)}"], str(work / f"{i}")]
                 for i, (m, args) in enumerate(cases)]
     before = ray_session_dir()
@@ -177,7 +202,19 @@ def cli(tmp_path_factory) -> dict:
                                           Path(f"{prefix}.err").read_text())
         for case, (*command, prefix), status in zip(cases, commands, json.loads(batch.stdout))
     }
-    return {"outputs": outputs, "ray_started": ray_session_dir() != before}
+    return {"outputs": outputs, "ray_started": ray_session_dir() != before, "grpo_files": files}
+
+
+def grpo_files(d: Path) -> Path:
+    """A prompts table (with and without a prompt column), a reward file, a tokenizer file."""
+    from helpers.grpo_task import REWARDS
+
+    d.mkdir()
+    (d / "prompts.jsonl").write_text('{"prompt": "1+1=", "answer": "2", "id": 0}\n')
+    (d / "no_prompt.jsonl").write_text('{"question": "1+1=", "answer": "2"}\n')
+    (d / "rewards.py").write_text(REWARDS)
+    (d / "tokenizer.json").write_text("{}")
+    return d
 
 
 def assert_one_line_error_before_any_engine(cli: dict, module: str, args, message: str) -> None:
@@ -206,6 +243,13 @@ def test_wrong_types_and_unknown_keys_get_hydras_error_before_any_engine_starts(
     out = cli["outputs"][("raydp_llm.train", tuple(override.split()))]
     assert out.returncode == 1 and message in out.stderr, out.stderr
     assert not cli["ray_started"], "a Ray session was started for bad input"
+
+
+@pytest.mark.parametrize("override,message", BAD_GRPO)
+def test_bad_grpo_input_is_one_line_before_any_engine_starts(cli, override, message):
+    d = cli["grpo_files"]
+    assert_one_line_error_before_any_engine(cli, "raydp_llm.train", override.format(d=d).split(),
+                                            message)
 
 
 @pytest.mark.parametrize("args,message", EVALUATE)

@@ -338,3 +338,76 @@ def test_the_grpo_settings_refuse_what_grpo_cannot_run_with_one_line():
         with pytest.raises(InputError, match=re.escape(f"grpo.{key}={value} is not allowed: use "
                                                        f"{allowed}")):
             check_fields(replace(GrpoSettings(), **{key: value}), "grpo.")
+
+
+class LocalPrompts:
+    """A split's prompts as the hand-off gives them (``prompt_set.PromptSource``), in memory."""
+
+    def __init__(self, rows: list[tuple[int, list[int]]]):
+        import numpy as np
+        import pyarrow as pa
+
+        from raydp_llm.data.prompt_set import TABLE_SCHEMA
+
+        self.rows = pa.Table.from_pylist(
+            [{"index": i, "ids": np.asarray(ids, np.int32).tobytes(), "text": "", "columns": "{}"}
+             for i, ids in rows], schema=TABLE_SCHEMA)
+
+    def table(self):
+        return self.rows
+
+
+def _grpo_worker(tmp_path, lora: bool):
+    """A GrpoWorker (plain torch, one process) on a tiny Llama, grpo.beta=0.1, rewarded by the
+    share of the answer's letters that are vowels."""
+    from helpers.grpo_task import REWARDS
+    from helpers.hf_models import CHAT_TEXTS, build
+    from helpers.tiny_loop import CPU
+    from raydp_llm.core.config import HFConfig, OptimSettings, TrainSettings
+    from raydp_llm.core.model_config import LoraSettings
+    from raydp_llm.core.tokenizer import load_tokenizer
+    from raydp_llm.training.grpo_worker import GrpoWorker
+    from raydp_llm.training.spec import TrainSpec
+
+    directory = build("llama", tmp_path / "llama", CHAT_TEXTS)
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    model = HFConfig(path=str(directory), block_size=32, vocab_size=None,
+                     lora=LoraSettings(r=4, alpha=8.0) if lora else LoraSettings())
+    grpo = GrpoSettings(num_generations=4, max_new_tokens=6, beta=0.1,
+                        rewards=[f"{tmp_path / 'rewards.py'}:vowels"])
+    train = TrainSettings(batch_size=2, max_steps=4, eval_interval=4, checkpoint_interval=0,
+                          cpus_per_worker=1, objective="grpo", eval_batches=None, num_workers=1)
+    spec = TrainSpec(model=model, optim=OptimSettings(lr=3e-2, warmup_steps=0), train=train,
+                     seed=3, tokenizer_json=load_tokenizer(directory).to_json(),
+                     token_dtype="int32", chars_per_token=None, sampling={},
+                     steps_per_epoch=4, max_steps=4, fingerprint="g" * 20, grpo=grpo)
+    prompts = [(i, [5 + i, 9, 12]) for i in range(10)]
+    data = {"train": LocalPrompts(prompts[:8]), "val": LocalPrompts(prompts[8:])}
+    return GrpoWorker(spec, data, CPU)
+
+
+def test_with_lora_the_reference_is_the_base_with_its_adapters_off(tmp_path):
+    """grpo.beta > 0 with LoRA loads no second model: the reference is the policy's own base, its
+    adapters switched off; the KL to it grows from 0 as the adapters train. Without LoRA the
+    reference is a frozen copy."""
+    from helpers.tiny_loop import Reports
+    from raydp_llm.checkpoint.layout import TrainState
+    from raydp_llm.training.loop import TrainLoop
+
+    worker = _grpo_worker(tmp_path / "lora", lora=True)
+    try:
+        assert worker.objective is worker.model  # no copy: its adapters off
+        trainable = sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
+        assert trainable < sum(p.numel() for p in worker.model.parameters()) / 4
+        reports = Reports(tmp_path / "reports")
+        assert TrainLoop(worker, TrainState(), reports).run()
+    finally:
+        worker.calls.close()
+    (row,) = reports.rows
+    assert row["kl"] > 0 and row["reward_mean"] > 0 and row["val_reward"] is not None
+    assert worker.model.training  # the reference's switch to eval mode was undone
+
+    copied = _grpo_worker(tmp_path / "full", lora=False)
+    copied.calls.close()
+    assert copied.objective is not copied.model
+    assert not any(p.requires_grad for p in copied.objective.parameters())
