@@ -27,7 +27,7 @@ from raydp_llm.core.config import DpoSettings, EvaluateSettings, source_settings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
-from raydp_llm.core.tokenizer import TOKENIZER_FILE
+from raydp_llm.core.tokenizer import TOKENIZER_FILE, load_tokenizer
 from raydp_llm.data import cache
 from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.prepare import dataset_store, write_json
@@ -36,13 +36,19 @@ from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.files import is_hf_dir
 from raydp_llm.training import tracking
 from raydp_llm.training.dpo import dpo_loss, means
+from raydp_llm.training.grpo_worker import prompt_rows
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.objectives import logps_of
+from raydp_llm.training.rewards import RewardCalls
+from raydp_llm.training.rewards import load as load_rewards
+from raydp_llm.training.rollout import Scoring, end_id, evaluate
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import scoring_samplings
 from raydp_llm.training.tasks import HarnessSettings, run_tasks, show_tasks
 
 log = logging.getLogger(__name__)
+
+OBJECTIVE_OF = {"preference": "dpo", "prompts": "grpo"}  # what a format is scored by
 
 
 def model_and_settings(
@@ -70,8 +76,9 @@ def model_and_settings(
     return model, replace(
         settings,
         data=data,
-        # preference pairs are scored with DPO's loss (the checks hold pairs to it)
-        train=replace(settings.train, objective="dpo") if data.pairs else settings.train,
+        # preference pairs are scored with DPO's loss, prompts with the rewards (the checks hold
+        # each format to its objective)
+        train=replace(settings.train, objective=OBJECTIVE_OF.get(data.format, "lm")),
         tokenizer=replace(settings.tokenizer,
                           path=str(model_dir if hf_dir else model_dir / TOKENIZER_FILE)),
         model=replace(settings.model, block_size=window or model.config.block_size),
@@ -165,6 +172,8 @@ def evaluated(settings: EvaluateSettings, out_dir: Path, window: int | None = No
     model, settings = model_and_settings(settings, out_dir, window)
     if settings.data.sources:
         return run_sources(settings, model, out_dir, total)
+    if settings.data.format == "prompts":
+        return evaluate_prompts(settings, model, out_dir, total)
     judge = PairJudge.of(settings, model) if settings.data.pairs else None
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     with job_session(settings, dataset_store(settings.data, out_dir)) as session:
@@ -199,6 +208,51 @@ def evaluated(settings: EvaluateSettings, out_dir: Path, window: int | None = No
     write_json(out_dir / "evaluation.json", evaluation)
     (show_pairs if judge else show)(evaluation, result, timings, data.cache_hit, out_dir)
     return evaluation
+
+
+def evaluate_prompts(settings: EvaluateSettings, model: LanguageModel, out_dir: Path,
+                     total: Stopwatch) -> dict:
+    """One greedy answer (``grpo.max_new_tokens``) to every prompt of ``data``, both splits,
+    scored by ``grpo.rewards``: the mean reward over the prompts and each function's."""
+    corpus = check_inputs(settings)  # the rewards found, before Ray starts
+    with job_session(settings, None) as session:
+        with session.prompts(corpus, out_dir, training=False) as data:
+            prompts = sorted((p for name in ("train", "val")
+                              for p in prompt_rows(data.sources[name].table())),
+                             key=lambda p: p.index)
+        timings = session.timings
+    with timed(timings, "eval_s"):
+        torch.set_num_threads(os.cpu_count())
+        found = answered(settings, model, prompts, data.template)
+    timings["total_s"] = total.seconds()
+    evaluation = {"model_dir": settings.model_dir, "prompts": len(prompts),
+                  "reward": found.reward,
+                  **{f"reward_{name}": value for name, value in found.per_function.items()},
+                  **{k: round(v, 2) for k, v in timings.items()},
+                  "etl": data.manifest_json() | {"cache_hit": False}}
+    write_json(out_dir / "evaluation.json", evaluation)
+    print(f"{settings.model_dir} on {corpus.name}: {len(prompts):,} prompts, a greedy answer "
+          f"each of at most {settings.grpo.max_new_tokens} tokens")
+    for name in ("reward", *(f"reward_{k}" for k in found.per_function)):
+        print(f"{name} {evaluation[name]:.4f}")
+    print(f"done in {timings['total_s']:.0f}s (ETL {timings['etl_s']:.0f}s, evaluation "
+          f"{timings['eval_s']:.0f}s); evaluation.json in {out_dir}")
+    return evaluation
+
+
+def answered(settings: EvaluateSettings, model: LanguageModel, prompts: list, template):
+    """``rollout.evaluate`` of ``prompts`` with the rewards in their own process."""
+    tokenizer, grpo = load_tokenizer(Path(settings.tokenizer.path)), settings.grpo
+    rewards = load_rewards(grpo.rewards, None)
+    calls = RewardCalls(grpo.reward_timeout_s)
+    scoring = Scoring(tokenizer.decode,
+                      end_id(tokenizer, template.end_of_turn() if template else None), calls,
+                      rewards)
+    weights = torch.tensor(grpo.reward_weights or [1.0] * len(rewards))
+    try:
+        return evaluate(model.eval(), prompts, grpo, scoring, weights)
+    finally:
+        calls.close()
 
 
 def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) -> dict:

@@ -66,10 +66,11 @@ class JobSession:
             self.timings |= data.timings
 
     @contextlib.contextmanager
-    def prompts(self, corpus: Corpus, out_dir: Path) -> Iterator[PromptData]:
+    def prompts(self, corpus: Corpus, out_dir: Path, training: bool = True
+                ) -> Iterator[PromptData]:
         """The prompts' ETL (``prompt_set``), in Ray's object store once Spark has stopped; one
-        line when it leaves out more than ``data.max_dropped`` of them, or leaves fewer than a
-        batch."""
+        line when it leaves out more than ``data.max_dropped`` of them, or (``training``) leaves
+        fewer training prompts than a batch."""
         settings, timings = self.settings, {}
         with contextlib.ExitStack() as own:
             spark = self.spark or SharedSpark(settings.cluster, settings.name, out_dir,
@@ -82,7 +83,8 @@ class JobSession:
         refused = left_out.said(data.manifest.chat, settings.data.max_dropped)
         if refused:
             raise refused
-        check_train_prompts(data, settings.train.batch_size)
+        if training:
+            check_train_prompts(data, settings.train.batch_size)
         yield data
         self.timings |= timings
 

@@ -17,6 +17,7 @@ from helpers import commands
 from helpers.grpo_task import overrides, write_task
 from helpers.processes import kill_tree
 from helpers.terminal import wait_for
+from raydp_llm.data.prompt_set import in_validation
 from raydp_llm.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration]
@@ -109,3 +110,25 @@ def test_a_killed_run_resumed_on_one_worker_draws_the_undisturbed_answers(task, 
         assert rows[0][key] == pytest.approx(step[key], rel=1e-6), key
     for r in rows[1:]:
         assert r["reward_mean"] == pytest.approx(expected[r["step"]]["reward_mean"], abs=0.03)
+
+
+@pytest.mark.slow
+def test_evaluate_answers_every_prompt_and_scores_it_as_training_did(task, rising, tmp_path):
+    """``python -m raydp_llm.evaluate`` on the run's held-out prompts alone: its reward is the
+    run's last val_reward (the same greedy answers), on the console and in evaluation.json."""
+    rows = [json.loads(line) for line in task["prompts"].read_text().splitlines()]
+    held_out = [r for r in rows if in_validation(1337, r["id"], 0.1)]  # the run's seed and split
+    table = tmp_path / "held_out.jsonl"
+    table.write_text("".join(json.dumps(r) + "\n" for r in held_out))
+    out = tmp_path / "evaluation"
+    done = commands.run("raydp_llm.evaluate", f"model_dir={rising['out'] / 'model'}",
+                        "data.format=prompts", f"data.path={table}",
+                        f"grpo.rewards=[{task['rewards']}:vowels]", "grpo.max_new_tokens=16",
+                        f"hydra.run.dir={out}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    assert evaluation["prompts"] == len(held_out) > 0
+    assert evaluation["reward"] == pytest.approx(rising["rows"][-1]["val_reward"], abs=1e-6)
+    assert evaluation["reward_vowels"] == pytest.approx(evaluation["reward"])
+    assert f"reward {evaluation['reward']:.4f}" in done.stdout
+    assert f"reward_vowels {evaluation['reward']:.4f}" in done.stdout
