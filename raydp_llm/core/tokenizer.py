@@ -84,14 +84,15 @@ class Tokenizer:
     def save(self, directory: Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE
         path.write_text(self.to_json())
-        self._save_template(directory)
+        self.save_template(directory)
         return path
 
     # a chat model's template (data.format=chat), written beside the tokenizer as transformers 5
     # reads it; set by the trainer (TrainSpec.tokenizer), not part of the tokenizer's JSON
     chat_template: str | None = None
 
-    def _save_template(self, directory: Path) -> None:
+    def save_template(self, directory: Path) -> None:
+        """The chat template, as transformers 5 reads it beside a model: chat_template.jinja."""
         if self.chat_template is not None:
             (Path(directory) / CHAT_TEMPLATE_FILE).write_text(self.chat_template)
 
@@ -211,7 +212,7 @@ class PretrainedTokenizer(Tokenizer):
     def save(self, directory: Path) -> Path:
         for name, text in self.files.items():
             (Path(directory) / name).write_text(text)
-        self._save_template(directory)
+        self.save_template(directory)
         return Path(directory) / TOKENIZER_FILE
 
 

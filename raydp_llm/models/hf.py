@@ -311,6 +311,7 @@ def save_hf_dir(directory: Path, model: HFModel, tokenizer: Tokenizer,
         files = {TOKENIZER_FILE: text, TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2)}
     for name, text in files.items():
         (directory / name).write_text(text)
+    tokenizer.save_template(directory)  # a chat run's (a model's own is among its files)
     return directory
 
 

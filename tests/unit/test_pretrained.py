@@ -270,3 +270,22 @@ def test_a_gathered_state_becomes_the_model_directory_without_reading_the_base(f
     net = reloaded.net
     tied = net.get_output_embeddings().weight is net.get_input_embeddings().weight
     assert tied == (family != "llama_untied")
+
+
+def test_a_chat_tuned_llama_keeps_its_template_beside_it(text, tmp_path):
+    """A chat run's model=llama directory holds the template it was tuned in (chat_template.jinja,
+    as transformers 5 reads it): generate chat=true, evaluate and GRPO render prompts with it."""
+    from transformers import AutoTokenizer
+
+    from raydp_llm.checkpoint.model_dir import save_model_dir
+    from raydp_llm.data.chat import CHATML, model_template
+    from raydp_llm.models.factory import build_model
+
+    tokenizer = CharTokenizer(text[:6000])
+    tokenizer.chat_template = CHATML
+    cfg = LlamaConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=1, n_head=4,
+                      n_kv_head=2, n_embd=32)
+    model_dir = tmp_path / "model"
+    save_model_dir(model_dir, build_model(cfg), tokenizer)
+    assert model_template(model_dir).text == CHATML
+    assert AutoTokenizer.from_pretrained(model_dir).chat_template == CHATML
