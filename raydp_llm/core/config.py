@@ -174,8 +174,9 @@ class TrainSettings:
                                           "max_steps", check=OPTIONAL_COUNT)
     eval_interval: int = setting(250, "steps between evaluations (a metrics.csv row each)",
                                  check=COUNT)
-    eval_batches: Optional[int] = setting(50, "validation micro-batches per worker per evaluation; "
-                                              "null = the whole validation split",
+    eval_batches: Optional[int] = setting(50, "validation micro-batches per worker per evaluation "
+                                              "(grpo: eval_batches × batch_size held-out "
+                                              "prompts); null = the whole validation split",
                                           check=OPTIONAL_COUNT)
     checkpoint_interval: Optional[int] = setting(
         None, "steps between checkpoints, a multiple of eval_interval; 0 = only the final one; "

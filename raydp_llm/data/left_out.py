@@ -21,7 +21,7 @@ WHY = {
     "incomplete": ("without both answers", "give each row a chosen and a rejected answer"),
     "identical": ("whose two answers are the same", "give each row two different answers"),
     # prompts (data.format=prompts): record is the most tokens a prompt keeps
-    "overlong": ("longer than model.block_size - grpo.max_new_tokens = {record} tokens",
+    "too_long": ("longer than model.block_size - grpo.max_new_tokens = {record} tokens",
                  "raise model.block_size, lower grpo.max_new_tokens, or set "
                  "data.overlong=truncate"),
     "no_prompt": ("with no prompt", "name its column with data.prompt_column or "

@@ -81,7 +81,7 @@ class PromptManifest:
         """The left-out counts as ``left_out.LeftOut`` reads them."""
         c = self.counts
         return {"prompts": c.get("kept", 0) + c.get("truncated", 0), "record_tokens": self.limit,
-                "overlong": c.get("overlong", 0), "no_prompt": c.get("no_prompt", 0),
+                "too_long": c.get("overlong", 0), "no_prompt": c.get("no_prompt", 0),
                 "not_json": c.get("not_json", 0)}
 
     def to_json(self) -> dict:

@@ -22,7 +22,13 @@ FILE = "sample_chat-2.jsonl"  # a new name when the content changes: a kept old 
 
 
 def conversations(play: Path) -> list[dict]:
-    """The conversations of one play (markdown: ``# title``, ``**SPEAKER**`` lines)."""
+    """The conversations of one play (markdown: ``# title``, ``**SPEAKER**`` lines): one speech in
+    ``EVERY``."""
+    return every_speech(play)[::EVERY]
+
+
+def every_speech(play: Path) -> list[dict]:
+    """A conversation for each speech of the play, in its order."""
     lines = play.read_text().splitlines()
     title = lines[0].lstrip("# ").strip()
     out, speaker = [], None
@@ -35,7 +41,7 @@ def conversations(play: Path) -> list[dict]:
         if speaker and text and not text.startswith(("_", "#")):
             out.append(_conversation(title, speaker, text.replace("\\", "")))
             speaker = None  # the speech's first line only
-    return out[::EVERY]
+    return out
 
 
 def _conversation(title: str, speaker: str, line: str) -> dict:

@@ -67,12 +67,15 @@ def prompt_rows(table) -> list[PromptRow]:
 
 class PromptShare:
     """One worker's prompts: its share of each step's batch (the epoch's seeded order), and its
-    contiguous share of the validation prompts."""
+    contiguous share of the validation prompts an evaluation answers: the first
+    ``train.eval_batches`` × ``train.batch_size`` of them (null: all)."""
 
     def __init__(self, spec, data: dict, rank: int, world: int):
         self.spec, self.rank, self.world = spec, rank, world
         self.train = prompt_rows(data["train"].table())
         val = prompt_rows(data["val"].table())
+        if spec.train.eval_batches is not None:
+            val = val[:spec.train.eval_batches * spec.train.batch_size]
         self.val = val[rank * len(val) // world:(rank + 1) * len(val) // world]
         self.epoch_reads = {"epoch": None, "windows": 0, "chunks": 0}
 
