@@ -23,7 +23,6 @@ from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data.corpus import Corpus, resolve_corpus
 from raydp_llm.data.sample_chat import sample_chat_corpus
 from raydp_llm.data.sample_preference import sample_preference_corpus
-from raydp_llm.data.sample_prompts import sample_prompts_corpus
 
 RESUME_WORDS = ("auto", "never")
 
@@ -235,9 +234,7 @@ def corpus_of(settings: Settings) -> Corpus:
     d, s3 = settings.data, S3Options.of(settings.s3)
     if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
         return Corpus(files=[], markdown=False, name="query")
-    if d.path is None and d.format == "prompts":  # the sample prompts (which play?)
-        corpus = sample_prompts_corpus()
-    elif d.path is None and d.pairs:  # the sample preference pairs
+    if d.path is None and d.pairs:  # the sample preference pairs
         corpus = sample_preference_corpus()
     elif d.path is None and d.chat:  # the sample conversations
         corpus = sample_chat_corpus()

@@ -127,6 +127,9 @@ def _check_objective(settings: Settings) -> None:
                          "prompts; set train.objective=grpo (or +experiment=grpo)")
     if objective == "grpo":
         _check_grpo(settings)
+    if fmt == "prompts" and settings.data.path is None and settings.data.query is None:
+        raise InputError("data.format=prompts needs prompts: give data.path (JSON Lines or "
+                         "Parquet files) or data.query (+experiment=grpo ships sample sums)")
 
 
 def _check_grpo(settings: Settings) -> None:

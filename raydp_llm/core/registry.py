@@ -4,6 +4,9 @@ which every entry point calls before Hydra composes its config (nothing register
 from __future__ import annotations
 
 import importlib.resources
+import json
+import os
+import random
 import secrets
 import sys
 from pathlib import Path
@@ -51,6 +54,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("uid", lambda: secrets.token_hex(3), use_cache=True,
                                     replace=True)
     OmegaConf.register_new_resolver("sample_plays", sample_plays, replace=True)
+    OmegaConf.register_new_resolver("sample_sums", sample_sums, replace=True)
     for (group, name), schema in SCHEMAS.items():
         ConfigStore.instance().store(group=group, name=name, node=_writable(schema))
 
@@ -64,6 +68,31 @@ def sample_plays(group: str) -> str:
         raise InputError(f"${{sample_plays:{group}}}: the sample has no such plays; use one of "
                          f"{', '.join(folders)}")
     return str(plays / group)
+
+
+SUMS_FILE = "sample_sums_{kind}-1.jsonl"  # a new name when the content changes
+
+
+def sample_sums(kind: str, directory: Path = Path.home() / ".cache" / "raydp_llm") -> str:
+    """``${sample_sums:chat}`` or ``${sample_sums:prompts}``: the shipped sums of two numbers below
+    20 (``3+4=``), as a data path: 20,000 conversations (prompt, response) for instruction tuning,
+    or 4,000 prompts (prompt, answer) for learning from rewards (``+experiment=sums``, then
+    ``+experiment=grpo``). Written once (JSON Lines), the same bytes each time."""
+    if kind not in ("chat", "prompts"):
+        raise InputError(f"${{sample_sums:{kind}}}: use chat or prompts")
+    path = directory / SUMS_FILE.format(kind=kind)
+    if not path.is_file():
+        rng = random.Random(kind)  # the prompts are other draws than the conversations
+        answer = "response" if kind == "chat" else "answer"
+        rows = []
+        for _ in range(20_000 if kind == "chat" else 4_000):
+            a, b = rng.randrange(20), rng.randrange(20)
+            rows.append(json.dumps({"prompt": f"{a}+{b}=", answer: str(a + b)}) + "\n")
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".tmp-{os.getpid()}")
+        partial.write_text("".join(rows))
+        partial.replace(path)  # whole, or not there
+    return str(path)
 
 
 def _writable(schema: type) -> DictConfig:

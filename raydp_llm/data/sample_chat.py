@@ -22,13 +22,7 @@ FILE = "sample_chat-2.jsonl"  # a new name when the content changes: a kept old 
 
 
 def conversations(play: Path) -> list[dict]:
-    """The conversations of one play (markdown: ``# title``, ``**SPEAKER**`` lines): one speech in
-    ``EVERY``."""
-    return every_speech(play)[::EVERY]
-
-
-def every_speech(play: Path) -> list[dict]:
-    """A conversation for each speech of the play, in its order."""
+    """The conversations of one play (markdown: ``# title``, ``**SPEAKER**`` lines)."""
     lines = play.read_text().splitlines()
     title = lines[0].lstrip("# ").strip()
     out, speaker = [], None
@@ -41,7 +35,7 @@ def every_speech(play: Path) -> list[dict]:
         if speaker and text and not text.startswith(("_", "#")):
             out.append(_conversation(title, speaker, text.replace("\\", "")))
             speaker = None  # the speech's first line only
-    return out
+    return out[::EVERY]
 
 
 def _conversation(title: str, speaker: str, line: str) -> dict:

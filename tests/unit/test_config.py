@@ -54,8 +54,10 @@ def test_every_experiment_composes_and_checks_with_each_family(experiment, famil
     checks once its required settings are given (refused until then)."""
     chosen = {None: [], "llama": ["model=llama"],
               "hf": ["model=hf", f"model.path={real_window}"]}[family]
-    if experiment.startswith("hf_") and family is None:
+    if (experiment.startswith("hf_") or experiment == "grpo") and family is None:
         chosen = [f"model.path={real_window}"]  # model=hf already: its directory
+    if experiment == "grpo" and family == "llama":  # GRPO answers in a given tokenizer's ids
+        chosen += [f"tokenizer.path={real_window}/tokenizer.json"]
     cfg = make_config(f"+experiment={experiment}", *chosen)
     assert cfg.name == experiment
     if family == "hf" and experiment not in ("chat", "smoke", "hf_sft_lora"):
