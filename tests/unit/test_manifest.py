@@ -46,9 +46,10 @@ def test_file_stats_merge_an_executors_row_and_id_lines():
 
 
 def test_every_data_format_has_a_reader():
-    assert sorted(READERS) == ["chat", "ids", "jsonl", "parquet", "preference", "sql", "text"]
+    assert sorted(READERS) == ["chat", "ids", "jsonl", "parquet", "preference", "prompts", "sql",
+                               "text"]
     assert [name for name, r in READERS.items() if r.token_ids] == ["ids"]
     assert [name for name, r in READERS.items() if r.chat] == ["chat", "preference"]
     assert [name for name, r in READERS.items() if r.pairs] == ["preference"]
     assert sorted(name for name, r in READERS.items() if r.rows_are_documents) == [
-        "chat", "jsonl", "parquet", "preference", "sql"]
+        "chat", "jsonl", "parquet", "preference", "prompts", "sql"]

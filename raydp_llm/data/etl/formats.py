@@ -187,7 +187,9 @@ class PreferenceReader(ChatReader):
 class PromptsReader(ChatReader):
     """``data.format=prompts``: each row a prompt and the columns the rewards read (a JSON line, or
     a Parquet or query row with all its columns), rendered and tokenized by the prompts' encoder
-    (``prompt_encode.py``)."""
+    (``prompt_encode.py``): not chat records, so not ``chat``."""
+
+    chat = False
 
     def columns(self, columns: list[str], data: DataSettings, name: str) -> list[str]:
         if data.prompt_column in columns or data.messages_column in columns:
