@@ -31,6 +31,11 @@ from raydp_llm.core.data_config import (  # noqa: F401 - the data group, re-expo
     ValidationSplit,
     WindowSampling,
 )
+from raydp_llm.core.dpo_config import (  # noqa: F401 - the dpo group, re-exported
+    DpoLossKind,
+    DpoReference,
+    DpoSettings,
+)
 from raydp_llm.core.grpo_config import GrpoSettings  # noqa: F401 - the grpo group, re-exported
 from raydp_llm.core.model_config import (  # noqa: F401 - the model group, re-exported
     MODEL_CONFIGS,
@@ -93,21 +98,6 @@ class Objective(Choice):
     lm = "lm", "next-token cross-entropy (pre-training, continued pre-training, instruction tuning)"
     dpo = "dpo", "direct preference optimisation on data.format=preference pairs (the dpo group)"
     grpo = "grpo", "learning from rewards on data.format=prompts (the grpo group)"
-
-
-class DpoLossKind(Choice):
-    sigmoid = "sigmoid", "the paper's -log σ(β·h), with dpo.label_smoothing (cDPO)"
-    ipo = "ipo", "IPO's (h - 1/(2β))², on log-probabilities per answer token"
-
-
-class DpoReference(Choice):
-    model = "model", ("the starting weights, frozen: with LoRA the base with the adapters off (no "
-                      "second copy), else a frozen copy sharded like the policy")
-    precomputed = "precomputed", ("the starting weights' log-probabilities of every pair, "
-                                  "computed by the workers before the first step and kept in "
-                                  "each checkpoint: no reference model in memory while training")
-
-
 
 
 @dataclass(frozen=True)
@@ -231,21 +221,6 @@ def nearest_multiple(step: int, target: int) -> int:
     (``nearest_multiple(60, 1000)`` = 1020, ``nearest_multiple(400, 1000)`` = 800)."""
     below, rest = divmod(target, step)
     return step * max(1, below + int(2 * rest > step))
-
-
-@dataclass(frozen=True)
-class DpoSettings:
-    """Preference tuning (``train.objective=dpo``): the loss, and the reference the policy's
-    rewards are measured against (training/dpo.py)."""
-
-    beta: float = setting(0.1, "β: the weight of the policy's divergence from the reference; "
-                               "smaller lets it move further", check=POSITIVE)
-    loss: str = setting(DpoLossKind.sigmoid, DpoLossKind.listed(), check=one_of(DpoLossKind))
-    label_smoothing: float = setting(0.0, "sigmoid: the share of pairs taken to be mislabelled "
-                                          "(cDPO), in [0, 0.5)",
-                                     check=Check(lambda v: 0 <= v < 0.5, "a number in [0, 0.5)"))
-    reference: str = setting(DpoReference.model, DpoReference.listed(),
-                             check=one_of(DpoReference))
 
 
 @dataclass(frozen=True)
