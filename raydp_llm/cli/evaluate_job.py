@@ -39,9 +39,7 @@ from raydp_llm.training.dpo import dpo_loss, means
 from raydp_llm.training.grpo_worker import prompt_rows
 from raydp_llm.training.metrics import bits_per_char
 from raydp_llm.training.objectives import logps_of
-from raydp_llm.training.rewards import RewardCalls
-from raydp_llm.training.rewards import load as load_rewards
-from raydp_llm.training.rollout import Scoring, end_id, evaluate
+from raydp_llm.training.rollout import evaluate, scoring_for, weights_of
 from raydp_llm.training.session import job_session
 from raydp_llm.training.spec import scoring_samplings
 from raydp_llm.training.tasks import HarnessSettings, run_tasks, show_tasks
@@ -243,16 +241,11 @@ def evaluate_prompts(settings: EvaluateSettings, model: LanguageModel, out_dir: 
 def answered(settings: EvaluateSettings, model: LanguageModel, prompts: list, template):
     """``rollout.evaluate`` of ``prompts`` with the rewards in their own process."""
     tokenizer, grpo = load_tokenizer(Path(settings.tokenizer.path)), settings.grpo
-    rewards = load_rewards(grpo.rewards, None)
-    calls = RewardCalls(grpo.reward_timeout_s)
-    scoring = Scoring(tokenizer.decode,
-                      end_id(tokenizer, template.end_of_turn() if template else None), calls,
-                      rewards)
-    weights = torch.tensor(grpo.reward_weights or [1.0] * len(rewards))
+    scoring = scoring_for(grpo, tokenizer, template.end_of_turn() if template else None)
     try:
-        return evaluate(model.eval(), prompts, grpo, scoring, weights)
+        return evaluate(model.eval(), prompts, grpo, scoring, weights_of(grpo))
     finally:
-        calls.close()
+        scoring.calls.close()
 
 
 def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) -> dict:

@@ -224,9 +224,8 @@ def check_prompts(settings: Settings, corpus: Corpus) -> None:
                          f"{corpus.files[0]}, nor data.messages_column={d.messages_column}; its "
                          f"columns are {', '.join(sorted(columns))}; name the prompt's column "
                          "with one of them")
-    if settings.train.objective == "grpo" or settings.grpo.rewards:
-        load(settings.grpo.rewards,
-             None if columns is None else columns - {d.prompt_column, d.messages_column})
+    load(settings.grpo.rewards,  # prompts train only with grpo (checks.validate)
+         None if columns is None else columns - {d.prompt_column, d.messages_column})
 
 
 def corpus_of(settings: Settings) -> Corpus:

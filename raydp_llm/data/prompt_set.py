@@ -70,11 +70,9 @@ class PromptManifest:
     template: str | None
     tokenizer: str
     vocab_size: int
-    token_dtype: str = "int32"
     limit: int = 0  # the most tokens a prompt keeps
     settings: dict = field(default_factory=dict)  # the data settings the ETL read
-    etl_key: str | None = None
-    chars_per_token: float | None = None
+    etl_key: str | None = None  # the trackers' data key (None: the prompts are not cached)
 
     @property
     def chat(self) -> dict:
@@ -103,7 +101,6 @@ class PromptData:
     cache_hit: bool = False
     stats: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
-    windows: None = None  # prompts are not cut into windows
 
     def splits(self) -> dict[str, PromptSource]:
         return self.sources

@@ -32,16 +32,16 @@ from raydp_llm.training.grpo import (
     policy_loss,
     whole_of,
 )
-from raydp_llm.training.objectives import frozen_copy
-from raydp_llm.training.rewards import FailureStreak, RewardCalls, load
+from raydp_llm.training.objectives import evaluating, frozen_copy
+from raydp_llm.training.rewards import FailureStreak
 from raydp_llm.training.rollout import (
     Draw,
     Group,
     PromptRow,
-    Scoring,
-    end_id,
     evaluate,
     roll_out,
+    scoring_for,
+    weights_of,
 )
 from raydp_llm.training.worker import (
     Interval,
@@ -50,11 +50,6 @@ from raydp_llm.training.worker import (
     all_reduce_sum,
     system_stats,
 )
-
-# the sums a step adds to its interval, over every worker's answers (metrics.GRPO_COLUMNS)
-STEP_SUMS = ("answers", "scored", "reward_sum", "reward_sq", "zero_std", "groups",
-             "answer_tokens", "clipped_tokens", "kl_sum", "reward_failures", "prompt_tokens",
-             "gen_s", "train_s")
 
 
 def prompt_rows(table) -> list[PromptRow]:
@@ -109,13 +104,10 @@ class GrpoWorker(Worker):
 
     def _objective(self, model: torch.nn.Module):
         """The reference's model (None when ``grpo.beta`` is 0), and the rewards."""
-        grpo, tokenizer = self.spec.grpo, self.spec.tokenizer()
-        rewards = load(grpo.rewards, None)  # checked against the data's columns at the door
-        self.calls = RewardCalls(grpo.reward_timeout_s)
-        self.scoring = Scoring(tokenizer.decode, end_id(tokenizer, self.spec.answer_end),
-                               self.calls, rewards)
-        self.weights = torch.tensor(grpo.reward_weights or [1.0] * len(rewards))
-        self.streak = FailureStreak(rewards, grpo.max_reward_failures)
+        grpo = self.spec.grpo
+        self.scoring = scoring_for(grpo, self.spec.tokenizer(), self.spec.answer_end)
+        self.calls, self.weights = self.scoring.calls, weights_of(grpo)
+        self.streak = FailureStreak(self.scoring.rewards, grpo.max_reward_failures)
         self.tokens_seen = 0.0  # answers vary in length: counted as they come
         if grpo.beta == 0:
             return None
@@ -137,14 +129,10 @@ class GrpoWorker(Worker):
     @torch.no_grad()
     def _rolled_out(self, prompts: list[PromptRow], step: int) -> list[Group]:
         model, grpo = self.model, self.spec.grpo
-        model.eval()
-        try:
-            with self.autocast():
-                return [roll_out(model, self._placed_prompt(p), Draw(self.spec.seed, step,
-                                                                    p.index), grpo, self.scoring)
-                        for p in prompts]
-        finally:
-            model.train()
+        with evaluating(model), self.autocast():
+            return [roll_out(model, self._placed_prompt(p), Draw(self.spec.seed, step, p.index),
+                             grpo, self.scoring)
+                    for p in prompts]
 
     def _placed_prompt(self, prompt: PromptRow) -> PromptRow:
         return PromptRow(prompt.index, prompt.ids.to(self.device), prompt.text, prompt.columns)
@@ -154,13 +142,14 @@ class GrpoWorker(Worker):
         grpo = self.spec.grpo
         rewards = [combined_rewards(g.per_function, self.weights) for g in groups]
         self._count_failures(groups)
+        batch_std = self._batch_std(rewards)  # one collective a step
         return Scored(groups, rewards,
-                      [advantages(r, grpo.num_generations, grpo.scale_rewards,
-                                  batch_std=self._batch_std(rewards)) for r in rewards])
+                      [advantages(r, grpo.num_generations, grpo.scale_rewards, batch_std)
+                       for r in rewards])
 
     def _batch_std(self, rewards: list[torch.Tensor]) -> float:
         """The standard deviation of the whole batch's rewards (every worker's), scored ones."""
-        flat = torch.cat(rewards) if rewards else torch.zeros(0)
+        flat = torch.cat(rewards)
         ok = flat[~flat.isnan()].double()
         n, total, sq = all_reduce_sum(len(ok), float(ok.sum()), float((ok ** 2).sum()))
         return math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
@@ -185,12 +174,13 @@ class GrpoWorker(Worker):
             self.optimizer.zero_grad(set_to_none=True)
             loss, sums = self._backward(scored, old, ref, whole)
             figures = figures or sums
-            grad_norm = self._optimizer_step()
+            grad_norm = self.clipped_step()
         return loss, grad_norm, figures
 
     def _backward(self, scored: Scored, old, ref, whole) -> tuple[float, dict]:
         """This worker's share of the loss, backward, a group at a time (the gradients summed
-        over the workers after the last)."""
+        over the workers after the last). Every worker has prompts: checks.py holds
+        ``train.batch_size`` to a multiple of the workers."""
         grpo, groups, loss = self.spec.grpo, scored.groups, 0.0
         clipped = kl = 0.0
         for i, group in enumerate(groups):
@@ -205,17 +195,7 @@ class GrpoWorker(Worker):
             out.share.backward()
             loss, clipped, kl = loss + out.share.item(), clipped + float(out.clipped_tokens), \
                 kl + float(out.kl_sum)
-        if not groups:  # a worker with no prompts still joins the gradients' all-reduce
-            sum(p.sum() * 0 for p in self.ddp_model.parameters()).backward()
         return loss, {"clipped_tokens": clipped, "kl_sum": kl}
-
-    def _optimizer_step(self) -> float:
-        max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
-        grad_norm = parallel.as_float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        return grad_norm
 
     @torch.no_grad()
     def _logps(self, groups: list[Group], model) -> list[torch.Tensor]:
@@ -229,20 +209,15 @@ class GrpoWorker(Worker):
         (LoRA), or the frozen copy."""
         if self.objective is not self.model:
             return self._logps(groups, self.objective)
-        was = self.model.training
-        self.model.eval()
-        try:
-            with self.model.net.disable_adapter():
-                return self._logps(groups, self.model)
-        finally:
-            self.model.train(was)
+        with self.model.net.disable_adapter(), evaluating(self.model):
+            return self._logps(groups, self.model)
 
     def _figures(self, scored: Scored, update: dict) -> dict:
-        """The step's sums for the metrics (``STEP_SUMS``, and each function's)."""
+        """The step's sums for the metrics (``rollout_columns`` reads them), each function's too."""
         groups = scored.groups
-        rewards = torch.cat(scored.rewards) if groups else torch.zeros(0)
+        rewards = torch.cat(scored.rewards)
         ok = rewards[~rewards.isnan()]
-        per_function = torch.cat([g.per_function for g in groups]) if groups else None
+        per_function = torch.cat([g.per_function for g in groups])
         sums = {"answers": float(rewards.numel()), "scored": float(ok.numel()),
                 "reward_sum": float(ok.sum()), "reward_sq": float((ok.double() ** 2).sum()),
                 "zero_std": float(sum(bool(a.zero_std[0]) for a in scored.advantages)),
@@ -253,7 +228,7 @@ class GrpoWorker(Worker):
                 "prompt_tokens": float(sum(g.prompt.ids.numel() * g.answers.ids.size(0)
                                            for g in groups)), **update}
         for i, reward in enumerate(self.scoring.rewards):
-            column = per_function[:, i] if per_function is not None else torch.zeros(0)
+            column = per_function[:, i]
             sums[f"fn_sum_{reward.name}"] = float(column.nansum())
             sums[f"fn_n_{reward.name}"] = float((~column.isnan()).sum())
         return sums
@@ -282,17 +257,14 @@ class GrpoWorker(Worker):
     def _validation_rewards(self) -> dict:
         """``val_reward`` and ``val_reward_<function>``: one greedy answer per held-out prompt,
         this worker's share, summed over the workers (None without validation prompts)."""
-        names = [r.name for r in self.scoring.rewards]
-        self.model.eval()
-        try:
-            with self.autocast():
+        names, n = [r.name for r in self.scoring.rewards], len(self.data.val)
+        mine = [0.0] * (1 + len(names))  # a worker with no held-out prompts adds nothing
+        if n:
+            with evaluating(self.model), self.autocast():
                 found = evaluate(self.model, [self._placed_prompt(p) for p in self.data.val],
                                  self.spec.grpo, self.scoring, self.weights)
-        finally:
-            self.model.train()
-        n = len(self.data.val)
-        total, count, *per = all_reduce_sum(
-            found.reward * n, n, *(found.per_function.get(k, 0.0) * n for k in names))
+            mine = [found.reward * n, *(found.per_function[k] * n for k in names)]
+        total, count, *per = all_reduce_sum(mine[0], n, *mine[1:])
         if not count:
             return {"val_reward": None}
         return {"val_reward": total / count,

@@ -100,7 +100,7 @@ def reference_of(model: nn.Module, copy_: nn.Module | None = None
     (no second copy in memory)."""
 
     def adapters_off(batch: Batch) -> PairLogps:
-        with model.net.disable_adapter(), _evaluating(model):
+        with model.net.disable_adapter(), evaluating(model):
             return logps_of(model, batch)
 
     def copied(batch: Batch) -> PairLogps:
@@ -115,7 +115,8 @@ def logps_of(model: nn.Module, batch: Batch) -> PairLogps:
 
 
 @contextlib.contextmanager
-def _evaluating(model: nn.Module):
+def evaluating(model: nn.Module):
+    """``model`` in eval mode within the block; its mode before, after."""
     was = model.training
     model.eval()
     try:

@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from raydp_llm.core.grpo_config import GrpoSettings
 from raydp_llm.training.grpo import combined_rewards
+from raydp_llm.training.rewards import RewardCalls, load
 
 PAD = 0  # after an answer's end; its mask leaves it out
 
@@ -131,6 +132,25 @@ class Scoring:
     rewards: list
 
 
+def completion_texts(answers: Answers, scoring: Scoring) -> list[str]:
+    """Each answer's text: its own tokens decoded, its end token left out."""
+    return [scoring.decode([t for t, own in zip(row, mask) if own and t != scoring.end_id])
+            for row, mask in zip(answers.ids.tolist(), answers.mask.tolist())]
+
+
+def scoring_for(grpo: GrpoSettings, tokenizer, end_text: str | None) -> Scoring:
+    """``grpo.rewards`` (found; their columns were checked at the door), called in a process of
+    their own within ``grpo.reward_timeout_s``, on answers decoded by ``tokenizer`` and ended at
+    ``end_text``: the worker's scoring, and ``evaluate``'s. Close its ``calls`` when done."""
+    return Scoring(tokenizer.decode, end_id(tokenizer, end_text),
+                   RewardCalls(grpo.reward_timeout_s), load(grpo.rewards, None))
+
+
+def weights_of(grpo: GrpoSettings) -> torch.Tensor:
+    """Each reward's weight in the sum: ``grpo.reward_weights``, or 1 each."""
+    return torch.tensor(grpo.reward_weights or [1.0] * len(grpo.rewards))
+
+
 def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: Scoring,
              greedy: bool = False) -> Group:
     """``prompt``'s answers (``answer``; ``greedy``: its one likeliest), decoded and scored by
@@ -139,8 +159,7 @@ def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: 
         answers = answer(model, prompt.ids, draw, grpo, scoring.end_id, samples=1, temperature=0)
     else:
         answers = answer(model, prompt.ids, draw, grpo, scoring.end_id)
-    completions = [scoring.decode([t for t, own in zip(row, mask) if own and t != scoring.end_id])
-                   for row, mask in zip(answers.ids.tolist(), answers.mask.tolist())]
+    completions = completion_texts(answers, scoring)
     n, rewards = len(completions), scoring.rewards
     columns = {k: [v] * n for k, v in prompt.columns.items()}
     scores = [scoring.calls.score(r.spec, [prompt.text] * n, completions, columns)
@@ -178,12 +197,11 @@ def evaluate(model, prompts: list[PromptRow], grpo: GrpoSettings, scoring: Scori
 def sample_lines(model, tokenizer, prompts: list[PromptRow], grpo: GrpoSettings,
                  end_text: str | None) -> str:
     """``samples.txt`` of a GRPO run: each prompt and the model's greedy answer."""
-    scoring = Scoring(tokenizer.decode, end_id(tokenizer, end_text), None, [])
+    scoring = Scoring(tokenizer.decode, end_id(tokenizer, end_text), None, [])  # no rewards
     lines = []
     for prompt in prompts:
         answers = answer(model, prompt.ids, Draw(0, 0, prompt.index), grpo, scoring.end_id,
                          samples=1, temperature=0)
-        own = [t for t, keep in zip(answers.ids[0].tolist(), answers.mask[0].tolist())
-               if keep and t != scoring.end_id]
-        lines += [f"prompt: {prompt.text}", f"answer: {tokenizer.decode(own)}", ""]
+        lines += [f"prompt: {prompt.text}", f"answer: {completion_texts(answers, scoring)[0]}",
+                  ""]
     return "\n".join(lines)

@@ -79,9 +79,9 @@ class JobSession:
             with timed(timings, "etl_s"):
                 data = run_prompts_etl(session, settings, corpus)
         data.timings = timings
-        write_json(out_dir / "manifest.json", data.manifest_json())
         refused = left_out.said(data.manifest.chat, settings.data.max_dropped)
         if refused:
+            write_json(out_dir / "manifest.json", data.manifest_json())  # what was left out
             raise refused
         if training:
             check_train_prompts(data, settings.train.batch_size)

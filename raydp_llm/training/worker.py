@@ -330,12 +330,17 @@ class Worker:
             loss_sum, hits = loss_sum + scored.loss.item(), hits + scored.hits
             count += scored.count
             sums = {k: sums.get(k, 0.0) + v for k, v in scored.sums.items()}
+        return StepResult(loss_sum / len(group), hits, count, self.clipped_step(), sums)
+
+    def clipped_step(self) -> float:
+        """The gradients clipped to ``optim.grad_clip`` and the optimizer's step, unless their norm
+        is not finite; that norm before clipping (the same on every rank)."""
         max_norm = self.spec.optim.grad_clip if self.spec.optim.grad_clip > 0 else math.inf
         grad_norm = parallel.as_float(
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
-        return StepResult(loss_sum / len(group), hits, count, grad_norm, sums)
+        return grad_norm
 
     def metrics(self, interval: Interval, state: TrainState, lr: float) -> dict:
         """The metrics.csv row of an evaluation at ``state``: the interval's training figures and a
