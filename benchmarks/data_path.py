@@ -79,7 +79,7 @@ def spec_of(cfg, data, stride: int):
 
 
 def worker_data(spec, data, rank: int, world: int):
-    from raydp_llm.training.worker import WorkerData
+    from raydp_llm.training.objectives.windows import WorkerData
 
     sources = data.splits()
     return WorkerData(spec, sources, rank, world)

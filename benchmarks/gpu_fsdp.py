@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from raydp_llm.core.model_config import HFConfig
 from raydp_llm.models.hf import HFModel, empty_net
-from raydp_llm.training import parallel
-from raydp_llm.training.sharded_start import fill
+from raydp_llm.training.worker import parallel
+from raydp_llm.training.worker.sharded_start import fill
 
 
 def saved_llama(directory: Path, args: argparse.Namespace) -> None:

@@ -12,7 +12,8 @@ vocabulary of 2,000), fresh weights; prompts of 32 random ids. Every answer runs
 ``--new`` tokens (no end token), so both make the same number. Each side runs once to warm up,
 then ``--repeats`` times; the table gives the best.
 
-``--step`` and ``--memory`` run the worker's own step (training/grpo_worker.py, one process, world
+``--step`` and ``--memory`` run the worker's own step (training/objectives/grpo.py, one process,
+world
 size 1) on the same Llama saved as a transformers directory with a character tokenizer, rewarded
 by the share of ``e`` in an answer: ``--step`` splits each step's seconds into generation (the
 answers, their rewards) and training (log-probabilities, backward, optimizer); ``--memory`` runs
@@ -36,7 +37,7 @@ import torch
 from raydp_llm.core.grpo_config import GrpoSettings
 from raydp_llm.core.model_config import LlamaConfig
 from raydp_llm.models.factory import build_model
-from raydp_llm.training.rollout import Draw, answer
+from raydp_llm.training.objectives.rollout import Draw, answer
 
 REWARD = (
     "def share_of_e(prompts, completions, **columns):\n"
@@ -64,14 +65,14 @@ def transformers_generate(model, prompts: list[torch.Tensor], grpo: GrpoSettings
 
 def worker(directory: Path, layers: int, width: int, lora: bool, beta: float, samples: int,
            new: int):
-    """A GrpoWorker on a fresh Llama (saved in ``directory`` once), 8 prompts a step."""
+    """A GRPO worker on a fresh Llama (saved in ``directory`` once), 8 prompts a step."""
     from raydp_llm.checkpoint.model_dir import save_model_dir
     from raydp_llm.core.config import HFConfig, OptimSettings, TrainSettings
     from raydp_llm.core.model_config import LoraSettings
     from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
-    from raydp_llm.training.grpo_worker import GrpoWorker
+    from raydp_llm.training.objectives import Placement
     from raydp_llm.training.spec import TrainSpec
-    from raydp_llm.training.worker import Placement
+    from raydp_llm.training.worker.worker import Worker
 
     model_dir = directory / "llama"
     if not model_dir.is_dir():
@@ -91,8 +92,8 @@ def worker(directory: Path, layers: int, width: int, lora: bool, beta: float, sa
                      tokenizer_json=load_tokenizer(model_dir).to_json(), token_dtype="int32",
                      chars_per_token=None, sampling={}, steps_per_epoch=100, max_steps=100,
                      fingerprint="b" * 20, grpo=grpo)
-    return GrpoWorker(spec, {"train": Prompts(800), "val": Prompts(0)},
-                      Placement(0, 1, 0, torch.device("cpu")))
+    return Worker(spec, {"train": Prompts(800), "val": Prompts(0)},
+                  Placement(0, 1, 0, torch.device("cpu")))
 
 
 class Prompts:
@@ -123,7 +124,7 @@ def step_shares(args) -> None:
             w.train_step(next(steps), 1e-4, 0)  # warm-up
             sums = [w.train_step(next(steps), 1e-4, s + 1).sums for s in range(args.repeats)]
         finally:
-            w.calls.close()
+            w.objective.calls.close()
     gen, train = (sum(s[k] for s in sums) / len(sums) for k in ("gen_s", "train_s"))
     tokens = sum(s["answer_tokens"] for s in sums) / len(sums)
     print(f"a step: 8 prompts × {args.samples} answers of ≤ {args.new} tokens; Llama "
@@ -143,16 +144,17 @@ def one_variant(args) -> None:
     try:
         w.train_step(next(w.data.steps(0, 0)), 1e-4, 0)
     finally:
-        w.calls.close()
+        w.objective.calls.close()
     print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "reference": type(w.objective).__name__ if w.objective is not None else None,
-                      "copy": w.objective is not None and w.objective is not w.model}))
+                      "reference": type(w.reference).__name__ if w.reference is not None else None,
+                      "copy": w.reference is not None and w.reference is not w.model}))
 
 
 def memory(args) -> None:
     """``--memory``: each variant in a process of its own."""
     with tempfile.TemporaryDirectory() as tmp:
-        worker(Path(tmp), args.layers, args.width, False, 0.0, args.samples, args.new).calls.close()
+        made = worker(Path(tmp), args.layers, args.width, False, 0.0, args.samples, args.new)
+        made.objective.calls.close()
         found = {}
         for variant in ("lora,0", "lora,0.1", "full,0", "full,0.1"):
             out = subprocess.run([sys.executable, __file__, "--variant", variant, "--dir", tmp,

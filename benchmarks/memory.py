@@ -69,7 +69,7 @@ def build(layers: int, seq: int, case: str):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from raydp_llm.training import parallel
+    from raydp_llm.training.worker import parallel
 
     model, params = llama(layers, seq, lora=case == "lora")
     if case == "fsdp+ac":
@@ -90,7 +90,7 @@ def worker(rank: int, port: int, args, case: str, out: Path) -> None:
     torch.set_num_threads(1)
     from types import SimpleNamespace
 
-    from raydp_llm.training.optim import make_optimizer
+    from raydp_llm.training.worker.optim import make_optimizer
 
     model, wrapped, params = build(args.layers, args.seq, case)
     settings = SimpleNamespace(optim=SimpleNamespace(weight_decay=0.1, lr=1e-4, beta1=0.9,

@@ -39,35 +39,52 @@ WORLD = memory.WORLD
 
 
 def objective(case: str, model, batch):
-    """The case's objective (Preference against its reference, or None for lm), and the model
+    """The case's DPO loss (``Dpo`` against its reference, or None for lm), and the model
     the optimizer steps (wrapped for DDP or sharded). ``batch``: the pair it trains on (the
     precomputed reference's log-probabilities are of it)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from raydp_llm.core.config import DpoSettings
-    from raydp_llm.training import parallel
-    from raydp_llm.training.objectives import Preference, frozen_copy, reference_of
+    from raydp_llm.training.objectives.dpo import logps_of, reference_of
+    from raydp_llm.training.objectives.reference import frozen_copy
+    from raydp_llm.training.worker import parallel
 
     if case == "lm":
         return None, DistributedDataParallel(model)
     if case == "lora":
-        return Preference(DpoSettings(), reference_of(model)), DistributedDataParallel(model)
+        return Dpo(reference_of(model, model)), DistributedDataParallel(model)
     if case == "precomputed":
-        from raydp_llm.training.objectives import logps_of
-        from raydp_llm.training.precomputed import PrecomputedReference
+        from raydp_llm.training.objectives.precomputed import PrecomputedReference
 
         table = PrecomputedReference("benchmark")
         with torch.no_grad():
             table.fill([batch], lambda b: logps_of(model, b))  # before the first step
-        return Preference(DpoSettings(), table), DistributedDataParallel(model)
+        return Dpo(table), DistributedDataParallel(model)
     copy_ = frozen_copy(model)
     if case == "fsdp-copy":
         cpu = torch.device("cpu")
         copy_ = parallel.shard(copy_, cpu, "fp32")
-        return Preference(DpoSettings(), reference_of(model, copy_)), \
-            parallel.shard(model, cpu, "fp32")
-    return Preference(DpoSettings(), reference_of(model, copy_)), DistributedDataParallel(model)
+        return Dpo(reference_of(model, copy_)), parallel.shard(model, cpu, "fp32")
+    return Dpo(reference_of(model, copy_)), DistributedDataParallel(model)
+
+
+class Dpo:
+    """The DPO loss of a batch of pairs against ``reference`` (a function of the batch), as
+    objectives/dpo.py's ``Preference.score`` makes it, without a worker around it."""
+
+    def __init__(self, reference):
+        self.reference = reference
+
+    def loss(self, forward, batch):
+        import torch
+
+        from raydp_llm.training.objectives.dpo import logps_of
+        from raydp_llm.training.objectives.dpo_loss import dpo_loss
+
+        policy = logps_of(forward, batch)
+        with torch.no_grad():
+            reference = self.reference(batch)
+        return dpo_loss(policy, reference, beta=0.1).loss
 
 
 def pair_batch(seq: int):
@@ -85,12 +102,10 @@ def pair_batch(seq: int):
 
 
 def step(case: str, scorer, wrapped, batch) -> None:
-    import contextlib
-
     if scorer is None:
         _, loss = wrapped(batch.inputs, batch.targets)
     else:
-        loss = scorer.score(wrapped, batch, contextlib.nullcontext).loss
+        loss = scorer.loss(wrapped, batch)
     loss.backward()
 
 
@@ -103,8 +118,8 @@ def worker(rank: int, port: int, args, case: str, out: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    from raydp_llm.training.objectives import without_dropout
-    from raydp_llm.training.optim import make_optimizer
+    from raydp_llm.training.objectives.reference import without_dropout
+    from raydp_llm.training.worker.optim import make_optimizer
 
     model, params = memory.llama(args.layers, args.seq, lora=case == "lora")
     batch, times = pair_batch(args.seq), []

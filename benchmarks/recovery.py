@@ -31,7 +31,7 @@ def run_once(out: Path, overrides: list[str], kill_after: int | None) -> dict:
     from raydp_llm.cli.inputs import typed_settings
     from raydp_llm.cli.train import run
     from raydp_llm.core.registry import register_configs
-    from raydp_llm.training.metrics import read_events, read_metrics
+    from raydp_llm.training.driver.metrics import read_events, read_metrics
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

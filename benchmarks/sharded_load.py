@@ -1,5 +1,5 @@
 """Memory of loading and exporting a transformers checkpoint under FSDP on 2 workers (gloo): the
-shard-by-shard load (``training/sharded_start.py``) against the whole load, and the
+shard-by-shard load (``training/worker/sharded_start.py``) against the whole load, and the
 tensor-by-tensor export (``checkpoint/sharded._streamed``) against the whole export, each in fresh
 processes.
 
@@ -85,7 +85,7 @@ def load(case: str, spec):
     import torch
 
     from raydp_llm.models.hf import HFModel, load_net
-    from raydp_llm.training import parallel, sharded_start
+    from raydp_llm.training.worker import parallel, sharded_start
 
     if case == "sharded":
         model = sharded_start.sharded_model(spec, torch.device("cpu"))
@@ -106,7 +106,7 @@ def imported() -> float:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     import raydp_llm.checkpoint.sharded  # noqa: F401
-    import raydp_llm.training.sharded_start  # noqa: F401
+    import raydp_llm.training.worker.sharded_start  # noqa: F401
 
     tiny = LlamaConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
                        intermediate_size=8)

@@ -51,7 +51,7 @@ def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: li
     from raydp_llm.cli.inputs import typed_settings
     from raydp_llm.cli.train import run
     from raydp_llm.core.registry import register_configs
-    from raydp_llm.training.metrics import read_metrics
+    from raydp_llm.training.driver.metrics import read_metrics
 
     cpus = os.cpu_count() // workers
     register_configs()

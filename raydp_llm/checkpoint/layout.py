@@ -78,7 +78,7 @@ REFERENCE_DIR = "reference"  # model/reference/: the starting weights of a model
 
 @dataclass(frozen=True)
 class PreferenceRecord:
-    """What a DPO-tuned model's directory records of its tuning (``training/reference.py``): its
+    """What a DPO-tuned model's directory records of its tuning (training/driver/reference.py): its
     reference (a directory, local or s3://; relative: inside the model's directory) and the DPO
     loss settings its figures were computed with."""
 

@@ -256,7 +256,7 @@ def answer(model, tokenizer, prompt: str, s: GenerateSettings, row: int,
     text): its text, its tokens and their mean log-probability."""
     import torch
 
-    from raydp_llm.training.generation import prompt_ids, turn_stop
+    from raydp_llm.training.driver.generation import prompt_ids, turn_stop
 
     idx = prompt_ids(model, tokenizer, prompt)
     start = idx.size(1)

@@ -34,13 +34,13 @@ from raydp_llm.data.prepare import dataset_store, write_json
 from raydp_llm.data.stream import Windows, iter_windows
 from raydp_llm.models.base import IGNORE, LanguageModel
 from raydp_llm.models.files import is_hf_dir
-from raydp_llm.training import tracking
-from raydp_llm.training.dpo import dpo_loss, means
-from raydp_llm.training.grpo_worker import prompt_rows
-from raydp_llm.training.metrics import bits_per_char
-from raydp_llm.training.objectives import logps_of
-from raydp_llm.training.rollout import evaluate, scoring_for, weights_of
-from raydp_llm.training.session import job_session
+from raydp_llm.training.driver import tracking
+from raydp_llm.training.driver.session import job_session
+from raydp_llm.training.objectives.dpo import logps_of
+from raydp_llm.training.objectives.dpo_loss import dpo_loss, means
+from raydp_llm.training.objectives.grpo import prompt_rows
+from raydp_llm.training.objectives.lm import bits_per_char
+from raydp_llm.training.objectives.rollout import evaluate, scoring_for, weights_of
 from raydp_llm.training.spec import scoring_samplings
 from raydp_llm.training.tasks import HarnessSettings, run_tasks, show_tasks
 

@@ -198,7 +198,7 @@ def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
 
         tasks = task_list(t.eval_tasks).names
     if t.best_by:  # ranked by a column the checkpoints report (ray.train: only when asked)
-        from raydp_llm.training import best
+        from raydp_llm.training.driver import best
 
         best.check(t.best_by, tasks, [source.name for source in d.sources], t.task_interval)
     if d.sources:  # a mixture: each source's corpus
@@ -215,7 +215,7 @@ def check_prompts(settings: Settings, corpus: Corpus) -> None:
     Spark) hold a prompt or messages column, and each reward function is found and takes the
     columns it asks for."""
     from raydp_llm.data.prompt_columns import first_columns
-    from raydp_llm.training.rewards import load
+    from raydp_llm.training.objectives.rewards import load
 
     d = settings.data
     columns = first_columns(corpus.files[0]) if corpus.files else None

@@ -14,8 +14,8 @@ from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, curation_lines, dataset_store, write_json
-from raydp_llm.training.mixed_data import each_source
-from raydp_llm.training.session import job_session
+from raydp_llm.training.driver.mixed_data import each_source
+from raydp_llm.training.driver.session import job_session
 
 REMOVED_SAMPLE_TEXT = "removed_sample.txt"
 

@@ -1,6 +1,6 @@
 """``python -m raydp_llm.train [overrides]``: Spark ETL on Ray → Ray Dataset → DDP training →
 model and text. This module is the door: it checks the input before torch, Ray and Spark load (a
-bad setting fails in a second); the run itself is ``training/run.py``."""
+bad setting fails in a second); the run itself is ``training/driver/run.py``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from raydp_llm.cli.sweep import use_plugins
 from raydp_llm.core.config import Settings
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Started
-from raydp_llm.training import runs
+from raydp_llm.training.driver import runs
 
 
 def run(settings: Settings, out_dir: Path, sweep_dir: str | None = None) -> dict:

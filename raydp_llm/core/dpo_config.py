@@ -25,7 +25,7 @@ class DpoReference(Choice):
 @dataclass(frozen=True)
 class DpoSettings:
     """Preference tuning (``train.objective=dpo``): the loss, and the reference the policy's
-    rewards are measured against (training/dpo.py)."""
+    rewards are measured against (training/objectives/dpo_loss.py)."""
 
     beta: float = setting(0.1, "β: the weight of the policy's divergence from the reference; "
                                "smaller lets it move further", check=POSITIVE)
@@ -35,3 +35,7 @@ class DpoSettings:
                                      check=Check(lambda v: 0 <= v < 0.5, "a number in [0, 0.5)"))
     reference: str = setting(DpoReference.model, DpoReference.listed(),
                              check=one_of(DpoReference))
+
+
+# the per-pair figures a DPO run reports (metrics.csv's train_* and val_* each, DpoLoss.sums)
+DPO_FIGURES = ("reward_margin", "chosen_reward", "rejected_reward", "chosen_logp", "rejected_logp")

@@ -2,7 +2,8 @@
 a prompt gets and how they are drawn, the user's reward functions, the loss. Apart from the rest of
 the configuration (core/config.py), as the sweep group is.
 
-The loss types are TRL's (``GRPOTrainer``, read at trl f2cd577): training/grpo.py computes them."""
+The loss types are TRL's (``GRPOTrainer``, read at trl f2cd577): training/objectives/grpo_loss.py
+computes them."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ class WindowBatch:
     words carry flags (data/chat_tokens.py): a target counts only where its token is trained,
     and positions restart where a conversation starts. A preference stream's window is a pair,
     two such records, the chosen answer's then the rejected one's (``pairs``): the batch holds
-    the B chosen records' rows, then the B rejected ones' (2B rows), as training/dpo.py reads
+    the B chosen records' rows, then the B rejected ones' (2B rows), as
+    training/objectives/dpo_loss.py reads
     them."""
 
     def __init__(self, device: torch.device, chat: bool = False, pairs: bool = False):

@@ -4,7 +4,8 @@ training and validation, and handed to Ray's object store (``ray.data.from_spark
 each of which reads a split whole (``PromptSource.table``): prompts are rows, not a token stream.
 
 A prompt's number (``index``) is its place in the table's order (file name, input split, row), the
-same on every run over the same inputs: it seeds its answers' random streams (training/rollout.py)
+same on every run over the same inputs: it seeds its answers' random streams
+(training/objectives/rollout.py)
 and places it in the validation split (a seeded draw per number, ``data.val_fraction``).
 """
 

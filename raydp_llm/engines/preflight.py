@@ -43,7 +43,7 @@ def check_cpus(cluster: ClusterSettings, train: TrainSettings) -> None:
 
 def fits_beside_spark(cluster: ClusterSettings, train: TrainSettings) -> bool:
     """Whether the running cluster holds the DDP workers while Spark's executors hold theirs, and a
-    CPU more: then Ray Train's worker group starts beside Spark and the ETL (training/fit.py,
+    CPU more: then Ray Train's worker group starts beside Spark and the ETL (training/driver/fit.py,
     ``started``), else once Spark has stopped (a group that cannot be placed would time out).
     The CPU more is for the Ray tasks that run beside Spark (from_spark's fetches, Ray Data's
     metadata tasks): the waiting workers hold theirs, and the hand-off must not wait for them."""

@@ -110,7 +110,8 @@ def init_options(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> di
 def embedded_cpus(waiting_cpus: float) -> int:
     """The embedded Ray's logical CPUs: the machine's cores (as Ray counts them: cgroup limits
     too), plus ``waiting_cpus``, those of the DDP workers of a training job. The worker group
-    starts while Spark's executors hold their CPUs (training/fit.py, ``started``); until the ETL
+    starts while Spark's executors hold their CPUs (training/driver/fit.py, ``started``); until the
+    ETL
     is done its workers only wait for their data, so their CPUs are counted twice rather than
     taken from Spark and the Ray tasks beside it, which keep the room they had. Once training
     starts, Spark has stopped and given its CPUs back."""

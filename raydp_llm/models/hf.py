@@ -181,7 +181,7 @@ def _parameters_on_meta():
 
 def empty_net(directory: Path):
     """A Hugging Face directory's model with its parameters on the meta device, to be sharded
-    and then filled shard by shard (``training/sharded_start.py``): the directory's config only,
+    and then filled shard by shard (training/worker/sharded_start.py): the directory's config only,
     no weights read, no random init."""
     from transformers import AutoConfig
 
@@ -203,7 +203,7 @@ def pretrained_dir(cfg: ModelConfig, s3: S3Options) -> Path | None:
 def empty_model(cfg: HFConfig | LlamaConfig, directory: Path | None, seed: int) -> HFModel:
     """``cfg``'s model, its LoRA adapters too, with its parameters on the meta device (buffers
     real): ``directory``'s config (``model=hf``, its local copy) or ``model=llama``'s shape. For a
-    sharded build to fill (``training/sharded_start.py``) or a gathered state to take
+    sharded build to fill (``training/worker/sharded_start.py``) or a gathered state to take
     (``checkpoint/sharded.gathered``): no weights read, none drawn."""
     net = empty_llama(cfg) if directory is None else empty_net(directory)
     if uses_lora(cfg):

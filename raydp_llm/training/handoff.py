@@ -1,13 +1,13 @@
 """How a worker group started before its data gets it: the driver launches Ray Train as soon as Ray
-is up (fit.py, ``started``), while Spark runs the ETL; each worker imports, joins the process group
-and warms up, then waits here for what only the ETL can tell (the spec: the vocabulary, the
-windows, the steps; the chunks; the checkpoint to resume), which the driver delivers once it has
-it. A restarted group finds it here at once.
+is up (driver/fit.py, ``started``), while Spark runs the ETL; each worker imports, joins the
+process group and warms up, then waits here for what only the ETL can tell (the spec: the
+vocabulary, the windows, the steps; the chunks; the checkpoint to resume), which the driver
+delivers once it has it. A restarted group finds it here at once.
 
 Rank 0 posts its worker group's placement group here (``post_group``), for the driver to free
 should Ray Train's controller die without removing it, and its progress for the driver's display
-(progress.py): one actor a run, not two (each is a fresh Python process, about a second of CPU on
-the way to the first step).
+(``LivePosts``, read by driver/progress.py; Ray's metrics get it too): one actor a run, not two
+(each is a fresh Python process, about a second of CPU on the way to the first step).
 
 This module imports Ray alone: the actor's process imports it, and ray.train would cost it seconds
 of CPU while Spark starts.
@@ -16,10 +16,13 @@ of CPU while Spark starts.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import placement_group_table, remove_placement_group
+
+from raydp_llm.core.timing import Stopwatch
 
 # the named actor of a sweep that keeps its trials' placement groups (cli/sweep/launcher.py): a
 # trial a scheduler stops ends with its controller, whose group Ray Train's cleaner frees only
@@ -121,3 +124,33 @@ def free_group(group) -> None:
     its trial stopped)."""
     if placement_group_table(group)["state"] != "REMOVED":
         remove_placement_group(group)
+
+
+class LivePosts:
+    """Rank 0's live figures, at most every ``interval_s``: to the driver's board and to Ray's
+    metrics."""
+
+    def __init__(self, board, run: str, interval_s: float = 0.5):
+        from raydp_llm.engines.dashboard import RunGauges
+
+        self.board, self.gauges, self.interval_s = board, RunGauges(run), interval_s
+        self.since_post = Stopwatch(already_s=interval_s)
+        self.first_step = True  # until the first step is posted
+
+    def step(self, step: int, loss: float, tokens_per_s: float) -> None:
+        self.first_step = False
+        if self.since_post.seconds() < self.interval_s:
+            return
+        self.since_post = Stopwatch()
+        if self.board is not None:
+            self.board.post.remote({"step": step, "loss": loss, "tokens_per_s": tokens_per_s})
+        self.gauges.set(step=step, train_loss=loss, tokens_per_s=tokens_per_s)
+
+    def evaluation(self, val_loss: float) -> None:
+        self.gauges.set(val_loss=val_loss)
+
+    def mark(self, name: str, at: float | None = None, first: bool = True) -> None:
+        """That rank 0 reached ``name`` now (or ``at``, a ``time.time()``), on the board
+        (``Handoff.mark``)."""
+        if self.board is not None:
+            self.board.mark.remote(name, time.time() if at is None else at, first=first)

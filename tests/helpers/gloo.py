@@ -14,8 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raydp_llm.checkpoint.layout import TrainState
-from raydp_llm.training.loop import TrainLoop
-from raydp_llm.training.worker import Placement, Worker
+from raydp_llm.training.objectives import Placement
+from raydp_llm.training.worker.loop import TrainLoop
+from raydp_llm.training.worker.worker import Worker
 
 
 def placement(rank: int, world: int) -> Placement:

@@ -16,8 +16,8 @@ from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.core.tokenizer import IdsTokenizer
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
+from raydp_llm.training.objectives import Placement
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.worker import Placement
 
 N, VOCAB, BLOCK, BATCH = 200, 16, 8, 4  # 160 training tokens: 19 windows, 4 steps an epoch
 CPU = Placement(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

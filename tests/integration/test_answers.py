@@ -28,7 +28,7 @@ from raydp_llm.core.config import GenerateSettings, GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.models.factory import build_model
-from raydp_llm.training.generation import sample_text
+from raydp_llm.training.driver.generation import sample_text
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ from raydp_llm.cli.train import run
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.data import cache
-from raydp_llm.training.metrics import read_events, read_metrics
+from raydp_llm.training.driver.metrics import read_events, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

@@ -18,7 +18,7 @@ from helpers.grpo_task import overrides, write_task
 from helpers.processes import kill_tree
 from helpers.terminal import wait_for
 from raydp_llm.data.prompt_set import in_validation
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration]
 

@@ -20,7 +20,7 @@ from helpers.tasks import write_tasks
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.errors import InputError
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
@@ -69,7 +69,7 @@ def test_an_hf_run_resumes_exactly(fine_tuned, tmp_path):
 def test_fsdp_workers_load_the_checkpoint_shard_by_shard_and_follow_ddps_curve(fine_tuned,
                                                                              tmp_path):
     """The same run on 2 FSDP workers, each loading only its shard of the weights
-    (training/sharded_start.py): the DDP run's curve, the data read from the ETL cache."""
+    (training/worker/sharded_start.py): the DDP run's curve, the data read from the ETL cache."""
     summary = train(make_config(*fine_tuned["overrides"], "train.strategy=fsdp"),
                     tmp_path / "fsdp")
     assert summary["status"] == "finished" and summary["etl"]["cache_hit"] is True

@@ -19,7 +19,7 @@ from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import load_tokenizer
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

@@ -31,7 +31,7 @@ from helpers.paths import ROOT
 from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core import storage
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

@@ -24,7 +24,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache
 from raydp_llm.data.prepare import prepared
 from raydp_llm.engines.preflight import check_workers_fit, preflight
-from raydp_llm.training.metrics import COLUMNS, read_metrics
+from raydp_llm.training.driver.metrics import COLUMNS, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 

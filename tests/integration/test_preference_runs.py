@@ -17,11 +17,12 @@ from helpers.configs import NO_CHECK, make_config
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
+from raydp_llm.core.dpo_config import DPO_FIGURES
 from raydp_llm.core.errors import InputError
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import sample_corpus
 from raydp_llm.data.sample_preference import pairs as sample_pairs
-from raydp_llm.training.metrics import DPO_FIGURES, read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # an end-to-end run
 

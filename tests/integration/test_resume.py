@@ -15,8 +15,8 @@ from helpers.terminal import start_like_a_terminal
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.core.errors import InputError
-from raydp_llm.training.metrics import read_metrics
-from raydp_llm.training.run import resume_checkpoint
+from raydp_llm.training.driver.metrics import read_metrics
+from raydp_llm.training.driver.run import resume_checkpoint
 from raydp_llm.training.spec import build_spec, samplings, windows_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs

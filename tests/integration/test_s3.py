@@ -33,8 +33,8 @@ from raydp_llm.data.etl.records import EtlPlan, Manifest
 from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.stream import RunWindows
 from raydp_llm.engines.spark import spark_session
-from raydp_llm.training.metrics import read_metrics
-from raydp_llm.training.run import resume_checkpoint
+from raydp_llm.training.driver.metrics import read_metrics
+from raydp_llm.training.driver.run import resume_checkpoint
 from raydp_llm.training.spec import build_spec, samplings
 
 # A run of four steps with checkpoints at 2 and 4, small enough for the S3 stand-in's pace.

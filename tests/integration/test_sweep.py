@@ -15,7 +15,7 @@ import pytest
 
 from helpers.configs import NO_CHECK
 from helpers.paths import ROOT
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a sweep of three jobs
 

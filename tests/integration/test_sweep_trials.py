@@ -18,7 +18,7 @@ import yaml
 
 from helpers import commands
 from helpers.configs import CACHE_DIR, NO_CHECK
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a sweep of four trials, run twice
 

@@ -24,7 +24,7 @@ from raydp_llm.core.config import GPTConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.models.factory import build_model
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # lm-evaluation-harness runs
 

@@ -1,4 +1,4 @@
-"""``train.best_by`` (training/best.py): the order of a column, the refusal of a column no
+"""``train.best_by`` (training/driver/best.py): the order of a column, the refusal of a column no
 checkpoint reports, Ray Train's checkpoint ranking, and the best of the kept checkpoints."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ray.train import Checkpoint
 from helpers.configs import make_config
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
-from raydp_llm.training.best import best_of, check, checkpoint_config, order
+from raydp_llm.training.driver.best import best_of, check, checkpoint_config, order
 
 
 @pytest.mark.parametrize("column,want", [

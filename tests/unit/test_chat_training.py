@@ -19,8 +19,9 @@ from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.models.base import IGNORE
 from raydp_llm.models.factory import build_model
+from raydp_llm.training.objectives import Placement
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.worker import Placement, Worker, validation_pass
+from raydp_llm.training.worker.worker import Worker
 
 CPU = Placement(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -110,8 +111,7 @@ def trained_loss(train_on: str) -> tuple[float, int]:
         for group in worker.data.steps(step // worker.spec.steps_per_epoch, 0):
             worker.train_step(group, 3e-3)
             step += 1
-    loss_sum, _, count = validation_pass(worker.model, worker.data, worker.collate,
-                                         worker.autocast)
+    loss_sum, _, count = worker.objective.validation_pass(worker.data)
     return loss_sum / count, count
 
 

@@ -1,4 +1,5 @@
-"""The DPO objective (training/dpo.py) against the paper's formula computed here, directly from a
+"""The DPO objective (training/objectives/dpo_loss.py) against the paper's formula computed here,
+directly from a
 transformers model's logits: at the start (policy = reference) the loss is ln 2 and every reward 0;
 then the loss, rewards and log-probabilities of a batch; IPO and label smoothing; and a planted
 preference that a few steps of the loss learn."""
@@ -12,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from raydp_llm.models.base import IGNORE
-from raydp_llm.training.dpo import LN2, PairLogps, dpo_loss, means
+from raydp_llm.training.objectives.dpo_loss import LN2, PairLogps, dpo_loss, means
 
 P, PROMPT, ANSWER, V = 3, 4, 5, 37
 

@@ -15,14 +15,16 @@ from helpers.pairs import ANSWER, BATCH, BLOCK, TRAIN_PAIRS, VAL_PAIRS, pair_dat
 from helpers.tiny_loop import CPU, Reports
 from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core import integrity
+from raydp_llm.core.dpo_config import DPO_FIGURES
 from raydp_llm.core.errors import RunFailure
-from raydp_llm.training.dpo import LN2
-from raydp_llm.training.loop import TrainLoop
-from raydp_llm.training.metrics import COLUMNS, DPO_FIGURES
-from raydp_llm.training.objectives import logps_of
-from raydp_llm.training.precomputed import FILE, pair_keys
-from raydp_llm.training.reference import starting_dir, starting_model
-from raydp_llm.training.worker import Worker
+from raydp_llm.training.driver.metrics import COLUMNS
+from raydp_llm.training.driver.reference import starting_dir
+from raydp_llm.training.objectives.dpo import logps_of
+from raydp_llm.training.objectives.dpo_loss import LN2
+from raydp_llm.training.objectives.precomputed import FILE, pair_keys
+from raydp_llm.training.worker.loop import TrainLoop
+from raydp_llm.training.worker.starting import starting_model
+from raydp_llm.training.worker.worker import Worker
 
 
 def answers(logps) -> list[float]:
@@ -41,10 +43,10 @@ def test_at_the_start_the_policy_is_the_reference_loss_ln2(data):
     frozen copy's: the loss is ln 2 and every reward 0."""
     worker = Worker(pair_spec(data), data, CPU)
     (windows_,) = next(worker.data.steps(epoch=0, first_step=0))
-    batch = worker.collate(windows_)
+    batch = worker.objective.collate(windows_)
     assert batch.inputs.shape == (2 * BATCH, BLOCK)  # the chosen rows, then the rejected
     assert int(batch.counted.sum()) == 2 * BATCH * ANSWER  # only the answers' tokens count
-    scored = worker.objective.score(worker.forward, batch, worker.autocast)
+    scored = worker.objective.score(worker.forward, batch)
     assert abs(scored.loss.item() - LN2) < 1e-6 and scored.count == BATCH
     assert scored.sums["chosen_reward"] == 0 and scored.sums["rejected_reward"] == 0
     assert scored.sums["chosen_logp"] < 0
@@ -56,7 +58,7 @@ def test_the_driver_rebuilds_the_workers_reference(data, tmp_path):
     worker trained (and drew from torch's generator)."""
     spec = pair_spec(data)
     worker = Worker(spec, data, CPU)
-    probe = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
+    probe = worker.objective.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
     TrainLoop(worker, TrainState(), Reports(tmp_path)).run()
     rebuilt = starting_model(spec).eval()
     with torch.no_grad():
@@ -68,7 +70,7 @@ def test_a_planted_preference_is_learned_and_the_reference_stays(data, tmp_path)
     s = pair_spec(data)
     worker = Worker(s, data, CPU)
     reference = worker.objective.reference
-    probe = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
+    probe = worker.objective.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
     before = answers(reference(probe))
     reports = Reports(tmp_path)
     assert TrainLoop(worker, TrainState(), reports).run()
@@ -97,8 +99,8 @@ def test_with_lora_the_reference_is_the_base_with_its_adapters_off(data, hf_fami
     s = replace(pair_spec(data, max_steps=40), model=model,
                 tokenizer_json=load_tokenizer(hf_families["llama"]).to_json())
     worker = Worker(s, data, CPU)
-    batch = worker.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
-    first = worker.objective.score(worker.forward, batch, worker.autocast)
+    batch = worker.objective.collate(next(worker.data.steps(epoch=0, first_step=0))[0])
+    first = worker.objective.score(worker.forward, batch)
     assert abs(first.loss.item() - LN2) < 1e-6
     before = answers(worker.objective.reference(batch))
     trainable = sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
@@ -129,15 +131,16 @@ def test_precomputed_log_probabilities_train_as_the_frozen_copy_does(data, tmp_p
     worker = Worker(spec, data, CPU)
     kept = Reports(tmp_path / "precomputed")
     assert TrainLoop(worker, TrainState(), kept).run()
-    every = {k for w in worker.data.every_window() for k in pair_keys(worker.collate(w))}
-    assert worker.precomputed.table.keys() == every  # both splits' pairs (two are alike)
+    every = {k for w in worker.data.every_window() for k in pair_keys(worker.objective.collate(w))}
+    assert worker.objective.precomputed.table.keys() == every  # both splits' pairs (two are alike)
     assert TRAIN_PAIRS + VAL_PAIRS - 2 <= len(every) <= TRAIN_PAIRS + VAL_PAIRS
     assert curve(kept.rows) == pytest.approx(curve(copy_run.rows), abs=1e-5)
     step_40 = kept.checkpoints[40]
     assert (step_40 / FILE).is_file() and FILE in integrity.listing(step_40)
     resumed = Worker(spec, data, CPU)
     state = resumed.load_checkpoint(step_40)
-    assert resumed.precomputed.table == worker.precomputed.table  # read, not computed
+    # read, not computed
+    assert resumed.objective.precomputed.table == worker.objective.precomputed.table
     rows = Reports(tmp_path / "resumed")
     assert TrainLoop(resumed, state, rows).run()
     assert curve(rows.rows) == pytest.approx(curve(kept.rows)[4:], abs=1e-6)
@@ -149,14 +152,14 @@ def test_precomputed_log_probabilities_of_other_starting_weights_are_refused(dat
     spec = pair_spec(data, max_steps=4)
     spec = replace(spec, dpo=replace(spec.dpo, reference="precomputed"))
     worker = Worker(spec, data, CPU)
-    worker.precompute_reference(TrainState())
-    worker.precomputed.save(tmp_path)
+    worker.start(TrainState())
+    worker.objective.precomputed.save(tmp_path)
     other = Worker(replace(spec, seed=spec.seed + 1), data, CPU)
     with pytest.raises(RunFailure, match=r"^dpo.reference=precomputed: .*reference_logps.npz "
                                          r"holds the log-probabilities of other starting weights "
                                          r"\(\w+, this run's are \w+\); resume a checkpoint of "
                                          r"this run, or start afresh$"):
-        other.precomputed.load(tmp_path)
+        other.objective.precomputed.load(tmp_path)
     with pytest.raises(RunFailure, match=r"the checkpoint of step 3 holds no reference "
                                          r"log-probabilities"):
-        other.precompute_reference(TrainState(step=3))
+        other.start(TrainState(step=3))

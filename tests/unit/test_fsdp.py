@@ -28,8 +28,8 @@ from raydp_llm.core import integrity
 from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
-from raydp_llm.training import runs
-from raydp_llm.training.worker import Worker
+from raydp_llm.training.driver import runs
+from raydp_llm.training.worker.worker import Worker
 
 STEPS = 40
 TOLERANCE = 2e-3  # the issue's: curves of equal runs on other layouts agree within it

@@ -14,14 +14,14 @@ import torch
 
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.grpo_config import GrpoSettings
-from raydp_llm.training.grpo import (
+from raydp_llm.training.objectives.grpo_loss import (
     STD_FLOOR,
     Whole,
     advantages,
     combined_rewards,
     policy_loss,
 )
-from raydp_llm.training.rewards import SHIPPED, FailureStreak, Reward, RewardCalls, load
+from raydp_llm.training.objectives.rewards import SHIPPED, FailureStreak, Reward, RewardCalls, load
 
 NAN = float("nan")
 
@@ -194,7 +194,7 @@ def test_a_reward_failing_every_batch_for_too_many_steps_stops_the_run():
 
 
 def test_a_draw_picks_from_its_own_stream_within_the_nucleus():
-    from raydp_llm.training.rollout import pick
+    from raydp_llm.training.objectives.rollout import pick
 
     def streams(n, seed=7):
         return [torch.Generator().manual_seed(seed + i) for i in range(n)]
@@ -210,7 +210,7 @@ def test_a_draw_picks_from_its_own_stream_within_the_nucleus():
 def test_a_prompts_answers_come_from_streams_of_seed_step_prompt_and_sample():
     from raydp_llm.core.model_config import GPTConfig
     from raydp_llm.models.factory import build_model
-    from raydp_llm.training.rollout import PAD, Draw, answer
+    from raydp_llm.training.objectives.rollout import PAD, Draw, answer
 
     torch.manual_seed(0)
     model = build_model(GPTConfig(vocab_size=20, block_size=32, n_layer=1, n_head=2,
@@ -245,8 +245,8 @@ def test_the_reward_rises_on_a_toy_task(tmp_path):
     rollouts, the user's reward in its own process, advantages, the dapo loss, AdamW."""
     from raydp_llm.core.model_config import GPTConfig
     from raydp_llm.models.factory import build_model
-    from raydp_llm.training.grpo import answer_logps
-    from raydp_llm.training.rollout import Draw, PromptRow, Scoring, evaluate, roll_out
+    from raydp_llm.training.objectives.grpo_loss import answer_logps
+    from raydp_llm.training.objectives.rollout import Draw, PromptRow, Scoring, evaluate, roll_out
 
     (tmp_path / "toy.py").write_text(SEVENS)
     torch.manual_seed(0)
@@ -291,8 +291,8 @@ def _grpo_gradients(rank: int, world: int) -> torch.Tensor:
 
     from raydp_llm.core.model_config import GPTConfig
     from raydp_llm.models.factory import build_model
-    from raydp_llm.training.grpo import answer_logps, whole_of
-    from raydp_llm.training.rollout import Draw, answer
+    from raydp_llm.training.objectives.grpo_loss import answer_logps, whole_of
+    from raydp_llm.training.objectives.rollout import Draw, answer
 
     torch.manual_seed(0)
     model = build_model(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16))
@@ -358,7 +358,7 @@ class LocalPrompts:
 
 
 def _grpo_worker(tmp_path, lora: bool):
-    """A GrpoWorker (plain torch, one process) on a tiny Llama, grpo.beta=0.1, rewarded by the
+    """A GRPO worker (plain torch, one process) on a tiny Llama, grpo.beta=0.1, rewarded by the
     share of the answer's letters that are vowels."""
     from helpers.grpo_task import REWARDS
     from helpers.hf_models import CHAT_TEXTS, build
@@ -366,8 +366,8 @@ def _grpo_worker(tmp_path, lora: bool):
     from raydp_llm.core.config import HFConfig, OptimSettings, TrainSettings
     from raydp_llm.core.model_config import LoraSettings
     from raydp_llm.core.tokenizer import load_tokenizer
-    from raydp_llm.training.grpo_worker import GrpoWorker
     from raydp_llm.training.spec import TrainSpec
+    from raydp_llm.training.worker.worker import Worker
 
     directory = build("llama", tmp_path / "llama", CHAT_TEXTS)
     (tmp_path / "rewards.py").write_text(REWARDS)
@@ -383,7 +383,7 @@ def _grpo_worker(tmp_path, lora: bool):
                      steps_per_epoch=4, max_steps=4, fingerprint="g" * 20, grpo=grpo)
     prompts = [(i, [5 + i, 9, 12]) for i in range(10)]
     data = {"train": LocalPrompts(prompts[:8]), "val": LocalPrompts(prompts[8:])}
-    return GrpoWorker(spec, data, CPU)
+    return Worker(spec, data, CPU)
 
 
 def test_with_lora_the_reference_is_the_base_with_its_adapters_off(tmp_path):
@@ -392,22 +392,22 @@ def test_with_lora_the_reference_is_the_base_with_its_adapters_off(tmp_path):
     reference is a frozen copy."""
     from helpers.tiny_loop import Reports
     from raydp_llm.checkpoint.layout import TrainState
-    from raydp_llm.training.loop import TrainLoop
+    from raydp_llm.training.worker.loop import TrainLoop
 
     worker = _grpo_worker(tmp_path / "lora", lora=True)
     try:
-        assert worker.objective is worker.model  # no copy: its adapters off
+        assert worker.reference is worker.model  # no copy: its adapters off
         trainable = sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
         assert trainable < sum(p.numel() for p in worker.model.parameters()) / 4
         reports = Reports(tmp_path / "reports")
         assert TrainLoop(worker, TrainState(), reports).run()
     finally:
-        worker.calls.close()
+        worker.objective.calls.close()
     (row,) = reports.rows
     assert row["kl"] > 0 and row["reward_mean"] > 0 and row["val_reward"] is not None
     assert worker.model.training  # the reference's switch to eval mode was undone
 
     copied = _grpo_worker(tmp_path / "full", lora=False)
-    copied.calls.close()
-    assert copied.objective is not copied.model
-    assert not any(p.requires_grad for p in copied.objective.parameters())
+    copied.objective.calls.close()
+    assert copied.reference is not copied.model
+    assert not any(p.requires_grad for p in copied.reference.parameters())

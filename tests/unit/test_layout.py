@@ -120,6 +120,31 @@ def test_imports_run_one_way():
     assert upward == []
 
 
+# training/'s rooms, each may import only those before it: the shared modules (spec, handoff,
+# tasks), the objectives, the worker's code, the driver's
+ROOMS = ["shared", "objectives", "worker", "driver"]
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["raydp_llm", "training"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ROOMS else "shared"
+
+
+def test_training_imports_run_from_the_driver_to_the_workers_to_the_objectives():
+    upward = []
+    for path in sorted((PACKAGE / "training").rglob("*.py")):
+        room = room_of(module_name(path))
+        for module in imports_of(path):
+            target = room_of(module)
+            if target and ROOMS.index(target) > ROOMS.index(room):
+                upward.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert upward == []
+    assert room_of("raydp_llm.training.worker.loop") == "worker"
+    assert room_of("raydp_llm.training.spec") == "shared"
+
+
 # The modules whose steps (mapInArrow's functions and classes) Spark's executors unpickle: each
 # executor's Python worker imports them, and Ray with RayDP would cost it 0.7 s of CPU more.
 EXECUTOR_MODULES = [
@@ -179,5 +204,5 @@ def test_the_wheel_holds_the_console_scripts_and_the_configuration(tmp_path):
     shipped = sorted(f"share/raydp_llm/conf/{p.relative_to(ROOT / 'conf')}"
                      for p in (ROOT / "conf").rglob("*.yaml"))
     assert confs == shipped
-    assert "raydp_llm/training/fit.py" in names and "raydp_llm/data/etl/__init__.py" in names
+    assert "raydp_llm/training/driver/fit.py" in names and "raydp_llm/data/etl/__init__.py" in names
     assert "raydp_llm/log4j2.properties" in names  # the Spark driver's log configuration

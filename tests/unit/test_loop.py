@@ -13,10 +13,11 @@ import torch
 
 from helpers.tiny_loop import BATCH, BLOCK, CPU, Reports, spec, tiny_data
 from raydp_llm.checkpoint.layout import STATE_JSON, TrainState
-from raydp_llm.training.loop import TrainLoop, divergence
-from raydp_llm.training.metrics import bits_per_char
-from raydp_llm.training.optim import lr_at
-from raydp_llm.training.worker import Worker, all_reduce_max, all_reduce_sum
+from raydp_llm.training.objectives import all_reduce_max, all_reduce_sum
+from raydp_llm.training.objectives.lm import bits_per_char
+from raydp_llm.training.worker.loop import TrainLoop, divergence
+from raydp_llm.training.worker.optim import lr_at
+from raydp_llm.training.worker.worker import Worker
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from raydp_llm.core.config import HFConfig
 from raydp_llm.core.model_config import LoraSettings
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.models.lora import ADAPTER_DIR
-from raydp_llm.training.loop import TrainLoop
-from raydp_llm.training.run import trainable_params
-from raydp_llm.training.worker import Worker
+from raydp_llm.training.driver.run import trainable_params
+from raydp_llm.training.worker.loop import TrainLoop
+from raydp_llm.training.worker.worker import Worker
 
 
 @pytest.fixture(scope="module")

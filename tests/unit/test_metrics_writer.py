@@ -8,7 +8,7 @@ import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from raydp_llm.training.metrics import MetricsWriter, read_metrics
+from raydp_llm.training.driver.metrics import MetricsWriter, read_metrics
 
 
 def report(writer: MetricsWriter, step: int, loss: float) -> None:
@@ -34,7 +34,7 @@ def test_a_restarts_repeated_steps_replace_the_earlier_points(tmp_path):
 
 
 # What Ray Train's controller unpickles of a run: the callbacks, the backend, the loop's config
-CONTROLLER_SIDE = ["metrics", "best", "handoff"]
+CONTROLLER_SIDE = ["driver.metrics", "driver.best", "handoff"]
 
 
 def test_the_controller_side_imports_no_torch(tmp_path):
@@ -44,10 +44,11 @@ def test_the_controller_side_imports_no_torch(tmp_path):
         "import sys",
         "from pathlib import Path",
         *[f"import raydp_llm.training.{name}" for name in CONTROLLER_SIDE],
-        "from raydp_llm.training.metrics import MetricsWriter",
+        "from raydp_llm.training.driver.metrics import MetricsWriter",
         f"w = MetricsWriter(Path({str(tmp_path)!r}))",
         "w.after_report(None, [{'step': 1, 'train_loss': 1.0}], None)",
-        "print(sorted(m for m in sys.modules if m == 'torch' or m == 'raydp_llm.training.loop'))",
+        "loop = 'raydp_llm.training.worker.loop'",
+        "print(sorted(m for m in sys.modules if m == 'torch' or m == loop))",
     ])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -60,7 +61,7 @@ def test_restarts_and_resizes_are_events_and_a_last_failure_is_none(tmp_path):
     the failure beyond max_failures ends the run and is no restart."""
     from ray.exceptions import ActorDiedError
 
-    from raydp_llm.training.metrics import read_events
+    from raydp_llm.training.driver.metrics import read_events
 
     writer = MetricsWriter(tmp_path, max_failures=1)
     writer.after_report(None, [{"step": 10, "train_loss": 3.0}] * 2, _Checkpoint("ckpt-10"))

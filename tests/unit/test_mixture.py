@@ -16,7 +16,7 @@ from raydp_llm.core.tokenizer import CharTokenizer, train_bpe
 from raydp_llm.data import windows
 from raydp_llm.data.mixture import MixtureReader, MixtureSpec, one_tokenizer
 from raydp_llm.data.stream import Sampling, SplitChunks
-from raydp_llm.training.mixed_data import check_repetitions
+from raydp_llm.training.driver.mixed_data import check_repetitions
 
 BLOCK, BATCH = 8, 16
 

@@ -17,7 +17,7 @@ from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.factory import build_model
 from raydp_llm.models.gpt import GPT
 from raydp_llm.models.lstm import LSTMLM
-from raydp_llm.training.generation import sample_text, top_next_tokens
+from raydp_llm.training.driver.generation import sample_text, top_next_tokens
 
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=32)
 LSTM_CFG = LSTMConfig(vocab_size=11, block_size=16, n_layer=2, n_embd=32)

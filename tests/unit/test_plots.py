@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.training.plots import plot_loss
+from raydp_llm.training.driver.plots import plot_loss
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HEADER = "step,tokens,train_loss,val_loss,lr\n"

@@ -38,9 +38,10 @@ from raydp_llm.core.tokenizer import (
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.models.hf import read_hf_config, resolved
-from raydp_llm.training.loop import TrainLoop
+from raydp_llm.training.objectives import Placement
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.worker import Placement, Worker
+from raydp_llm.training.worker.loop import TrainLoop
+from raydp_llm.training.worker.worker import Worker
 
 CPU = Placement(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 BLOCK = 16

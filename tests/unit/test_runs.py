@@ -18,8 +18,8 @@ import torch
 from raydp_llm.checkpoint.layout import STATE_JSON
 from raydp_llm.core import integrity
 from raydp_llm.core.errors import InputError
-from raydp_llm.training import runs
-from raydp_llm.training.runs import RunRecord, find_resumable
+from raydp_llm.training.driver import runs
+from raydp_llm.training.driver.runs import RunRecord, find_resumable
 
 FINGERPRINT, MAX_STEPS = "f" * 20, 100
 

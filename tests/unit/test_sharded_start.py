@@ -1,4 +1,5 @@
-"""A transformers checkpoint loaded shard by shard under FSDP (training/sharded_start.py), in gloo
+"""A transformers checkpoint loaded shard by shard under FSDP (training/worker/sharded_start.py), in
+gloo
 processes (helpers/gloo.py): each worker's shards are its slices of the whole model to the bit,
 from files in bfloat16, for a tied and an untied Llama, Qwen2 (biases) and GPT-2 (its own layout),
 and with LoRA adapters, and a fresh Llama's drawn weights; training after the sharded load follows
@@ -28,9 +29,9 @@ from raydp_llm.core import integrity
 from raydp_llm.core.model_config import HFConfig, LlamaConfig, LoraSettings
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.models.tensor_files import TensorFiles, write_safetensors
-from raydp_llm.training import sharded_start
-from raydp_llm.training.reference import starting_model
-from raydp_llm.training.worker import Worker
+from raydp_llm.training.worker import sharded_start
+from raydp_llm.training.worker.starting import starting_model
+from raydp_llm.training.worker.worker import Worker
 
 FAMILIES = ("llama", "llama_untied", "qwen2", "gpt2")
 TEXTS = ["Romeo, Romeo, wherefore art thou Romeo?", "A rose by any other name."] * 20

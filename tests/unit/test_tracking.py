@@ -10,8 +10,8 @@ import pytest
 
 from helpers.configs import make_config
 from raydp_llm.core.errors import InputError
-from raydp_llm.training import tracking
-from raydp_llm.training.runs import RECORD, RunRecord
+from raydp_llm.training.driver import tracking
+from raydp_llm.training.driver.runs import RECORD, RunRecord
 
 
 def outputs(out_dir):

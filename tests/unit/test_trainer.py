@@ -12,9 +12,9 @@ from helpers.chunks import chunked
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.data import windows
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
-from raydp_llm.training.optim import lr_at
+from raydp_llm.training.objectives.windows import WorkerData
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.worker import WorkerData
+from raydp_llm.training.worker.optim import lr_at
 
 N, BLOCK = 1300, 12  # 1200 training tokens: 100 windows of 13 tokens at a stride of 12
 
@@ -95,7 +95,7 @@ def test_learning_rate_warms_up_then_decays_to_min_lr(data):
 
 
 def test_start_up_phases_from_the_marks():
-    from raydp_llm.training.fit import startup_phases
+    from raydp_llm.training.driver.fit import startup_phases
 
     # the group started beside the ETL: 4.5 s of its start ran before the driver had the data
     marks = {"fit": 100.0, "loop_start": 104.5, "data_ready": 110.0, "data": 110.5,
@@ -111,7 +111,7 @@ def test_start_up_phases_from_the_marks():
 
 
 def test_start_up_timeline_from_the_marks():
-    from raydp_llm.training.fit import startup_timeline
+    from raydp_llm.training.driver.fit import startup_timeline
 
     marks = {"fit": 100.0, "loop_start": 104.5, "data": 110.5, "worker_ready": 111.0}
     assert startup_timeline(marks, origin=90.0) == {"train_group_start": [10.0, 14.5],

@@ -35,7 +35,7 @@ from raydp_llm.core.config import SweepSettings, TrainSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.engines import spark_turns
-from raydp_llm.training import best
+from raydp_llm.training.driver import best
 from raydp_llm.training.handoff import SWEEP_GROUPS, free_group
 
 log = logging.getLogger(__name__)

@@ -79,7 +79,7 @@ def _summary(out_dir: Path) -> dict:
 def _figures(metrics_csv: Path) -> dict:
     """What a stopped run reached, from its ``metrics.csv``: its last step and validation loss,
     its best validation loss."""
-    from raydp_llm.training.metrics import read_metrics
+    from raydp_llm.training.driver.metrics import read_metrics
 
     rows = read_metrics(metrics_csv) if metrics_csv.is_file() else []
     losses = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
@@ -92,7 +92,7 @@ def _figures(metrics_csv: Path) -> dict:
 
 def last_value(out_dir: Path, column: str) -> float | None:
     """The last value of ``column`` in a run's ``metrics.csv``; None if it has none."""
-    from raydp_llm.training.metrics import read_metrics
+    from raydp_llm.training.driver.metrics import read_metrics
 
     path = out_dir / "metrics.csv"
     values = [r[column] for r in read_metrics(path) if r.get(column) is not None] \

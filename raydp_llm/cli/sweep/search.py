@@ -93,7 +93,7 @@ def sweep(plugin, arguments: list[str]) -> list:
 
 
 def _direction(settings) -> str:
-    from raydp_llm.training import best
+    from raydp_llm.training.driver import best
 
     mode = settings.mode or best.order(settings.metric)
     return "minimize" if mode == "min" else "maximize"

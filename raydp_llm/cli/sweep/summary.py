@@ -55,7 +55,7 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from raydp_llm.engines.ray_cluster import ray_session
-        from raydp_llm.training import tracking
+        from raydp_llm.training.driver import tracking
 
         # a door too: the sweep's settings checked before Ray starts; its Ray and tracking
         check_sweep(config)
@@ -91,7 +91,7 @@ class SweepSummary(Callback):
         jobs = [row for _, row in sorted(records.rows(sweep_dir).items())]
         done = self._summarize(sweep_dir, jobs) if jobs else []
         if self.parent_run:
-            from raydp_llm.training import tracking
+            from raydp_llm.training.driver import tracking
 
             tracking.close_sweep(self.tracking, self.parent_run, sweep_dir.resolve(), bool(done))
         if records.interrupted:
@@ -101,8 +101,8 @@ class SweepSummary(Callback):
 
     def _summarize(self, sweep_dir: Path, jobs: list[dict]) -> list[dict]:
         """``sweep_summary.csv``, ``sweep.png`` and the console table; the completed jobs' rows."""
-        from raydp_llm.training.metrics import read_metrics
-        from raydp_llm.training.plots import plot_sweep
+        from raydp_llm.training.driver.metrics import read_metrics
+        from raydp_llm.training.driver.plots import plot_sweep
 
         swept = _varying_overrides([job["overrides"] for job in jobs])
         rows = [
@@ -134,7 +134,7 @@ def check_sweep(config: DictConfig) -> None:
     ``hydra/sweeper=optuna``, a search space it samples. Else one line and exit status 2, before
     anything starts."""
     from raydp_llm.core.errors import InputError
-    from raydp_llm.training import best
+    from raydp_llm.training.driver import best
 
     sweep, data = OmegaConf.to_object(config.sweep), OmegaConf.to_object(config.data)
     try:

@@ -1,6 +1,7 @@
 """A job of a sweep as a Ray Tune trial: the process Tune starts for it runs the job as Hydra's
 basic launcher would in the sweep's own process (``run_job``: the job's directory, its log, its
-``.hydra/``), and its Ray Train run reports its evaluations to Tune (training/trial_reports.py)."""
+``.hydra/``), and its Ray Train run reports its evaluations to Tune
+(training/driver/trial_reports.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig
 
 from raydp_llm.cli.sweep import records
-from raydp_llm.training.trial_reports import evaluations_to_tune, report_to
+from raydp_llm.training.driver.trial_reports import evaluations_to_tune, report_to
 
 
 @dataclass

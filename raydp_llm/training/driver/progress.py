@@ -2,16 +2,15 @@
 training steps (loss, validation loss, tokens/s, ETA) with a concise line per evaluation.
 
 Training runs in Ray Train workers: rank 0 posts its step to the run's board (the hand-off actor,
-handoff.py) every half second, and ``TrainingProgress`` (a thread on the driver) reads it, the new
-rows of
-``metrics.csv`` and the restarts the controller records (``events.jsonl``), a line each. Log lines
-go through tqdm (``logging_redirect_tqdm``), so they never tear the bar.
+handoff.py's ``LivePosts``) every half second, and ``TrainingProgress`` (a thread on the driver)
+reads it, the new rows of ``metrics.csv`` and the restarts the controller records
+(``events.jsonl``), a line each. Log lines go through tqdm (``logging_redirect_tqdm``), so they
+never tear the bar.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,8 +18,7 @@ import ray
 from tqdm import tqdm
 
 from raydp_llm.core.console import console_bar
-from raydp_llm.core.timing import Stopwatch
-from raydp_llm.training.metrics import METRICS_FILE, read_events, read_metrics, source_losses
+from raydp_llm.training.driver.metrics import METRICS_FILE, read_events, read_metrics, source_losses
 
 
 class TrainingProgress(threading.Thread):
@@ -116,33 +114,3 @@ def event_line(event: dict, restarts: int, max_failures: int) -> str:
         failed = "; ".join(f"worker {rank}: {what}" for rank, what in errors.items())
     limit = f" of at most {max_failures}" if max_failures >= 0 else ""
     return f"restart {restarts}{limit}: {failed}; going on from {where}"
-
-
-class LivePosts:
-    """Rank 0's live figures, at most every ``interval_s``: to the driver's board and to Ray's
-    metrics."""
-
-    def __init__(self, board, run: str, interval_s: float = 0.5):
-        from raydp_llm.engines.dashboard import RunGauges
-
-        self.board, self.gauges, self.interval_s = board, RunGauges(run), interval_s
-        self.since_post = Stopwatch(already_s=interval_s)
-        self.first_step = True  # until the first step is posted
-
-    def step(self, step: int, loss: float, tokens_per_s: float) -> None:
-        self.first_step = False
-        if self.since_post.seconds() < self.interval_s:
-            return
-        self.since_post = Stopwatch()
-        if self.board is not None:
-            self.board.post.remote({"step": step, "loss": loss, "tokens_per_s": tokens_per_s})
-        self.gauges.set(step=step, train_loss=loss, tokens_per_s=tokens_per_s)
-
-    def evaluation(self, val_loss: float) -> None:
-        self.gauges.set(val_loss=val_loss)
-
-    def mark(self, name: str, at: float | None = None, first: bool = True) -> None:
-        """That rank 0 reached ``name`` now (or ``at``, a ``time.time()``), on the board
-        (``Handoff.mark``)."""
-        if self.board is not None:
-            self.board.mark.remote(name, time.time() if at is None else at, first=first)

@@ -18,19 +18,18 @@ from pathlib import Path
 
 from ray.train import UserCallback
 
+from raydp_llm.core.dpo_config import DPO_FIGURES
 from raydp_llm.core.errors import first_line
 
 # One row per evaluation. Losses are mean cross-entropy per token (nats); ppl = exp(val_loss); bpc =
 # bits per character (val_loss / ln 2 / characters per token); acc = top-1 next-token accuracy.
 # With train.objective=dpo the losses are DPO's, per pair; acc is the reward accuracy (the share of
 # pairs whose chosen answer has the higher reward); the *_reward, *_margin and *_logp columns are
-# per-pair means (training/dpo.py), empty otherwise; ppl and bpc are empty.
+# per-pair means (training/objectives/dpo_loss.py), empty otherwise; ppl and bpc are empty.
 # grad_norm = mean total gradient norm before clipping; grad_abs_* = magnitudes of all gradient
 # entries at the reporting step; step_time_s = mean wall time of an optimizer step; mfu = model
 # FLOPs utilization against train.peak_flops; memory in MiB; CPU load in percent (process: of one
 # core; sys: of all cores); workers = DDP workers training.
-# the per-pair figures a DPO run reports, train_* and val_* each (training/dpo.py, DpoLoss.sums)
-DPO_FIGURES = ("reward_margin", "chosen_reward", "rejected_reward", "chosen_logp", "rejected_logp")
 COLUMNS = [
     "step",
     "epoch",
@@ -71,7 +70,7 @@ def columns_of(metrics: dict) -> list[str]:
     """``metrics.csv``'s columns for a worker's ``metrics``: ``COLUMNS``, then a mixture's
     ``val_loss_<name>`` in its sources' order, then the ``task_<task>_<metric>`` scores of
     ``train.eval_tasks`` (at the evaluations that scored them); a GRPO run's rewards and answers
-    (training/grpo_worker.py) after them, each reward function's too."""
+    (training/objectives/grpo.py) after them, each reward function's too."""
     extra = [k for k in metrics if k.startswith((SOURCE_LOSS, TASK))]
     if "reward_mean" in metrics:
         extra += [k for k in metrics if k not in COLUMNS and k not in extra]
@@ -89,12 +88,6 @@ LOST = (
     "RayActorError",
     "NodeDiedError",
 )
-
-
-def bits_per_char(loss: float, chars_per_token: float | None) -> float | None:
-    """Bits per character of a mean loss per token in nats (the ``bpc`` above): ``loss / ln 2 /
-    characters per token``; None for a corpus of token ids, which has no characters."""
-    return loss / math.log(2) / chars_per_token if chars_per_token else None
 
 
 class MetricsWriter(UserCallback):

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.training.metrics import SOURCE_LOSS, read_metrics, source_losses
+from raydp_llm.training.driver.metrics import SOURCE_LOSS, read_metrics, source_losses
 
 
 def plot_loss(metrics_csv: Path, out_png: Path, title: str | None = None) -> Path:

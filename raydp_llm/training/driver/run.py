@@ -22,16 +22,22 @@ from raydp_llm.data.prepare import PreparedData, write_json
 from raydp_llm.data.prompt_set import PromptData
 from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.models import lora
-from raydp_llm.training import fit, reference, runs, tracking
-from raydp_llm.training.fit import FitResult, Launch, StartedFit, startup_phases, startup_timeline
-from raydp_llm.training.generation import chat_reply, sample_text
-from raydp_llm.training.metrics import read_metrics, write_summary
-from raydp_llm.training.mixed_data import MixedData, prepared_sources
-from raydp_llm.training.plots import plot_loss, plot_throughput
-from raydp_llm.training.rollout import sample_lines
-from raydp_llm.training.session import job_session
+from raydp_llm.training.driver import fit, reference, runs, tracking
+from raydp_llm.training.driver.fit import (
+    FitResult,
+    Launch,
+    StartedFit,
+    startup_phases,
+    startup_timeline,
+)
+from raydp_llm.training.driver.generation import chat_reply, sample_text
+from raydp_llm.training.driver.metrics import read_metrics, write_summary
+from raydp_llm.training.driver.mixed_data import MixedData, prepared_sources
+from raydp_llm.training.driver.plots import plot_loss, plot_throughput
+from raydp_llm.training.driver.session import job_session
+from raydp_llm.training.driver.trial_reports import in_trial
+from raydp_llm.training.objectives.rollout import sample_lines
 from raydp_llm.training.spec import TrainSpec, build_prompt_spec, build_spec, samplings
-from raydp_llm.training.trial_reports import in_trial
 
 if TYPE_CHECKING:
     from ray.train import Checkpoint
@@ -281,7 +287,7 @@ def sample_prompts(data: PreparedData | MixedData | PromptData, count: int = 4) 
     ``samples.txt``: read while Ray runs. None for other runs."""
     if not isinstance(data, PromptData):
         return None
-    from raydp_llm.training.grpo_worker import prompt_rows
+    from raydp_llm.training.objectives.grpo import prompt_rows
 
     source = data.sources["val"] if data.sources["val"].count else data.sources["train"]
     return prompt_rows(source.table().slice(0, count))

@@ -28,7 +28,7 @@ from raydp_llm.core import storage
 from raydp_llm.core.config import TrackingSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.storage import S3Options
-from raydp_llm.training.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def continued_run(resumed_from: str | None, s3: S3Options) -> str | None:
     beside the checkpoint, in that run's Ray Train directory."""
     if not resumed_from:
         return None
-    from raydp_llm.training.runs import RECORD, read_record, run_dir_of
+    from raydp_llm.training.driver.runs import RECORD, read_record, run_dir_of
 
     record = read_record(storage.join(run_dir_of(resumed_from), RECORD), s3)
     return record.mlflow_run_id if record else None

@@ -1,4 +1,4 @@
-"""The training loop of one DDP worker (``TrainLoop``, plain torch), and Ray Train's entry to it on
+"""The training loop of one worker (``TrainLoop``, plain torch), and Ray Train's entry to it on
 every worker (``train_loop``).
 
 Data order is fixed by the seed, whatever the number of workers (data/stream.py): the batch of
@@ -38,12 +38,11 @@ from raydp_llm.core import integrity
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import resolve, write_file, write_tree
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.training.grpo_worker import GrpoWorker
-from raydp_llm.training.handoff import delivered, post_group
-from raydp_llm.training.optim import lr_at
-from raydp_llm.training.parallel import grad_stats, non_finite_weights
-from raydp_llm.training.progress import LivePosts
-from raydp_llm.training.worker import Interval, Placement, Worker
+from raydp_llm.training.handoff import LivePosts, delivered, post_group
+from raydp_llm.training.objectives import Interval, Placement
+from raydp_llm.training.worker.optim import lr_at
+from raydp_llm.training.worker.parallel import grad_stats, non_finite_weights
+from raydp_llm.training.worker.worker import Worker
 
 # Where the loop's reports go: report(metrics) on every rank, report(metrics, checkpoint directory)
 # on the ranks that write checkpoints when one is due. Ray Train's in a run (``ray_report``), a
@@ -66,7 +65,7 @@ class TrainLoop:
     def run(self) -> bool:
         """Train to ``max_steps``; False when the run diverged (reported, not checkpointed)."""
         state, spec = self.state, self.spec
-        self.worker.precompute_reference(state)  # dpo.reference=precomputed, once
+        self.worker.start(state)  # dpo.reference=precomputed: its table, once
         while state.step < spec.max_steps:
             for group in self.worker.data.steps(state.epoch, state.step_in_epoch):
                 if not self.step(group):
@@ -219,8 +218,7 @@ def train_loop(config: dict) -> None:
     if live:
         live.mark("data")
     spec = delivery.spec
-    kind = GrpoWorker if spec.train.objective == "grpo" else Worker
-    worker = kind(spec, delivery.data, placement, prepare=ray.train.torch.prepare_model)
+    worker = Worker(spec, delivery.data, placement, prepare=ray.train.torch.prepare_model)
     state = restore(worker, delivery.resume_from)
     if live:
         live.mark("worker_ready")

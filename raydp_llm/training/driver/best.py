@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ray.train import Checkpoint, CheckpointConfig
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.training.metrics import COLUMNS, SOURCE_LOSS, TASK
+from raydp_llm.training.driver.metrics import COLUMNS, SOURCE_LOSS, TASK
 
 # a column whose name ends so is better lower; every other one (accuracies, task scores, rewards)
 # is better higher

@@ -26,7 +26,7 @@ from raydp_llm.models import lora
 from raydp_llm.models.hf import HFModel, empty_model, pretrained_dir
 from raydp_llm.models.init import fresh_values
 from raydp_llm.models.tensor_files import TensorFiles, weights_mismatch
-from raydp_llm.training import parallel
+from raydp_llm.training.worker import parallel
 
 if TYPE_CHECKING:  # the spec is only read here; ``fill`` imports no engine (benchmarks/gpu_fsdp.py)
     from raydp_llm.training.spec import TrainSpec
@@ -45,7 +45,9 @@ def sharded_model(spec: TrainSpec, device: torch.device) -> HFModel:
     directory = pretrained_dir(spec.model, spec.s3)  # None: a fresh Llama's values are drawn
     model = empty_model(spec.model, directory, spec.seed)
     if spec.pairs:
-        from raydp_llm.training.objectives import without_dropout  # Ray's data path: only here
+        from raydp_llm.training.objectives.reference import (
+            without_dropout,  # Ray's data path: only here
+        )
 
         without_dropout(model)
     if spec.train.activation_checkpointing:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from raydp_llm.core.errors import RunFailure
 from raydp_llm.data.batches import Batch
 from raydp_llm.models.base import IGNORE
-from raydp_llm.training.dpo import PairLogps
+from raydp_llm.training.objectives.dpo_loss import PairLogps
 
 FILE = "reference_logps.npz"  # in a checkpoint of a precomputed run
 KEY_BYTES = 16

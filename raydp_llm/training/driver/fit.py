@@ -26,18 +26,18 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.errors import first_line
 from raydp_llm.core.storage import S3Options, resolve
-from raydp_llm.training.best import Best, best_of, checkpoint_config
-from raydp_llm.training.handoff import Delivery, Handoff, RunContext, free_group
-from raydp_llm.training.loop import train_loop
-from raydp_llm.training.metrics import (
+from raydp_llm.training.driver.best import Best, best_of, checkpoint_config
+from raydp_llm.training.driver.metrics import (
     Divergence,
     MetricsWriter,
     read_divergence,
     read_events,
 )
-from raydp_llm.training.progress import TrainingProgress
+from raydp_llm.training.driver.progress import TrainingProgress
+from raydp_llm.training.driver.trial_reports import in_trial, trial_callbacks
+from raydp_llm.training.handoff import Delivery, Handoff, RunContext, free_group
 from raydp_llm.training.spec import TrainSpec
-from raydp_llm.training.trial_reports import in_trial, trial_callbacks
+from raydp_llm.training.worker.loop import train_loop
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import torch
 from torch.nn import functional as F
 
 from raydp_llm.core.grpo_config import GrpoSettings
-from raydp_llm.training.grpo import combined_rewards
-from raydp_llm.training.rewards import RewardCalls, load
+from raydp_llm.training.objectives.grpo_loss import combined_rewards
+from raydp_llm.training.objectives.rewards import RewardCalls, load
 
 PAD = 0  # after an answer's end; its mask leaves it out
 

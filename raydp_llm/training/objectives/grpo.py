@@ -1,8 +1,8 @@
-"""One worker's side of learning from rewards (``train.objective=grpo``): its prompts
-(``PromptShare``), and the step (``GrpoWorker.train_step``): its prompts' answers drawn with the
-model's cache and scored by the user's rewards (rollout.py), their advantages over their groups,
-then ``grpo.num_iterations`` updates of the clipped surrogate (grpo.py), the workers' gradients
-summed (each loss is its worker's share of the whole batch's).
+"""``train.objective=grpo``, learning from rewards on one worker: its prompts (``PromptShare``),
+and the step (``Grpo.step``): its prompts' answers drawn with the model's cache and scored by the
+user's rewards (rollout.py), their advantages over their groups, then ``grpo.num_iterations``
+updates of the clipped surrogate (grpo_loss.py), the workers' gradients summed (each loss is its
+worker's share of the whole batch's).
 
 ``train.batch_size`` prompts a step over all workers: the step's prompts are the next
 ``batch_size`` of the epoch's seeded order of the training prompts, worker ``r`` of ``W`` taking
@@ -13,18 +13,18 @@ answers at a step.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from raydp_llm.core.model_config import uses_lora
+from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.training import parallel
-from raydp_llm.training.grpo import (
+from raydp_llm.training.objectives import Interval, StepResult, Trainee, all_reduce_sum
+from raydp_llm.training.objectives.grpo_loss import (
     Advantages,
     advantages,
     answer_logps,
@@ -32,9 +32,9 @@ from raydp_llm.training.grpo import (
     policy_loss,
     whole_of,
 )
-from raydp_llm.training.objectives import evaluating, frozen_copy
-from raydp_llm.training.rewards import FailureStreak
-from raydp_llm.training.rollout import (
+from raydp_llm.training.objectives.reference import evaluating, reference_weights
+from raydp_llm.training.objectives.rewards import FailureStreak
+from raydp_llm.training.objectives.rollout import (
     Draw,
     Group,
     PromptRow,
@@ -43,13 +43,7 @@ from raydp_llm.training.rollout import (
     scoring_for,
     weights_of,
 )
-from raydp_llm.training.worker import (
-    Interval,
-    StepResult,
-    Worker,
-    all_reduce_sum,
-    system_stats,
-)
+from raydp_llm.training.spec import TrainSpec
 
 
 def prompt_rows(table) -> list[PromptRow]:
@@ -94,31 +88,37 @@ class Scored:
     advantages: list[Advantages]
 
 
-class GrpoWorker(Worker):
-    """A worker that learns from rewards: the model, optimizer and checkpoints of ``Worker``, its
-    prompts (``PromptShare``), the reward functions' process, and the reference (``grpo.beta`` >
-    0: the model with LoRA's adapters off, else a frozen copy)."""
+class Grpo:
+    """Learning from rewards on this worker: its prompts (``PromptShare``), the reward functions'
+    process, and with ``grpo.beta`` > 0 the worker's reference model (its LoRA adapters off, or a
+    frozen copy)."""
 
-    def _data(self, data: dict) -> PromptShare:
-        return PromptShare(self.spec, data, self.placement.rank, self.placement.world_size)
-
-    def _objective(self, model: torch.nn.Module):
-        """The reference's model (None when ``grpo.beta`` is 0), and the rewards."""
-        grpo = self.spec.grpo
-        self.scoring = scoring_for(grpo, self.spec.tokenizer(), self.spec.answer_end)
+    def __init__(self, trainee: Trainee, data: dict):
+        spec, placement = trainee.spec, trainee.placement
+        self.trainee, self.spec, grpo = trainee, spec, spec.grpo
+        self.data = PromptShare(spec, data, placement.rank, placement.world_size)
+        self.scoring = scoring_for(grpo, spec.tokenizer(), spec.answer_end)
         self.calls, self.weights = self.scoring.calls, weights_of(grpo)
         self.streak = FailureStreak(self.scoring.rewards, grpo.max_reward_failures)
         self.tokens_seen = 0.0  # answers vary in length: counted as they come
-        if grpo.beta == 0:
-            return None
-        if uses_lora(self.spec.model):
-            return model  # its adapters switched off (``_reference_logps``)
-        return frozen_copy(model).to(self.device)
+        # the live tokens/s: the prompts' longest answers
+        self.tokens_per_step = spec.train.batch_size * grpo.num_generations * grpo.max_new_tokens
 
-    def train_step(self, prompts: list[PromptRow], lr: float, step: int) -> StepResult:
+    @staticmethod
+    def wants_reference(spec: TrainSpec) -> bool:
+        return spec.grpo.beta > 0
+
+    def start(self, state: TrainState) -> None:
+        """Nothing to make before the first step."""
+
+    def save(self, directory: Path, rank: int) -> None:
+        """Nothing of its own in a checkpoint: the step's answers follow from the step."""
+
+    def load(self, directory: Path) -> None:
+        """Nothing of its own in a checkpoint."""
+
+    def step(self, prompts: list[PromptRow], step: int) -> StepResult:
         """Answers to this worker's ``prompts`` at ``step``, scored; then the updates."""
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
         clock = Stopwatch()
         scored = self._scored(self._rolled_out(prompts, step))
         gen_s, clock = clock.seconds(), Stopwatch()
@@ -128,14 +128,15 @@ class GrpoWorker(Worker):
 
     @torch.no_grad()
     def _rolled_out(self, prompts: list[PromptRow], step: int) -> list[Group]:
-        model, grpo = self.model, self.spec.grpo
-        with evaluating(model), self.autocast():
+        model, grpo = self.trainee.model, self.spec.grpo
+        with evaluating(model), self.trainee.autocast():
             return [roll_out(model, self._placed_prompt(p), Draw(self.spec.seed, step, p.index),
                              grpo, self.scoring)
                     for p in prompts]
 
     def _placed_prompt(self, prompt: PromptRow) -> PromptRow:
-        return PromptRow(prompt.index, prompt.ids.to(self.device), prompt.text, prompt.columns)
+        ids = prompt.ids.to(self.trainee.device)
+        return PromptRow(prompt.index, ids, prompt.text, prompt.columns)
 
     def _scored(self, groups: list[Group]) -> Scored:
         """Each answer's reward and advantage; the failure streak (over every worker) counted."""
@@ -167,30 +168,28 @@ class GrpoWorker(Worker):
         worker's share), the last gradient norm, and the clip and KL sums of the first."""
         grpo, groups = self.spec.grpo, scored.groups
         whole = whole_of([g.answers.mask for g in groups])
-        old = self._logps(groups, self.model) if grpo.num_iterations > 1 else None
+        old = self._logps(groups, self.trainee.model) if grpo.num_iterations > 1 else None
         ref = self._reference_logps(groups) if grpo.beta > 0 else [None] * len(groups)
         figures, loss, grad_norm = {}, 0.0, math.nan
         for iteration in range(grpo.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
+            self.trainee.clear_gradients()
             loss, sums = self._backward(scored, old, ref, whole)
             figures = figures or sums
-            grad_norm = self.clipped_step()
+            grad_norm = self.trainee.update()
         return loss, grad_norm, figures
 
     def _backward(self, scored: Scored, old, ref, whole) -> tuple[float, dict]:
         """This worker's share of the loss, backward, a group at a time (the gradients summed
         over the workers after the last). Every worker has prompts: checks.py holds
         ``train.batch_size`` to a multiple of the workers."""
-        grpo, groups, loss = self.spec.grpo, scored.groups, 0.0
+        grpo, groups, trainee, loss = self.spec.grpo, scored.groups, self.trainee, 0.0
         clipped = kl = 0.0
         for i, group in enumerate(groups):
-            last = i == len(groups) - 1
-            with contextlib.nullcontext() if last else parallel.gradients_accumulated(
-                    self.ddp_model), self.autocast():
-                logps = answer_logps(self.forward, group.prompt.ids, group.answers.ids,
+            with trainee.accumulating(last=i == len(groups) - 1), trainee.autocast():
+                logps = answer_logps(trainee.forward, group.prompt.ids, group.answers.ids,
                                      grpo.temperature)
                 out = policy_loss(logps, logps.detach() if old is None else old[i],
-                                  scored.advantages[i].values.to(self.device),
+                                  scored.advantages[i].values.to(trainee.device),
                                   group.answers.mask, grpo, whole, ref[i])
             out.share.backward()
             loss, clipped, kl = loss + out.share.item(), clipped + float(out.clipped_tokens), \
@@ -200,17 +199,15 @@ class GrpoWorker(Worker):
     @torch.no_grad()
     def _logps(self, groups: list[Group], model) -> list[torch.Tensor]:
         temperature = self.spec.grpo.temperature
-        with self.autocast():
+        with self.trainee.autocast():
             return [answer_logps(model, g.prompt.ids, g.answers.ids, temperature).float()
                     for g in groups]
 
     def _reference_logps(self, groups: list[Group]) -> list[torch.Tensor]:
         """The reference's log-probabilities of the answers: the model with its adapters off
         (LoRA), or the frozen copy."""
-        if self.objective is not self.model:
-            return self._logps(groups, self.objective)
-        with self.model.net.disable_adapter(), evaluating(self.model):
-            return self._logps(groups, self.model)
+        with reference_weights(self.trainee.model, self.trainee.reference) as weights:
+            return self._logps(groups, weights)
 
     def _figures(self, scored: Scored, update: dict) -> dict:
         """The step's sums for the metrics (``rollout_columns`` reads them), each function's too."""
@@ -233,22 +230,18 @@ class GrpoWorker(Worker):
             sums[f"fn_n_{reward.name}"] = float((~column.isnan()).sum())
         return sums
 
-    def metrics(self, interval: Interval, state, lr: float) -> dict:
-        """The metrics.csv row of an evaluation: the interval's rewards and answers over every
-        worker, and ``val_reward`` (greedy answers to the held-out prompts)."""
-        world = self.placement.world_size
+    def columns(self, interval: Interval, state: TrainState) -> dict:
+        """The interval's rewards and answers over every worker, and ``val_reward`` (greedy
+        answers to the held-out prompts)."""
+        world = self.trainee.placement.world_size
         keys = sorted(interval.sums)
         s = dict(zip(keys, all_reduce_sum(*(interval.sums[k] for k in keys))))
         train_loss, = all_reduce_sum(interval.loss)
         self.tokens_seen += s["answer_tokens"] + s["prompt_tokens"]  # since this worker started
         return {
-            "step": state.step, "epoch": state.epoch, "tokens": self.tokens_seen, "lr": lr,
-            "train_loss": train_loss / interval.steps, "val_loss": None,
-            "grad_norm": interval.grad_norm / interval.steps,
+            "tokens": self.tokens_seen, "train_loss": train_loss / interval.steps,
             "tokens_per_s": (s["answer_tokens"] + s["prompt_tokens"]) / interval.clock.seconds(),
-            "step_time_s": interval.step_s / interval.steps,
-            **system_stats(self.process, self.device), "elapsed_s": state.elapsed_s,
-            "workers": world, "windows_read": self.data.epoch_reads["windows"],
+            "windows_read": self.data.epoch_reads["windows"],
             **rollout_columns(s, [r.name for r in self.scoring.rewards], world),
             **self._validation_rewards(),
         }
@@ -260,8 +253,9 @@ class GrpoWorker(Worker):
         names, n = [r.name for r in self.scoring.rewards], len(self.data.val)
         mine = [0.0] * (1 + len(names))  # a worker with no held-out prompts adds nothing
         if n:
-            with evaluating(self.model), self.autocast():
-                found = evaluate(self.model, [self._placed_prompt(p) for p in self.data.val],
+            model = self.trainee.model
+            with evaluating(model), self.trainee.autocast():
+                found = evaluate(model, [self._placed_prompt(p) for p in self.data.val],
                                  self.spec.grpo, self.scoring, self.weights)
             mine = [found.reward * n, *(found.per_function[k] * n for k in names)]
         total, count, *per = all_reduce_sum(mine[0], n, *mine[1:])
