@@ -27,7 +27,7 @@ def run(settings: Settings, out_dir: Path, sweep_dir: str | None = None) -> dict
     """The whole run into ``out_dir`` (``training/run.run``) once its input passed the checks;
     returns the summary."""
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
-    from raydp_llm.training import run as train_run  # torch, Ray, Spark: seconds to import
+    from raydp_llm.training.driver import run as train_run  # torch, Ray, Spark: seconds to import
 
     started = Started(command=psutil.Process().create_time(), ready=time.time())
     return train_run.run(settings, corpus, out_dir, started, sweep_dir)

@@ -120,6 +120,43 @@ def test_imports_run_one_way():
     assert upward == []
 
 
+def defined_names(path: Path) -> set[str]:
+    """The names a module's top level binds: its functions, classes, assignments, imports."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def test_every_import_of_the_package_names_what_is_there():
+    """Lazy imports too (a job's modules load only when it runs): each ``from raydp_llm.a import
+    b`` names a module, and ``b`` is a module under it or a name it defines."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    packages = {m for m, p in modules.items() if p.name == "__init__.py"}
+    namespaces = {str(p.relative_to(ROOT)).replace("/", ".") for p in PACKAGE.rglob("*")
+                  if p.is_dir() and p.name != "__pycache__"}
+    broken = []
+    for name, path in sorted(modules.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and (node.module or "").startswith("raydp_llm")):
+                continue
+            if node.module not in modules and node.module not in namespaces:
+                broken.append(f"{name}: {node.module}")
+                continue
+            here = defined_names(modules[node.module]) if node.module in modules else set()
+            broken += [f"{name}: {node.module}.{a.name}" for a in node.names
+                       if f"{node.module}.{a.name}" not in modules.keys() | namespaces
+                       and a.name not in here]
+    assert packages and broken == []
+
+
 # training/'s rooms, each may import only those before it: the shared modules (spec, handoff,
 # tasks), the objectives, the worker's code, the driver's
 ROOMS = ["shared", "objectives", "worker", "driver"]
