@@ -135,7 +135,7 @@ def _check_objective(settings: Settings) -> None:
 def _check_grpo(settings: Settings) -> None:
     """What learning from rewards needs beyond its own fields: the model's own tokenizer (a
     prompt is answered in the model's tokens), room for an answer in the block, a weight per
-    reward; DDP (its FSDP2 path is not built yet)."""
+    reward."""
     g, model = settings.grpo, settings.model
     if not settings.tokenizer.path:
         raise InputError("train.objective=grpo answers with the model's own tokenizer: give "
@@ -147,10 +147,6 @@ def _check_grpo(settings: Settings) -> None:
     if g.reward_weights is not None and len(g.reward_weights) != len(g.rewards):
         raise InputError(f"grpo.reward_weights has {len(g.reward_weights)} weights for "
                          f"{len(g.rewards)} grpo.rewards; give one per reward, or null (1 each)")
-    if settings.train.strategy != "ddp":
-        raise InputError("train.objective=grpo runs with train.strategy=ddp (its FSDP2 path is "
-                         "not built yet); set train.strategy=ddp, with model.lora.r for a large "
-                         "model")
 
 
 def _check_score_filter(f: FilterSettings) -> None:

@@ -4,6 +4,7 @@ curve with each report's checkpoint kept as Ray Train would upload it."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import socket
@@ -25,7 +26,9 @@ def placement(rank: int, world: int) -> Placement:
 
 def _process(rank: int, world: int, port: int, job, out: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a collective one rank never joins fails in minutes, not gloo's default half hour
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
     try:
         result = job(rank, world)
         if rank == 0:

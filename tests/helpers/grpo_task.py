@@ -71,3 +71,20 @@ def overrides(task: dict[str, Path], *rewards: str) -> list[str]:
             f"data.path={task['prompts']}", "train.objective=grpo", f"grpo.rewards=[{specs}]",
             "grpo.num_generations=4", "grpo.max_new_tokens=16", "train.batch_size=8",
             "train.num_workers=2", "optim.lr=1e-2", "optim.warmup_steps=0"]
+
+
+class LocalPrompts:
+    """A split's prompts as the hand-off gives them (``prompt_set.PromptSource``), in memory."""
+
+    def __init__(self, rows: list[tuple[int, list[int]]]):
+        import numpy as np
+        import pyarrow as pa
+
+        from raydp_llm.data.prompt_set import TABLE_SCHEMA
+
+        self.rows = pa.Table.from_pylist(
+            [{"index": i, "ids": np.asarray(ids, np.int32).tobytes(), "text": "", "columns": "{}"}
+             for i, ids in rows], schema=TABLE_SCHEMA)
+
+    def table(self):
+        return self.rows

@@ -16,19 +16,22 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.gloo import placement, run, spawned
+from helpers.gloo import Checkpoints, placement, run, spawned
+from helpers.grpo_task import LocalPrompts
 from helpers.pairs import pair_data, pair_spec
 from helpers.tiny_loop import BLOCK, VOCAB, tiny_data
 from helpers.tiny_loop import spec as loop_spec
 from raydp_llm.checkpoint import sharded
-from raydp_llm.checkpoint.layout import SHARDS, STATE_JSON
+from raydp_llm.checkpoint.layout import SHARDS, STATE_JSON, TrainState
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.checkpoint.resume import check_resumable
 from raydp_llm.core import integrity
 from raydp_llm.core.config import LlamaConfig
 from raydp_llm.core.errors import InputError
+from raydp_llm.core.grpo_config import GrpoSettings
 from raydp_llm.core.tokenizer import CharTokenizer, tokenizer_from_json
 from raydp_llm.training.driver import runs
+from raydp_llm.training.worker.loop import TrainLoop
 from raydp_llm.training.worker.worker import Worker
 
 STEPS = 40
@@ -57,6 +60,43 @@ def gpt_spec(data, **train):
     """test_loop's one-block GPT (its own blocks, not transformers')."""
     base = loop_spec(data, max_steps=STEPS)
     return replace(base, train=replace(base.train, grad_accum=1, **train))
+
+
+BEES = '''
+def bees(prompts, completions, **columns):
+    """The share of b's in the answer."""
+    return [c.count("b") / max(len(c), 1) for c in completions]
+'''
+
+
+def grpo_spec(data, reward_file: Path, **train):
+    """GRPO on ``spec``'s Llama: 4 prompts a step, 2 steps; 2 answers of at most 8 tokens to each,
+    an answer ending at "a" (so answers end at different steps on each worker); beta > 0 (the
+    frozen reference, sharded as the policy is)."""
+    base = spec(data, **train)
+    settings = replace(base.train, objective="grpo", batch_size=4, max_steps=2, eval_interval=2,
+                       checkpoint_interval=0, eval_batches=None)
+    grpo = GrpoSettings(num_generations=2, max_new_tokens=8, beta=0.1, temperature=1.5,
+                        rewards=[f"{reward_file}:bees"])
+    return replace(base, train=settings, grpo=grpo, sampling={}, steps_per_epoch=2, max_steps=2,
+                   answer_end="a")
+
+
+def grpo_prompts() -> dict:
+    """8 training prompts; 3 held out, so 2 workers hold 1 and 2 of them."""
+    return {"train": LocalPrompts([(i, [1 + i % 5, 2, 3]) for i in range(8)]),
+            "val": LocalPrompts([(8 + i, [4, 5 + i]) for i in range(3)])}
+
+
+def grpo_row(spec, rank, world, keep: Path) -> dict:
+    """A GRPO run's last metrics row (its checkpoint written into ``keep``)."""
+    worker = Worker(spec, grpo_prompts(), placement(rank, world))
+    reports = Checkpoints(keep)
+    try:
+        TrainLoop(worker, TrainState(), reports).run()
+    finally:
+        worker.objective.calls.close()
+    return reports.rows[-1]
 
 
 def full_grads(worker: Worker) -> dict[str, torch.Tensor]:
@@ -89,9 +129,11 @@ def _two_workers(rank, world, spec_of, data, keep1: Path, keep2: Path, pairs: di
     """On 2 workers: the first step's gradients (plain, with grad_accum 2, with activation
     checkpointing), a bf16 step's loss, the whole fsdp run, the run resumed from the 1-worker
     run's step-20 checkpoint, and a DPO run (its frozen reference sharded like the policy; its
-    first step's gradients with grad_accum 2 too)."""
+    first step's gradients with grad_accum 2 too), and a GRPO run."""
     fsdp = spec_of(strategy="fsdp")
     return {
+        "grpo_row": grpo_row(grpo_spec(data, keep1.parent / "bees.py", strategy="fsdp"), rank,
+                             world, keep2 / "grpo"),
         "dpo_grads": one_step_grads(pair_spec(pairs, strategy="fsdp"), pairs, rank, world),
         "dpo_grads_accum": one_step_grads(pair_spec(pairs, strategy="fsdp", grad_accum=2), pairs,
                                           rank, world),
@@ -132,6 +174,7 @@ def layouts(data, tmp_path_factory):
     spec_of = functools.partial(spec, data)
     keep1, keep2 = tmp / "one", tmp / "two"
     pairs = pair_data()
+    (tmp / "bees.py").write_text(BEES)
     one = spawned(1, functools.partial(_one_worker_full, spec_of=spec_of, data=data, keep=keep1),
                   tmp)
     two = spawned(2, functools.partial(_two_workers, spec_of=spec_of, data=data, keep1=keep1,
@@ -149,7 +192,8 @@ def layouts(data, tmp_path_factory):
             "gpt_ddp_grads": one_step_grads(gpt_spec(data), data, 0, 1),
             "ddp_curve": run(ddp, data, 0, 1, tmp / "ddp"),
             "dpo_grads": one_step_grads(pair_spec(pairs), pairs, 0, 1),
-            "dpo_curve": run(pair_spec(pairs), pairs, 0, 1, tmp / "dpo")}
+            "dpo_curve": run(pair_spec(pairs), pairs, 0, 1, tmp / "dpo"),
+            "grpo_row": grpo_row(grpo_spec(data, tmp / "bees.py"), 0, 1, tmp / "grpo")}
 
 
 def _one_worker_full(rank, world, spec_of, data, keep: Path) -> dict:
@@ -217,6 +261,20 @@ def test_precomputed_log_probabilities_on_two_fsdp_workers_follow_the_copys_curv
     assert [r[0] for r in precomputed_] == [40, 80]
     for a, b in zip(precomputed_, copy_, strict=True):
         assert abs(a[1] - b[1]) <= 1e-4 and abs(a[2] - b[2]) <= 1e-4, (a, b)
+
+
+def test_grpo_on_two_fsdp_workers_answers_and_learns_as_one_process(layouts):
+    """Answers drawn from a sharded model: each worker's go on while any worker's have not ended,
+    the worker with fewer held-out prompts answers idle ones, and 2 FSDP workers draw, score and
+    step as one DDP process does."""
+    one, two = layouts["grpo_row"], layouts["two"]["grpo_row"]
+    assert two["workers"] == 2 and one["workers"] == 1
+    for column in ("reward_mean", "reward_bees", "completion_len_mean", "val_reward"):
+        assert two[column] == pytest.approx(one[column], abs=1e-6), column
+    assert two["train_loss"] == pytest.approx(one["train_loss"], abs=TOLERANCE)
+    assert two["kl"] == pytest.approx(one["kl"], rel=1e-2) and one["kl"] > 0
+    assert 0 < one["completion_len_mean"] < 8  # some answers ended before the others
+    assert (layouts["keep2"] / "grpo" / "step_2" / SHARDS).is_dir()
 
 
 def test_a_killed_two_worker_dpo_run_continued_by_one_ends_on_its_curve(layouts):

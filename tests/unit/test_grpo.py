@@ -230,8 +230,9 @@ def test_a_prompts_answers_come_from_streams_of_seed_step_prompt_and_sample():
     at = ended.ids[0].tolist().index(end)
     assert ended.mask[0, :at + 1].all() and not ended.mask[0, at + 1:].any()
     assert (ended.ids[0, at + 1:] == PAD).all()
-    greedy = answer(model, prompt, Draw(1, 5, 9), grpo, end_id=None, samples=2, temperature=0)
-    assert torch.equal(greedy.ids[0], greedy.ids[1])
+    greedy = answer(model, prompt, Draw(1, 5, 9), grpo, end_id=None, greedy=True)
+    assert greedy.ids.shape == (1, 12)  # one answer, the same whatever the draw
+    assert torch.equal(greedy.ids, answer(model, prompt, Draw(2, 0, 3), grpo, None, True).ids)
 
 
 SEVENS = textwrap.dedent("""
@@ -340,27 +341,10 @@ def test_the_grpo_settings_refuse_what_grpo_cannot_run_with_one_line():
             check_fields(replace(GrpoSettings(), **{key: value}), "grpo.")
 
 
-class LocalPrompts:
-    """A split's prompts as the hand-off gives them (``prompt_set.PromptSource``), in memory."""
-
-    def __init__(self, rows: list[tuple[int, list[int]]]):
-        import numpy as np
-        import pyarrow as pa
-
-        from raydp_llm.data.prompt_set import TABLE_SCHEMA
-
-        self.rows = pa.Table.from_pylist(
-            [{"index": i, "ids": np.asarray(ids, np.int32).tobytes(), "text": "", "columns": "{}"}
-             for i, ids in rows], schema=TABLE_SCHEMA)
-
-    def table(self):
-        return self.rows
-
-
 def _grpo_worker(tmp_path, lora: bool):
     """A GRPO worker (plain torch, one process) on a tiny Llama, grpo.beta=0.1, rewarded by the
     share of the answer's letters that are vowels."""
-    from helpers.grpo_task import REWARDS
+    from helpers.grpo_task import REWARDS, LocalPrompts
     from helpers.hf_models import CHAT_TEXTS, build
     from helpers.tiny_loop import CPU
     from raydp_llm.core.config import HFConfig, OptimSettings, TrainSettings

@@ -79,17 +79,28 @@ class Interval:
 
 def all_reduce_sum(*values: float) -> list[float]:
     """``values`` summed over the workers (as they are with one process)."""
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
+    return _all_reduced(values, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(*values: float) -> list[float]:
     """The largest of each of ``values`` over the workers."""
+    return _all_reduced(values, dist.ReduceOp.MAX)
+
+
+def every_worker_done(done: bool) -> bool:
+    """Whether every worker is ``done`` (one collective)."""
+    return all_reduce_sum(0.0 if done else 1.0)[0] == 0
+
+
+def _all_reduced(values, op) -> list[float]:
+    """``values`` reduced over the workers, on the device the process group reduces on: a GPU
+    for nccl, which reduces no CPU tensor; the CPU for gloo."""
     t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if not dist.is_initialized():
+        return t.tolist()
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=op)
     return t.tolist()
 
 

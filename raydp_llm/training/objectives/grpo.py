@@ -23,7 +23,14 @@ import torch
 
 from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core.timing import Stopwatch
-from raydp_llm.training.objectives import Interval, StepResult, Trainee, all_reduce_sum
+from raydp_llm.training.objectives import (
+    Interval,
+    StepResult,
+    Trainee,
+    all_reduce_max,
+    all_reduce_sum,
+    every_worker_done,
+)
 from raydp_llm.training.objectives.grpo_loss import (
     Advantages,
     advantages,
@@ -38,6 +45,8 @@ from raydp_llm.training.objectives.rollout import (
     Draw,
     Group,
     PromptRow,
+    alone,
+    answer,
     evaluate,
     roll_out,
     scoring_for,
@@ -101,6 +110,8 @@ class Grpo:
         self.calls, self.weights = self.scoring.calls, weights_of(grpo)
         self.streak = FailureStreak(self.scoring.rewards, grpo.max_reward_failures)
         self.tokens_seen = 0.0  # answers vary in length: counted as they come
+        # a sharded model's workers answer together: each answer goes on while any has not ended
+        self.all_done = every_worker_done if trainee.sharded else alone
         # the live tokens/s: the prompts' longest answers
         self.tokens_per_step = spec.train.batch_size * grpo.num_generations * grpo.max_new_tokens
 
@@ -131,7 +142,7 @@ class Grpo:
         model, grpo = self.trainee.model, self.spec.grpo
         with evaluating(model), self.trainee.autocast():
             return [roll_out(model, self._placed_prompt(p), Draw(self.spec.seed, step, p.index),
-                             grpo, self.scoring)
+                             grpo, self.scoring, all_done=self.all_done)
                     for p in prompts]
 
     def _placed_prompt(self, prompt: PromptRow) -> PromptRow:
@@ -252,17 +263,30 @@ class Grpo:
         this worker's share, summed over the workers (None without validation prompts)."""
         names, n = [r.name for r in self.scoring.rewards], len(self.data.val)
         mine = [0.0] * (1 + len(names))  # a worker with no held-out prompts adds nothing
-        if n:
-            model = self.trainee.model
-            with evaluating(model), self.trainee.autocast():
+        model, most = self.trainee.model, self._most_answers(n)  # before any answer's collectives
+        with evaluating(model), self.trainee.autocast():
+            if n:
                 found = evaluate(model, [self._placed_prompt(p) for p in self.data.val],
-                                 self.spec.grpo, self.scoring, self.weights)
-            mine = [found.reward * n, *(found.per_function[k] * n for k in names)]
+                                 self.spec.grpo, self.scoring, self.weights, self.all_done)
+                mine = [found.reward * n, *(found.per_function[k] * n for k in names)]
+            self._idle_answers(most - n)
         total, count, *per = all_reduce_sum(mine[0], n, *mine[1:])
         if not count:
             return {"val_reward": None}
         return {"val_reward": total / count,
                 **{f"val_reward_{k}": v / count for k, v in zip(names, per)}}
+
+    def _most_answers(self, mine: int) -> int:
+        """A sharded model: the most held-out prompts a worker holds (this one holds ``mine``)."""
+        return int(all_reduce_max(mine)[0]) if self.trainee.sharded else mine
+
+    def _idle_answers(self, count: int) -> None:
+        """``count`` greedy answers to this worker's first training prompt, unscored: a sharded
+        model's worker with fewer held-out prompts runs as many answers as the others."""
+        idle = self._placed_prompt(self.data.train[0])
+        for _ in range(count):
+            answer(self.trainee.model, idle.ids, Draw(0, 0, idle.index), self.spec.grpo,
+                   self.scoring.end_id, greedy=True, all_done=self.all_done)
 
 
 def rollout_columns(s: dict, names: list[str], world: int) -> dict:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from raydp_llm.core.grpo_config import GrpoLossType, GrpoSettings, RewardScale
+from raydp_llm.training.objectives import all_reduce_sum
 
 STD_FLOOR = 1e-4  # TRL's: added to a standard deviation before it divides
 
@@ -79,11 +79,9 @@ class Whole:
 def whole_of(masks: list[torch.Tensor]) -> Whole:
     """The whole batch's answers and answer tokens: those of this worker's ``masks`` (a (G, L)
     mask per prompt) summed over the workers, where torch.distributed runs."""
-    counts = torch.tensor([sum(m.size(0) for m in masks), sum(int(m.sum()) for m in masks)],
-                          dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    return Whole(answers=int(counts[0]), tokens=int(counts[1]))
+    answers, tokens = all_reduce_sum(sum(m.size(0) for m in masks),
+                                     sum(int(m.sum()) for m in masks))
+    return Whole(answers=int(answers), tokens=int(tokens))
 
 
 @dataclass(frozen=True)

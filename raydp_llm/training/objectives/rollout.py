@@ -9,6 +9,7 @@ Shapes: G samples, T prompt tokens, L answer tokens, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,11 @@ from raydp_llm.training.objectives.grpo_loss import combined_rewards
 from raydp_llm.training.objectives.rewards import RewardCalls, load
 
 PAD = 0  # after an answer's end; its mask leaves it out
+
+
+def alone(done: bool) -> bool:
+    """Whether every worker is done, for a model that is not sharded: this one's say is all."""
+    return done
 
 
 def end_id(tokenizer, end_text: str | None) -> int | None:
@@ -68,12 +74,14 @@ def pick(probs: torch.Tensor, generators: list[torch.Generator], top_p: float) -
 
 @torch.no_grad()
 def answer(model, prompt: torch.Tensor, draw: Draw, grpo: GrpoSettings, end_id: int | None,
-           samples: int | None = None, temperature: float | None = None) -> Answers:
-    """``samples`` (``grpo.num_generations``) answers to ``prompt`` (T,), of at most
-    ``grpo.max_new_tokens`` tokens each, an answer ending at ``end_id``; ``temperature`` 0 is
-    greedy (an evaluation's answer)."""
-    samples = samples or grpo.num_generations
-    temperature = grpo.temperature if temperature is None else temperature
+           greedy: bool = False, all_done: Callable[[bool], bool] = alone) -> Answers:
+    """``grpo.num_generations`` answers to ``prompt`` (T,) drawn at ``grpo.temperature`` (or,
+    ``greedy``, the one likeliest: an evaluation's answer), of at most ``grpo.max_new_tokens``
+    tokens each, an answer ending at ``end_id``. A sharded model's forwards gather its parameters
+    on every worker, so each worker's answers go on while any worker's have not ended
+    (``all_done``: one collective a token); the tokens after an answer's end are PAD, out of its
+    mask."""
+    samples = 1 if greedy else grpo.num_generations
     generators = [torch.Generator().manual_seed(stream_seed(draw.seed, draw.step, draw.prompt, s))
                   for s in range(samples)]
     idx = prompt.unsqueeze(0).repeat(samples, 1)  # (G, T)
@@ -81,10 +89,10 @@ def answer(model, prompt: torch.Tensor, draw: Draw, grpo: GrpoSettings, end_id: 
     tokens, owned, state = [], [], None
     for _ in range(grpo.max_new_tokens):
         logits, state = model.next_logits(idx, state)  # (G, V)
-        if temperature == 0:
+        if greedy:
             nxt = logits.argmax(dim=-1)
         else:
-            probs = F.softmax(logits.float().cpu() / temperature, dim=-1)
+            probs = F.softmax(logits.float().cpu() / grpo.temperature, dim=-1)
             nxt = pick(probs, generators, grpo.top_p).to(prompt.device)
         owned.append(~ended)
         nxt = nxt.masked_fill(ended, PAD)
@@ -92,7 +100,7 @@ def answer(model, prompt: torch.Tensor, draw: Draw, grpo: GrpoSettings, end_id: 
         if end_id is not None:
             ended = ended | (nxt == end_id)
         idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
-        if ended.all():
+        if all_done(bool(ended.all())):
             break
     return Answers(torch.stack(tokens, dim=1), torch.stack(owned, dim=1))
 
@@ -152,13 +160,14 @@ def weights_of(grpo: GrpoSettings) -> torch.Tensor:
 
 
 def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: Scoring,
-             greedy: bool = False) -> Group:
+             greedy: bool = False, all_done: Callable[[bool], bool] = alone) -> Group:
     """``prompt``'s answers (``answer``; ``greedy``: its one likeliest), decoded and scored by
     each reward as TRL calls them: the prompt and its columns repeated for each answer."""
     if greedy:
-        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id, samples=1, temperature=0)
+        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id, greedy=True,
+                         all_done=all_done)
     else:
-        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id)
+        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id, all_done=all_done)
     completions = completion_texts(answers, scoring)
     n, rewards = len(completions), scoring.rewards
     columns = {k: [v] * n for k, v in prompt.columns.items()}
@@ -181,10 +190,11 @@ class Evaluation:
 
 @torch.no_grad()
 def evaluate(model, prompts: list[PromptRow], grpo: GrpoSettings, scoring: Scoring,
-             weights: torch.Tensor) -> Evaluation:
+             weights: torch.Tensor, all_done: Callable[[bool], bool] = alone) -> Evaluation:
     """One greedy answer (``grpo.max_new_tokens``) to each of ``prompts``, scored (``val_reward``,
     and ``python -m raydp_llm.evaluate`` on prompts)."""
-    groups = [roll_out(model, p, Draw(0, 0, p.index), grpo, scoring, greedy=True)
+    groups = [roll_out(model, p, Draw(0, 0, p.index), grpo, scoring, greedy=True,
+                       all_done=all_done)
               for p in prompts]
     scores = torch.cat([g.per_function for g in groups])  # (P, F)
     total = combined_rewards(scores, weights).nan_to_num(nan=0.0)  # unscored: 0
@@ -201,7 +211,7 @@ def sample_lines(model, tokenizer, prompts: list[PromptRow], grpo: GrpoSettings,
     lines = []
     for prompt in prompts:
         answers = answer(model, prompt.ids, Draw(0, 0, prompt.index), grpo, scoring.end_id,
-                         samples=1, temperature=0)
+                         greedy=True)
         lines += [f"prompt: {prompt.text}", f"answer: {completion_texts(answers, scoring)[0]}",
                   ""]
     return "\n".join(lines)

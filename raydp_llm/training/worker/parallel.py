@@ -75,7 +75,11 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
     be on the CPU: each block's shard moves to ``device`` as it is sharded, never the whole
     model."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy()
@@ -84,6 +88,10 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
     for block in blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    # generation (GRPO's answers) calls ``next_logits``, not ``forward``: the root's parameters
+    # are gathered around it too (a transformers model's ``next_logits`` calls its network
+    # directly)
+    register_fsdp_forward_method(model, "next_logits")
     if device.type == "cpu":
         _return_freed_blocks()
         # gloo's AVG reduction has summed instead of averaging (pytorch issue 162338): reduce
