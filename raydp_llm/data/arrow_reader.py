@@ -14,7 +14,8 @@ exactly once.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -99,42 +100,57 @@ def text_splits(objects: list[tuple[str, int]], split_bytes: int) -> list[tuple[
            [(uri, 0, -1) for uri, _ in objects if compressed(uri)]
 
 
-def parquet_splits(uris: list[str], text_column: str, s3: S3Options) -> list[tuple[str, int, int]]:
-    """``(uri, row group, 0)`` for every row group; the footers are read here, on the driver."""
-    splits = []
+def text_column_of(text_column: str):
+    """``data.format=parquet``'s pick of a file's columns: the text column; one line without it."""
+
+    def pick(names: list[str], uri: str) -> list[str]:
+        if text_column not in names:
+            raise InputError(f"data.text_column={text_column}: no such column in {uri}; its "
+                             f"columns are {', '.join(names)}")
+        return [text_column]
+
+    return pick
+
+
+def parquet_splits(uris: list[str], s3: S3Options, pick: Callable[[list[str], str], list[str]]
+                   ) -> tuple[list[tuple[str, int, int]], dict[str, list[str]]]:
+    """``(uri, row group, 0)`` for every row group, and the columns ``pick`` takes of each file
+    (from its own); the footers are read here, on the driver."""
+    splits, columns = [], {}
     for uri in uris:
         fs, path = resolve(uri, s3)
-        meta = pq.ParquetFile(fs.open_input_file(path)).metadata
-        if text_column not in meta.schema.names:
-            raise InputError(f"data.text_column={text_column}: no such column in {uri}; its "
-                             f"columns are {', '.join(meta.schema.names)}")
-        splits += [(uri, group, 0) for group in range(meta.num_row_groups)]
-    return splits
+        file = pq.ParquetFile(fs.open_input_file(path))
+        columns[uri] = pick(file.schema_arrow.names, uri)  # the top level's (not leaf) names
+        splits += [(uri, group, 0) for group in range(file.metadata.num_row_groups)]
+    return splits, columns
 
 
-def read_corpus(
-    spark: SparkSession, objects: list[tuple[str, int]], data, s3: S3Options
-) -> DataFrame:
+def read_corpus(spark: SparkSession, objects: list[tuple[str, int]], data, s3: S3Options,
+                row_columns: Callable[[list[str], str], list[str]] | None = None) -> DataFrame:
     """``src, block, text``: the files' lines (text, ids, jsonl) or text column rows (Parquet), read
     in the executors; ``block`` is the split's first byte (text; 0 for a compressed file) or its
-    row group (Parquet)."""
-    parquet, text_column = data.format == "parquet", data.text_column
-    if parquet:
-        splits = parquet_splits([uri for uri, _ in objects], text_column, s3)
+    row group (Parquet). A format whose rows are JSON objects (chat, preference, prompts) reads a
+    ``.parquet`` object's rows as JSON objects of the columns ``row_columns`` picks, as Spark's
+    ``to_json`` makes them of a local file's (``formats.ChatReader``)."""
+    if data.format == "parquet":
+        tables, pick = [uri for uri, _ in objects], text_column_of(data.text_column)
     else:
-        splits = text_splits(
-            objects, spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes()
-        )
+        tables = [uri for uri, _ in objects if row_columns and uri.lower().endswith(".parquet")]
+        pick = row_columns
+    splits, columns = parquet_splits(tables, s3, pick) if tables else ([], {})
+    max_bytes = spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes()
+    splits += text_splits([(uri, size) for uri, size in objects if uri not in columns], max_bytes)
+    as_json = data.format != "parquet"
 
     def read_split(uri: str, start: int, end: int):
         fs, path = resolve(uri, s3)
         src = uri if is_s3(uri) else Path(path).as_uri()  # named as Spark names a local file
-        if parquet:
+        if uri in columns:
             file = pq.ParquetFile(fs.open_input_file(path))
-            for rows in file.iter_batches(
-                LINES_PER_BATCH, row_groups=[start], columns=[text_column]
-            ):
-                yield _rows(src, start, rows.column(0).cast(pa.binary()))
+            for rows in file.iter_batches(LINES_PER_BATCH, row_groups=[start],
+                                          columns=columns[uri]):
+                text = json_rows(rows) if as_json else rows.column(0).cast(pa.binary())
+                yield _rows(src, start, text)
             return
         if end < 0:  # a compressed file, decompressed as it streams in
             with fs.open_input_stream(path, compression="detect") as f:
@@ -160,6 +176,14 @@ def read_corpus(
                                                                                   "start long, "
                                                                                   "end long")
     return table.mapInArrow(read, SCHEMA)
+
+
+def json_rows(rows: pa.RecordBatch) -> pa.Array:
+    """Each row a JSON object of its columns, as Spark's ``to_json`` writes one: compact, its
+    null fields left out."""
+    return pa.array([json.dumps({k: v for k, v in row.items() if v is not None},
+                                separators=(",", ":"), ensure_ascii=False, default=str).encode()
+                     for row in rows.to_pylist()], pa.binary())
 
 
 def _batches(uri: str, block: int, lines: Iterator[bytes]) -> Iterator[pa.RecordBatch]:

@@ -27,8 +27,10 @@ from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data import arrow_reader
+from raydp_llm.data.etl.read import read_lines
 from raydp_llm.data.etl.records import EtlPlan, Manifest
 from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.stream import RunWindows
@@ -172,6 +174,26 @@ def _rows_as_parquet_and_jsonl_also_on_s3(rows: list[str], tmp_path, s3) -> list
     return names
 
 
+def _prompts_as_parquet_also_on_s3(tmp_path, s3) -> list[dict]:
+    """A table of prompts with the columns rewards read (a list, a null among them), as Parquet
+    on disk and under s3://BUCKET/prompts."""
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "id": i,
+             "tags": ["sum", "é"] if i % 2 else None} for i in range(50)]
+    (tmp_path / "prompts").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "prompts" / "p.parquet",
+                   row_group_size=20)
+    storage.copy(tmp_path / "prompts", f"s3://{BUCKET}/prompts", s3)
+    return rows
+
+
+def _prompt_rows(spark, cfg, path: str) -> list[dict]:
+    """What the prompts' reader makes of the Parquet under ``path``: each row a JSON object."""
+    corpus = check_inputs(replace(cfg, data=replace(cfg.data, path=path)))
+    data = replace(cfg.data, path=path, format="prompts")
+    lines = read_lines(spark, corpus, data, S3Options.of(cfg.s3))
+    return sorted((json.loads(bytes(r.text)) for r in lines.collect()), key=lambda r: r["id"])
+
+
 def _assert_text_from_s3_as_from_disk(from_s3, from_disk, local) -> None:
     assert max(block for _, block in from_s3[2]) > 0  # files were read as several byte ranges
     assert from_s3[2] == from_disk[2]  # ... the same ones as Spark's reader cuts
@@ -217,6 +239,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         if line.strip()
     ]
     names = _rows_as_parquet_and_jsonl_also_on_s3(rows, tmp_path, s3)
+    prompts = _prompts_as_parquet_also_on_s3(tmp_path, s3)
     # the Spark the tests keep (its cluster settings: the defaults), with several input splits per
     # file for the length of this test: a setting Spark SQL takes at run time
     with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark, \
@@ -227,6 +250,8 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         parquet_from_disk = _etl_chunks(spark, cfg, str(tmp_path / "parquet"), "parquet")
         jsonl_from_s3 = _etl_chunks(spark, cfg, f"s3://{BUCKET}/jsonl/", "jsonl")
         jsonl_from_disk = _etl_chunks(spark, cfg, str(tmp_path / "jsonl"), "jsonl")
+        prompts_from_s3 = _prompt_rows(spark, cfg, f"s3://{BUCKET}/prompts/")
+        prompts_from_disk = _prompt_rows(spark, cfg, str(tmp_path / "prompts"))
     _assert_text_from_s3_as_from_disk(from_s3, from_disk, local)
     assert len(parquet_from_s3[2]) > 1 and parquet_from_s3[0]["documents"] == len(
         rows
@@ -236,6 +261,9 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     assert jsonl_from_s3[0]["documents"] == len(rows)
     broken = names[len(rows) % 4]  # the file the last line went to
     assert jsonl_from_s3[0]["bad_json_lines"]["files"] == {f"s3://{BUCKET}/jsonl/{broken}": 1}
+    # a Parquet table of prompts (chat, preference alike): its rows with every column, as JSON
+    assert prompts_from_s3 == prompts_from_disk
+    assert prompts_from_s3 == [{k: v for k, v in r.items() if v is not None} for r in prompts]
 
 
 # a run's outputs, beside its checkpoints in storage_path

@@ -16,7 +16,7 @@ from raydp_llm.data import arrow_reader
 from raydp_llm.data.arrow_reader import NATIVE_ONLY
 from raydp_llm.data.chat import ChatTemplate
 from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.etl.formats import reader_for
+from raydp_llm.data.etl.formats import ChatReader, reader_for
 
 # Markdown → plain text, line by line in the JVM: **SPEAKER** lines, headings, emphasis, escapes,
 # hard breaks.
@@ -47,8 +47,11 @@ def read_lines(spark: SparkSession, corpus: Corpus, data: DataSettings, s3: S3Op
                          "it as .gz or .bz2, or copy it to local disk or S3")
     ours = [(f, corpus.sizes.get(f)) for f in corpus.files if arrow_reader.reads(f)]
     sparks = [f for f in corpus.files if not arrow_reader.reads(f)]
+    reader = reader_for(data)
+    rows_as_json = isinstance(reader, ChatReader)  # chat, preference, prompts: Parquet as JSON
+    picks = (lambda names, uri: reader.columns(names, data, uri)) if rows_as_json else None
     parts = ([spark_read(spark, sparks, data, corpus.name)] if sparks else []) + \
-            ([arrow_reader.read_corpus(spark, ours, data, s3)] if ours else [])
+            ([arrow_reader.read_corpus(spark, ours, data, s3, picks)] if ours else [])
     return functools.reduce(DataFrame.unionByName, parts)
 
 
