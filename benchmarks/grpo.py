@@ -4,7 +4,7 @@ one batch with the model's cache, each from its own random stream) against a pla
 run. The goal (issue 52): ≥ 0.9× transformers'.
 
     python benchmarks/grpo.py [--prompts 8] [--samples 8] [--new 64] [--width 256] [--layers 4]
-    python benchmarks/grpo.py --step      # generation's share of a GRPO step (GrpoWorker)
+    python benchmarks/grpo.py --step      # generation's share of a GRPO step (the worker's)
     python benchmarks/grpo.py --memory    # peak memory of grpo.beta > 0: LoRA-off vs a copy
 
 The model: transformers' Llama from ``model=llama``'s settings (``--width``, ``--layers``, a

@@ -6,7 +6,7 @@ same tokens (the baseline), each case in fresh processes.
 
 The model is memory.py's 100M-class Llama (``model=llama``), a micro-batch of one pair per worker:
 its chosen and its rejected answer, two rows of ``--seq`` tokens whose second half is the answer
-(random tokens). Each case trains with the project's own pieces (``objectives.Preference``,
+(random tokens). Each case trains with the project's own pieces (objectives/dpo.py's loss,
 ``frozen_copy``, ``reference_of``, ``parallel.shard``, ``lora.add_adapters``, AdamW):
   lm         DDP, next-token cross-entropy on the two rows (the baseline: no reference)
   copy       DDP, the reference a frozen copy of the starting weights (a second model per worker)
