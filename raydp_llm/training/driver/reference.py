@@ -1,6 +1,6 @@
-"""The weights a run starts from (``starting_model``), and, for a DPO run, the reference its rewards
-were measured against, recorded in its model directory (``layout.PreferenceRecord``) so that
-``evaluate`` scores the tuned model against the same reference without being told which.
+"""For a DPO run, the reference its rewards were measured against, recorded in its model directory
+(``layout.PreferenceRecord``) so that ``evaluate`` scores the tuned model against the same
+reference without being told which.
 
 The reference is the starting weights: a directory the run read (``model.path`` of a transformers
 model, LoRA's base included; ``model.init_from``), named in the record; or, for a model built from

@@ -112,7 +112,7 @@ class Trainee(Protocol):
     device: torch.device
     model: nn.Module  # unwrapped: evaluations, answers, LoRA's adapters switched off
     forward: nn.Module  # the model as the step runs it: wrapped for DDP or sharded, compiled
-    reference: nn.Module | None  # ``Objective.wants_reference``: see reference.reference_model
+    reference: nn.Module | None  # the frozen starting weights ``Objective.wants_reference`` asks
     sharded: bool  # the model's parameters are sharded over the workers (FSDP2)
     autocast: Callable[[], AbstractContextManager]  # bf16 where the run asks for it
 
@@ -124,6 +124,9 @@ class Trainee(Protocol):
         """The gradients clipped and the optimizer's step (unless their norm is not finite); that
         norm before clipping, the same on every rank."""
 
+    def clear_gradients(self) -> None:
+        """Every gradient dropped (before another update on the same step's data)."""
+
 
 class Share(Protocol):
     """An objective's share of the data on one worker."""
@@ -134,27 +137,33 @@ class Share(Protocol):
         """What each optimizer step ``first_step..`` of ``epoch`` takes, step by step."""
 
 
-class Objective(Protocol):
+class Objective:
     """What the worker calls: ``start`` once before the first step, ``step`` each optimizer
     step, ``columns`` at each evaluation (on every rank: its collectives in the same order),
-    ``save`` and ``load`` with each checkpoint. Made once the worker's model is placed, with
-    this worker's part of the run's data."""
+    ``save`` and ``load`` with each checkpoint. Made as ``kind(trainee, data)`` once the
+    worker's model is placed, with this worker's part of the run's data. An objective that
+    needs no reference, nothing before its first step and nothing in a checkpoint of its own
+    defines ``step`` and ``columns`` alone."""
 
     data: Share
     tokens_per_step: float  # for the live tokens/s
 
-    def __init__(self, trainee: Trainee, data: dict): ...
-
     @staticmethod
     def wants_reference(spec: TrainSpec) -> bool:
         """Whether the worker builds ``Trainee.reference`` for it."""
+        return False
 
-    def start(self, state: TrainState) -> None: ...
+    def start(self, state: TrainState) -> None:
+        """What it makes before the first step: nothing."""
 
-    def step(self, group: list, step: int) -> StepResult: ...
+    def step(self, group: list, step: int) -> StepResult:
+        raise NotImplementedError
 
-    def columns(self, interval: Interval, state: TrainState) -> dict: ...
+    def columns(self, interval: Interval, state: TrainState) -> dict:
+        raise NotImplementedError
 
-    def save(self, directory: Path, rank: int) -> None: ...
+    def save(self, directory: Path, rank: int) -> None:
+        """What it keeps in a checkpoint beside the worker's: nothing."""
 
-    def load(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None:
+        """What it keeps in a checkpoint beside the worker's: nothing."""

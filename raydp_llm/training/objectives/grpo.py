@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,6 +24,7 @@ from raydp_llm.checkpoint.layout import TrainState
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.training.objectives import (
     Interval,
+    Objective,
     StepResult,
     Trainee,
     all_reduce_max,
@@ -97,7 +97,7 @@ class Scored:
     advantages: list[Advantages]
 
 
-class Grpo:
+class Grpo(Objective):
     """Learning from rewards on this worker: its prompts (``PromptShare``), the reward functions'
     process, and with ``grpo.beta`` > 0 the worker's reference model (its LoRA adapters off, or a
     frozen copy)."""
@@ -118,15 +118,6 @@ class Grpo:
     @staticmethod
     def wants_reference(spec: TrainSpec) -> bool:
         return spec.grpo.beta > 0
-
-    def start(self, state: TrainState) -> None:
-        """Nothing to make before the first step."""
-
-    def save(self, directory: Path, rank: int) -> None:
-        """Nothing of its own in a checkpoint: the step's answers follow from the step."""
-
-    def load(self, directory: Path) -> None:
-        """Nothing of its own in a checkpoint."""
 
     def step(self, prompts: list[PromptRow], step: int) -> StepResult:
         """Answers to this worker's ``prompts`` at ``step``, scored; then the updates."""
@@ -251,6 +242,7 @@ class Grpo:
         self.tokens_seen += s["answer_tokens"] + s["prompt_tokens"]  # since this worker started
         return {
             "tokens": self.tokens_seen, "train_loss": train_loss / interval.steps,
+            "val_loss": None,  # the held-out prompts' answers are scored, not a loss
             "tokens_per_s": (s["answer_tokens"] + s["prompt_tokens"]) / interval.clock.seconds(),
             "windows_read": self.data.epoch_reads["windows"],
             **rollout_columns(s, [r.name for r in self.scoring.rewards], world),

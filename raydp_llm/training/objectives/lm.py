@@ -21,13 +21,13 @@ from raydp_llm.data.batches import Batch, WindowBatch
 from raydp_llm.models.base import IGNORE
 from raydp_llm.training.objectives import (
     Interval,
+    Objective,
     StepResult,
     Trainee,
     all_reduce_max,
     all_reduce_sum,
 )
 from raydp_llm.training.objectives.windows import ValWindows, WorkerData
-from raydp_llm.training.spec import TrainSpec
 
 
 @dataclass
@@ -64,7 +64,7 @@ def even_forwards(trainee: Trainee, mine: int, forward: Callable[[Batch], object
         forward(idle)
 
 
-class LanguageModeling:
+class LanguageModeling(Objective):
     """The mean cross-entropy of the targets a batch counts (a chat's answers only, with
     ``data.chat``), on this worker's windows."""
 
@@ -79,19 +79,12 @@ class LanguageModeling:
         rows = 2 if spec.pairs else 1  # a pair is two rows of the block
         self.tokens_per_step = spec.train.batch_size * rows * trainee.model.config.block_size
 
-    @staticmethod
-    def wants_reference(spec: TrainSpec) -> bool:
-        return False
-
     def score(self, forward: nn.Module, batch: Batch) -> Scored:
         with self.trainee.autocast():
             logits, loss = forward(batch.inputs, **batch.model_args())
         counted = batch.counted
         hits = int(((logits.argmax(dim=-1) == batch.targets) & counted).sum())
         return Scored(loss, hits, int(counted.sum()))
-
-    def start(self, state: TrainState) -> None:
-        """Nothing to make before the first step."""
 
     def step(self, group: list[np.ndarray], step: int) -> StepResult:
         """Forward and backward over this worker's ``grad_accum`` micro-batches, then the update."""
@@ -177,9 +170,3 @@ class LanguageModeling:
             return {"val_ppl": None, "val_bpc": None}
         return {"val_ppl": math.exp(min(val_loss, 700)) if math.isfinite(val_loss) else val_loss,
                 "val_bpc": bits_per_char(val_loss, self.spec.chars_per_token)}
-
-    def save(self, directory, rank: int) -> None:
-        """Nothing of its own in a checkpoint."""
-
-    def load(self, directory) -> None:
-        """Nothing of its own in a checkpoint."""

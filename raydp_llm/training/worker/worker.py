@@ -208,7 +208,6 @@ class Worker:
             "step": state.step,
             "epoch": state.epoch,
             "lr": lr,
-            "val_loss": None,  # grpo's evaluations score answers, not a loss
             **row,
             "grad_norm": interval.grad_norm / interval.steps,
             "step_time_s": interval.step_s / interval.steps,
