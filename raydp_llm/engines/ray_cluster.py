@@ -34,12 +34,13 @@ NAMESPACE = "raydp_llm"
 
 
 @contextlib.contextmanager
-def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) -> Iterator[Span]:
+def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0,
+                namespace: str = NAMESPACE) -> Iterator[Span]:
     """Start an embedded Ray (``address: local``) or connect to ``address``; shut down on exit.
     Yields when Ray's start began and when it was up. The console gets the dashboard's URL and how
     to get in; the driver job carries ``run_name`` in its metadata. An embedded Ray counts
     ``waiting_cpus`` on top of the machine's cores (``embedded_cpus``) unless ``cluster.num_cpus``
-    says how many.
+    says how many. Named actors live in ``namespace`` (a sweep's own: ``sweep_namespace``).
 
     If Ray is already initialised in this process (tests, sweeps) it is reused and left running.
     """
@@ -53,7 +54,7 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
     secure_token_file()
     ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
     set_ray_environment(cfg)
-    kwargs = init_options(cfg, run_name, waiting_cpus)
+    kwargs = init_options(cfg, run_name, waiting_cpus) | {"namespace": namespace}
     if not cfg.verbose:
         quiet_python_logs()
     context = ray.init(**kwargs)
@@ -66,6 +67,15 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0) ->
     finally:
         stop_kept_spark()  # a Spark kept for a later job (cluster.keep_spark) runs on this Ray
         ray.shutdown()
+
+
+def sweep_namespace(sweep_dir: Path) -> str:
+    """A sweep's own Ray namespace: its trials' named actors (RayDP's, whose names are fixed; the
+    sweep's Spark turns and ledger) are apart from another sweep's and a single run's on the same
+    cluster."""
+    import hashlib
+
+    return f"{NAMESPACE}-sweep-{hashlib.sha256(str(sweep_dir).encode()).hexdigest()[:12]}"
 
 
 def set_ray_environment(cfg: ClusterSettings) -> None:

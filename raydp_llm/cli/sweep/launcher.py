@@ -22,9 +22,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import ray
-from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict, read_write
 from ray import tune
 
@@ -46,25 +47,15 @@ def launch(plugin, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     setup_globals()
     config = plugin.config
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    if not concurrent(plugin.concurrent, config):
-        return one_after_another(plugin, job_overrides, initial_job_idx)
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     jobs = [compose(plugin, initial_job_idx + i, list(o), sweep_dir)
             for i, o in enumerate(job_overrides)]
-    sweep: SweepSettings = OmegaConf.to_object(config.sweep)
-    done = records.rows(sweep_dir)
-    todo = [j for j in jobs if not records.is_done(done.get(j.num), j.overrides)]
-    if len(todo) < len(jobs):
-        log.info("sweep %s: %d of %d jobs done before; running the others", sweep_dir,
-                 len(jobs) - len(todo), len(jobs))
-    at_once = trials_at_once([j for j in todo if j.error is None], sweep.max_concurrent)
-    for job in todo:
-        prepare_data(job, sweep_dir)
-    runnable = [j for j in todo if j.error is None]
-    if runnable:
-        run_trials(runnable, sweep, at_once, sweep_dir, TrialWork(
-            {j.num: j for j in runnable}, plugin.hydra_context.config_loader, plugin.task_function))
+    todo = left_to_run(jobs, sweep_dir)
+    if concurrent(plugin.concurrent, config):
+        side_by_side(plugin, todo, sweep_dir)
+    else:
+        one_after_another(plugin, todo, sweep_dir)
     ended = records.rows(sweep_dir)
     return [job_return(j, ended.get(j.num)) for j in jobs]
 
@@ -76,26 +67,78 @@ def concurrent(setting: str, config) -> bool:
     return setting in ("true", "1", "yes")
 
 
-def one_after_another(plugin, job_overrides, initial_job_idx: int) -> list[JobReturn]:
-    """Hydra's basic launcher: each job in this process, in turn (the sweep's callback keeps
-    their rows)."""
-    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+def left_to_run(jobs: list[SweepJob], sweep_dir: Path) -> list[SweepJob]:
+    """The jobs an earlier run of this sweep directory did not do: not those with a completed or
+    stopped row (matched by the overrides that define them, ``records.defining``), nor one whose
+    run finished though the kill came before its row (its row is written now)."""
+    done, todo = records.rows(sweep_dir), []
+    for job in jobs:
+        if records.is_done(done.get(job.num), job.overrides):
+            continue
+        if job.error is None and records.finished(job.out_dir, job.overrides):
+            records.append(sweep_dir, records.job_row(job.num, job.overrides, job.out_dir,
+                                                      records.span_of(job.out_dir)))
+            continue
+        todo.append(job)
+    if len(todo) < len(jobs):
+        log.info("sweep %s: %d of %d jobs done before; running the others", sweep_dir,
+                 len(jobs) - len(todo), len(jobs))
+        print(f"sweep: {len(jobs) - len(todo)} of {len(jobs)} jobs done before", flush=True)
+    return todo
 
-    basic = BasicLauncher()
-    basic.setup(hydra_context=plugin.hydra_context, task_function=plugin.task_function,
-                config=plugin.config)
-    return basic.launch(job_overrides, initial_job_idx)
+
+def one_after_another(plugin, jobs: list[SweepJob], sweep_dir: Path) -> None:
+    """Hydra's basic launcher's way: each job in this process, in turn (the sweep's callback keeps
+    their rows). Ctrl-C or SIGTERM ends the job running (its Spark and workers stopped) and starts
+    no other; the summary says how to continue."""
+    with sigterm_as_ctrl_c():
+        for job in jobs:
+            if job.error is not None:
+                refused(job, sweep_dir)
+                continue
+            set_aside(job)
+            log.info("\t#%d : %s", job.num, " ".join(job.overrides))
+            try:
+                run_job(hydra_context=plugin.hydra_context, task_function=plugin.task_function,
+                        config=job.config, job_dir_key="hydra.sweep.dir",
+                        job_subdir_key="hydra.sweep.subdir")
+            except (KeyboardInterrupt, SystemExit) as stop:
+                if isinstance(stop, SystemExit) and stop.code != 130:
+                    raise
+                records.interrupted = True
+                return
+            configure_log(plugin.config.hydra.hydra_logging, plugin.config.hydra.verbose)
+
+
+def side_by_side(plugin, todo: list[SweepJob], sweep_dir: Path) -> None:
+    """The jobs as Ray Tune trials, as many at once as the cluster holds; each data setting's ETL
+    first, once."""
+    sweep: SweepSettings = OmegaConf.to_object(plugin.config.sweep)
+    at_once = trials_at_once([j for j in todo if j.error is None], sweep.max_concurrent)
+    for job in todo:
+        prepare_data(job, sweep_dir)
+    runnable = [j for j in todo if j.error is None]
+    if runnable:
+        work = TrialWork({j.num: j for j in runnable}, plugin.hydra_context.config_loader,
+                         plugin.task_function)
+        grid = {"job": tune.grid_search([j.num for j in runnable])}
+        run_trials(Trials(grid, len(runnable)), sweep, at_once, sweep_dir, work)
 
 
 def compose(plugin, num: int, overrides: list[str], sweep_dir: Path) -> SweepJob:
     """Job ``num``'s config, its sweep directory resolved here (a trial's process would draw
-    another ``${uid:}``), and its checked settings, or the line that refuses them."""
-    config = plugin.hydra_context.config_loader.load_sweep_config(plugin.config, overrides)
+    another ``${uid:}``), and its checked settings, or the line that refuses them (a setting that
+    does not compose, as ``model.n_layer=3.7``, too)."""
+    try:
+        config = plugin.hydra_context.config_loader.load_sweep_config(plugin.config, overrides)
+    except Exception as err:  # noqa: BLE001 - Hydra's or OmegaConf's: the job fails, not the sweep
+        return SweepJob(num, overrides, sweep_dir / str(num), None,
+                        error=f"its settings do not compose: {first_line(err, 300)}")
     with open_dict(config):
         config.hydra.job.id = config.hydra.job.num = num
         config.hydra.sweep.dir = str(sweep_dir)
         config.hydra.sweep.subdir = str(config.hydra.sweep.subdir)
-    job = SweepJob(num, overrides, config)
+    job = SweepJob(num, overrides, sweep_dir / str(config.hydra.sweep.subdir), config)
     task = copy.deepcopy(config)  # the job's own settings, as Hydra hands them to the job
     with read_write(task), open_dict(task):
         del task["hydra"]
@@ -105,6 +148,16 @@ def compose(plugin, num: int, overrides: list[str], sweep_dir: Path) -> SweepJob
     except InputError as err:
         job.error = str(err)
     return job
+
+
+def refused(job: SweepJob, sweep_dir: Path, error: str | None = None,
+            began: float | None = None) -> None:
+    """A job that cannot run: its ``failed`` row, with its one line; the sweep goes on."""
+    job.error = error or job.error
+    log.error("sweep job %d: %s", job.num, job.error)
+    records.append(sweep_dir, records.job_row(job.num, job.overrides, job.out_dir,
+                                              (began or time.time(), time.time()), job.error))
+    print(f"[job {job.num}] failed: {job.error}", flush=True)
 
 
 def needs(t: TrainSettings) -> dict[str, float]:
@@ -151,7 +204,9 @@ def prepare_data(job: SweepJob, sweep_dir: Path) -> None:
     """Job ``job``'s data into the ETL cache, unless an earlier job's with the same data settings
     is there already (a hit, no Spark); a job whose ETL fails is a failed row. Without the cache
     (data.cache=false) each trial runs its own ETL, one Spark at a time."""
-    if job.error is None and job.settings.data.cache:
+    if job.error is not None:
+        refused(job, sweep_dir)
+    elif job.settings.data.cache:
         from raydp_llm.cli.prepare_job import run_checked
 
         clock, out_dir = time.time(), sweep_dir / "etl" / str(job.num)
@@ -161,13 +216,8 @@ def prepare_data(job: SweepJob, sweep_dir: Path) -> None:
                 run_checked(job.settings, job.corpus, out_dir, Stopwatch())
             print(f"[job {job.num}] data ready ({out_dir / 'prepare.txt'})", flush=True)
         except Exception as err:  # noqa: BLE001 - the job fails, the sweep goes on
-            job.error = f"its ETL failed: {first_line(err, 300, with_type=True)}"
-            log.error("sweep job %d: %s", job.num, job.error)
-            records.append(sweep_dir, records.job_row(job.num, job.overrides, job.out_dir,
-                                                      (clock, time.time()), job.error))
-    elif job.error is not None:
-        records.append(sweep_dir, records.job_row(job.num, job.overrides, job.out_dir,
-                                                  (time.time(), time.time()), job.error))
+            refused(job, sweep_dir, f"its ETL failed: {first_line(err, 300, with_type=True)}",
+                    clock)
 
 
 def set_aside(job: SweepJob) -> None:
@@ -181,33 +231,70 @@ def set_aside(job: SweepJob) -> None:
         job.out_dir.rename(job.out_dir.with_name(f"{job.out_dir.name}.attempt-{k}"))
 
 
-def run_trials(jobs: list[SweepJob], sweep: SweepSettings, at_once: int, sweep_dir: Path,
+@dataclass
+class Trials:
+    """What Tune runs: a grid of the jobs composed before (``param_space``), or the trials a
+    searcher proposes as room frees (``search``: hydra/sweeper=optuna); ``count`` of them at
+    most; ``left()``: whether proposals were left unmade (an interrupted search); ``stopped``: the
+    ids of the trials the scheduler stopped (the searcher tells them pruned)."""
+
+    param_space: dict
+    count: int
+    left: Callable[[], bool] = lambda: False
+    search: object | None = None
+    stopped: set = field(default_factory=set)
+
+
+def run_trials(trials: Trials, sweep: SweepSettings, at_once: int, sweep_dir: Path,
                work: TrialWork) -> None:
-    """Ray Tune's run of ``jobs``, ``at_once`` at a time; each trial's process is on this node
+    """Ray Tune's run of ``trials``, ``at_once`` at a time; each trial's process is on this node
     (its run directory is here) and holds no CPU: its Ray Train workers hold theirs."""
-    for job in jobs:
+    for job in work.jobs.values():
         set_aside(job)
     here = f"node:{ray.util.get_node_ip_address()}"
     trainable = tune.with_resources(tune.with_parameters(run_trial, work=work),
                                     {"cpu": 0, here: 0.001})
     lines = TrialLines(work.jobs, sweep_dir)
-    log.info("sweep: %d trials, %d at once, in %s", len(jobs), at_once, sweep_dir)
+    log.info("sweep: %d trials, %d at once, in %s", trials.count, at_once, sweep_dir)
+    print(f"sweep: {trials.count} trials, {at_once} at once, in {sweep_dir}", flush=True)
     # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     with spark_turns.one_at_a_time(), sigterm_as_ctrl_c(), trial_groups() as groups:
         lines.groups = groups
-        grid = tune.Tuner(
-            trainable,
-            param_space={"job": tune.grid_search([j.num for j in jobs])},
-            tune_config=tune.TuneConfig(max_concurrent_trials=at_once,
-                                        scheduler=scheduler(sweep, jobs)),
-            run_config=tune.RunConfig(name=f"tune-{jobs[0].num}", storage_path=str(sweep_dir),
-                                      verbose=0,
-                                      callbacks=[lines],
+        samples = trials.count if trials.search is not None else 1  # a grid: each point once
+        tune.Tuner(
+            trainable, param_space=trials.param_space,
+            tune_config=tune.TuneConfig(max_concurrent_trials=at_once, num_samples=samples,
+                                        search_alg=trials.search, trial_name_creator=trial_name,
+                                        trial_dirname_creator=trial_name,
+                                        scheduler=scheduler(sweep, work.jobs, trials.stopped)),
+            run_config=tune.RunConfig(name=f"tune-{time.strftime('%Y%m%d-%H%M%S')}",
+                                      storage_path=str(sweep_dir), verbose=0, callbacks=[lines],
                                       failure_config=tune.FailureConfig(max_failures=0)),
         ).fit()
     # Ctrl-C (or SIGTERM): Tune stops every trial and returns; the summary says so (summary.py)
-    records.interrupted = grid.num_terminated + grid.num_errors < len(jobs)
+    unstarted = trials.search is None and len(lines.started) < trials.count
+    records.interrupted = len(lines.ended) < len(lines.started) or unstarted or trials.left()
+
+
+def search(plugin, trials: Trials, jobs: dict[int, SweepJob], cap: int | None) -> None:
+    """A searcher's trials (hydra/sweeper=optuna), proposed as Tune asks, as many at once as the
+    cluster holds jobs of the sweep's own settings, at most ``cap``; one at a time on the
+    embedded Ray unless asked (``hydra/launcher=ray``), as the grid's jobs run."""
+    config = plugin.config
+    sweep: SweepSettings = OmegaConf.to_object(config.sweep)
+    at_once = 1
+    if concurrent(plugin.concurrent, config):
+        at_once = room([OmegaConf.to_object(config.train)], cap, trials.count)
+    sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+    work = TrialWork(jobs, plugin.hydra_context.config_loader, plugin.task_function)
+    run_trials(trials, sweep, at_once, sweep_dir, work)
+
+
+def trial_name(trial) -> str:
+    """A trial's name and directory in Tune's results: its job's number (a searcher's trial's
+    config holds the job's whole config, no name)."""
+    return f"job_{trial.config['job']}"
 
 
 @ray.remote(num_cpus=0)
@@ -246,9 +333,10 @@ def sigterm_as_ctrl_c():
         signal.signal(signal.SIGTERM, previous)
 
 
-def scheduler(sweep: SweepSettings, jobs: list[SweepJob]):
+def scheduler(sweep: SweepSettings, jobs: dict[int, SweepJob], stopped: set):
     """``sweep.scheduler``: Ray Tune's ``ASHAScheduler`` by step on ``sweep.metric``, or none
-    (Tune's FIFO: every trial to its end)."""
+    (Tune's FIFO: every trial to its end). ``jobs``: by number, as many as are known (a searcher
+    adds to them); the trials it stops go into ``stopped``."""
     if sweep.scheduler != "asha":
         return None
     from ray.tune.schedulers import ASHAScheduler
@@ -258,15 +346,19 @@ def scheduler(sweep: SweepSettings, jobs: list[SweepJob]):
         loses its export."""
 
         def on_trial_result(self, tune_controller, trial, result):
-            last = work_steps[trial.config["job"]]
-            if result.get("step", 0) >= last:
+            if result.get("step", 0) >= jobs[trial.config["job"]].settings.train.max_steps:
                 return self.CONTINUE
-            return super().on_trial_result(tune_controller, trial, result)
+            if result.get(sweep.metric) is None:  # an evaluation without it ranks nothing
+                return self.CONTINUE
+            decision = super().on_trial_result(tune_controller, trial, result)
+            if decision == self.STOP:
+                stopped.add(trial.trial_id)
+            return decision
 
-    work_steps = {j.num: j.settings.train.max_steps for j in jobs}
+    # rungs past any job's last step are never reached: max_t need not be exact
     return FinishingASHA(time_attr="step", metric=sweep.metric,
                          mode=sweep.mode or best.order(sweep.metric),
-                         max_t=max(work_steps.values()) + 1, grace_period=sweep.grace_steps,
+                         max_t=2**31, grace_period=sweep.grace_steps,
                          reduction_factor=sweep.reduction_factor)
 
 

@@ -40,10 +40,40 @@ def job_row(num: int, overrides: list[str], out_dir: Path, span: tuple[float, fl
             "output_dir": str(out_dir), "error": error}
 
 
+# Overrides that say how or where a sweep runs, not what a job trains: a sweep run again with other
+# values of these (more CPUs, another cap on trials at once, the MLflow server) continues the jobs
+# of the first run
+NOT_DEFINING = ("sweep.", "cluster.", "hydra.", "hydra/", "tracking.", "tracking=")
+
+
+def defining(overrides: list[str]) -> list[str]:
+    """What defines a job: its overrides, less those of ``NOT_DEFINING``, in a fixed order."""
+    return sorted(o for o in overrides if not o.lstrip("+~").startswith(NOT_DEFINING))
+
+
 def is_done(row: dict | None, overrides: list[str]) -> bool:
     """Whether ``row`` says the job of these ``overrides`` ran (completed or stopped): a sweep run
     again over its directory leaves it out."""
-    return row is not None and row["status"] in DONE and row["overrides"] == list(overrides)
+    return (row is not None and row["status"] in DONE
+            and defining(row["overrides"]) == defining(overrides))
+
+
+def finished(out_dir: Path, overrides: list[str]) -> bool:
+    """Whether the run of the job of these ``overrides`` finished in ``out_dir`` (its
+    ``summary.json`` says so, its ``.hydra/overrides.yaml`` names the job), whether or not its row
+    was kept: a sweep killed between the two does not train it again."""
+    import yaml
+
+    named = out_dir / ".hydra" / "overrides.yaml"
+    if not named.is_file() or not _summary(out_dir):
+        return False
+    return defining(yaml.safe_load(named.read_text()) or []) == defining(overrides)
+
+
+def span_of(out_dir: Path) -> tuple[float, float]:
+    """When a finished run in ``out_dir`` began and ended, as its files say: its Hydra directory
+    was written first, its summary last."""
+    return (out_dir / ".hydra").stat().st_mtime, (out_dir / "summary.json").stat().st_mtime
 
 
 def append(sweep_dir: Path, row: dict) -> None:
@@ -52,7 +82,9 @@ def append(sweep_dir: Path, row: dict) -> None:
 
 
 def rows(sweep_dir: Path) -> dict[int, dict]:
-    """The newest row of each job, by job number; a line cut short by a kill is skipped."""
+    """The row of each job, by job number: its newest, except that a completed or stopped row is
+    never replaced by a later failed one of the same job (a rerun refused for its used directory);
+    a line cut short by a kill is skipped."""
     path, found = sweep_dir / ROWS_FILE, {}
     if not path.is_file():
         return found
@@ -61,7 +93,9 @@ def rows(sweep_dir: Path) -> dict[int, dict]:
             row = json.loads(line)
         except ValueError:
             continue
-        found[row["job"]] = row
+        kept = found.get(row["job"])
+        if kept is None or row["status"] in DONE or not is_done(kept, row["overrides"]):
+            found[row["job"]] = row
     return found
 
 
@@ -98,6 +132,19 @@ def last_value(out_dir: Path, column: str) -> float | None:
     values = [r[column] for r in read_metrics(path) if r.get(column) is not None] \
         if path.is_file() else []
     return float(values[-1]) if values else None
+
+
+def best_value(out_dir: Path, column: str, mode: str) -> float | None:
+    """The best (``mode``: min or max) value of ``column`` in a run's ``metrics.csv``; None if it
+    has none."""
+    from raydp_llm.training.driver.metrics import read_metrics
+
+    path = out_dir / "metrics.csv"
+    values = [float(r[column]) for r in read_metrics(path)
+              if r.get(column) is not None and not is_nan(r[column])] if path.is_file() else []
+    if not values:
+        return None
+    return min(values) if mode == "min" else max(values)
 
 
 def is_nan(value) -> bool:

@@ -54,21 +54,22 @@ class SweepSummary(Callback):
         self.parent_run: str | None = None  # tracking=mlflow: the jobs' parent run
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from raydp_llm.engines.ray_cluster import ray_session
+        from raydp_llm.engines.ray_cluster import ray_session, sweep_namespace
         from raydp_llm.training.driver import tracking
 
         # a door too: the sweep's settings checked before Ray starts; its Ray and tracking
         check_sweep(config)
         cluster = OmegaConf.to_object(config.cluster)
         self.tracking = OmegaConf.to_object(config.tracking)
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
         if self.tracking.kind == "mlflow":
-            sweep_dir = Path(config.hydra.sweep.dir).resolve()
             self.parent_run = tracking.open_sweep(self.tracking, sweep_dir, config.name)
         # the jobs' DDP workers counted twice, as a job's own embedded Ray counts them (room for
         # the worker group beside Spark, and for a Spark kept between jobs: cluster.keep_spark)
         train = OmegaConf.to_object(config.train)
         self.ray.enter_context(ray_session(cluster, f"{config.name} sweep",
-                                           waiting_cpus=train.num_workers * train.cpus_per_worker))
+                                           waiting_cpus=train.num_workers * train.cpus_per_worker,
+                                           namespace=sweep_namespace(sweep_dir)))
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         self.job_started = time.time()
@@ -89,7 +90,11 @@ class SweepSummary(Callback):
         self.ray.close()
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = [row for _, row in sorted(records.rows(sweep_dir).items())]
-        done = self._summarize(sweep_dir, jobs) if jobs else []
+        from raydp_llm.training.driver.best import order
+
+        sweep = OmegaConf.to_object(config.sweep)
+        mode = sweep.mode or order(sweep.metric)
+        done = self._summarize(sweep_dir, jobs, sweep.metric, mode) if jobs else []
         if self.parent_run:
             from raydp_llm.training.driver import tracking
 
@@ -99,7 +104,8 @@ class SweepSummary(Callback):
                   "jobs not done, each from its newest complete checkpoint", file=sys.stderr)
             sys.exit(130)
 
-    def _summarize(self, sweep_dir: Path, jobs: list[dict]) -> list[dict]:
+    def _summarize(self, sweep_dir: Path, jobs: list[dict], metric: str,
+                   mode: str) -> list[dict]:
         """``sweep_summary.csv``, ``sweep.png`` and the console table; the completed jobs' rows."""
         from raydp_llm.training.driver.metrics import read_metrics
         from raydp_llm.training.driver.plots import plot_sweep
@@ -119,9 +125,7 @@ class SweepSummary(Callback):
                         f"{r['overrides']}": read_metrics(Path(r["output_dir"]) / "metrics.csv")
                         for r in done}, sweep_dir / "sweep.png", title=f"sweep {sweep_dir.name}: "
                                                                        "validation loss")
-        ranked = [r for r in done if r["best_val_loss"] is not None]
-        best = min(ranked, key=lambda r: r["best_val_loss"])["job"] if ranked else None
-        print(format_table(rows, best))
+        print(format_table(rows, best_job(rows, metric, mode), metric))
         stopped = sum(r["status"] == records.STOPPED for r in rows)
         print(f"sweep: {len(done) - stopped} of {len(rows)} jobs completed"
               f"{f', {stopped} stopped early' if stopped else ''}; sweep_summary.csv"
@@ -130,27 +134,63 @@ class SweepSummary(Callback):
 
 
 def check_sweep(config: DictConfig) -> None:
-    """``sweep.metric``: a column every evaluation reports (``best.check``); with
+    """``sweep.metric``: a column every evaluation reports (``check_metric``); with
     ``hydra/sweeper=optuna``, a search space it samples. Else one line and exit status 2, before
     anything starts."""
     from raydp_llm.core.errors import InputError
-    from raydp_llm.training.driver import best
 
-    sweep, data = OmegaConf.to_object(config.sweep), OmegaConf.to_object(config.data)
     try:
-        best.check(sweep.metric, [], [s.name for s in data.sources], None, setting="sweep.metric")
+        check_metric(config)
         if str(config.hydra.sweeper._target_).endswith("RaydpOptunaSweeper"):
-            from raydp_llm.cli.sweep.search import space_of
+            from raydp_llm.cli.sweep.search import check_search
 
-            space_of(list(config.hydra.overrides.task))
+            check_search(config)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
-def format_table(rows: list[dict], best: int | None) -> str:
-    """The summary as a console table, the best job (lowest best validation loss) marked with
-    ``*``."""
+GRPO_METRICS = "val_reward"  # what a GRPO run's evaluations report: val_reward, val_reward_<fn>
+
+
+def check_metric(config: DictConfig) -> None:
+    """``sweep.metric`` names a column the jobs' evaluations report: a validation figure (a GRPO
+    run's are its rewards: ``val_reward``), a mixture source's loss, or a task score of
+    ``train.eval_tasks`` (reported at checkpoints: ranked there)."""
+    from raydp_llm.core.errors import InputError
+    from raydp_llm.training.driver import best
+
+    sweep, data = OmegaConf.to_object(config.sweep), OmegaConf.to_object(config.data)
+    train = OmegaConf.to_object(config.train)
+    if train.objective == "grpo":
+        if not sweep.metric.startswith(GRPO_METRICS):
+            raise InputError(f"sweep.metric={sweep.metric}: a GRPO run (train.objective=grpo) "
+                             "reports no such column; its evaluations report val_reward and "
+                             "val_reward_<function>: give sweep.metric=val_reward")
+        return
+    tasks = []
+    if train.eval_tasks and sweep.metric.startswith("task_"):  # lm-eval loads: only when asked
+        from raydp_llm.training.tasks import task_list
+
+        tasks = task_list(train.eval_tasks).names
+    best.check(sweep.metric, tasks, [s.name for s in data.sources], None, setting="sweep.metric")
+
+
+def best_job(rows: list[dict], metric: str, mode: str) -> int | None:
+    """The job whose best ``metric`` over its evaluations is best (``mode``: min or max), among
+    the completed and stopped ones; None when none reported it."""
+    pick = min if mode == "min" else max
+    scored = {}
+    for row in rows:
+        if row["status"] in records.DONE:
+            value = records.best_value(Path(row["output_dir"]), metric, mode)
+            if value is not None:
+                scored[row["job"]] = value
+    return pick(scored, key=scored.get) if scored else None
+
+
+def format_table(rows: list[dict], best: int | None, metric: str = "val_loss") -> str:
+    """The summary as a console table, the best job (by ``sweep.metric``) marked with ``*``."""
 
     def cell(value, digits=4) -> str:
         if value is None:
@@ -179,7 +219,9 @@ def format_table(rows: list[dict], best: int | None) -> str:
         for line in [header, *body]
     ]
     errors = [f"  job {r['job']} failed: {r['error']}" for r in rows if r["error"]]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:], *errors])
+    marked = [f"  * the best by {metric}"] if best is not None else []
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:], *marked,
+                      *errors])
 
 
 def _varying_overrides(per_job: list[list[str]]) -> set[str]:

@@ -18,29 +18,34 @@ from raydp_llm.training.driver.trial_reports import evaluations_to_tune, report_
 
 @dataclass
 class SweepJob:
-    """A job of the sweep: its number, the overrides that make it, its composed config (Hydra's
-    node with the sweep's directory resolved), and the one line that refused it, if any."""
+    """A job of the sweep: its number, the overrides that make it, its directory, its composed
+    config (Hydra's node with the sweep's directory resolved; None when it does not compose), and
+    the one line that refused it, if any."""
 
     num: int
     overrides: list[str]
-    config: DictConfig
+    out_dir: Path
+    config: DictConfig | None
     settings: object | None = None  # its typed Settings, once checked (launcher.py)
     corpus: object | None = None  # what its data reads (cli/inputs.check_inputs)
     error: str | None = None
 
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.config.hydra.sweep.dir) / str(self.config.hydra.sweep.subdir)
-
 
 @dataclass
 class TrialWork:
-    """What every trial needs of the launcher: the jobs by number, Hydra's config loader and task
-    function (``cli/train.py``'s ``main``). Not the sweep's callbacks: they hold its Ray."""
+    """What every trial needs of the launcher: the jobs by number (a trial proposed as the sweep
+    runs, by ``hydra/sweeper=optuna``, brings its own config: ``trial_config["config"]``), Hydra's
+    config loader and task function (``cli/train.py``'s ``main``). Not the sweep's callbacks: they
+    hold its Ray."""
 
     jobs: dict[int, SweepJob]
     config_loader: object
     task_function: object
+
+    def config_of(self, trial_config: dict) -> DictConfig:
+        if "config" in trial_config:
+            return trial_config["config"]
+        return self.jobs[trial_config["job"]].config
 
 
 def run_trial(trial_config: dict, work: TrialWork) -> None:
@@ -55,14 +60,15 @@ def run_trial(trial_config: dict, work: TrialWork) -> None:
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     runner = ray.remote(num_cpus=0)(JobProcess).options(scheduling_strategy=here).remote()
-    job = work.jobs[trial_config["job"]]
+    config = work.config_of(trial_config)
     try:
-        value = ray.get(runner.run.remote(job.config, work.config_loader, work.task_function,
+        value = ray.get(runner.run.remote(config, work.config_loader, work.task_function,
                                           evaluations_to_tune()))
     finally:
         ray.kill(runner)
     if value is None or records.is_nan(value):
-        raise RuntimeError(f"job {job.num} failed; see {job.out_dir}")
+        raise RuntimeError(f"job {trial_config['job']} failed; see its directory in "
+                           f"{config.hydra.sweep.dir}")
 
 
 class JobProcess:

@@ -3,6 +3,7 @@ report), once ``cli/train.py`` has checked its input."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,11 +49,14 @@ log = logging.getLogger(__name__)
 MODEL_DIR, BEST_MODEL_DIR = "model", "best_model"
 
 
-def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path) -> str | None:
+def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path,
+                      sweep_dir: str | None = None) -> str | None:
     """``train.resume``: never; a checkpoint directory (local or s3://); or auto = the newest
     complete checkpoint of an identical run among earlier runs of the same name that no live or
     finished run continued: this run's siblings (``outputs/<name>/*``), or the ``<name>-*`` runs in
-    ``train.storage_path`` (``runs.find_resumable``)."""
+    ``train.storage_path`` (``runs.find_resumable``). A sweep's job continues only its own: its
+    directory's earlier attempts (``<job>.attempt-<k>``), or its own runs in the storage, never a
+    sibling job's, whatever settings they share."""
     train = settings.train
     if train.resume == "never":
         return None
@@ -60,9 +64,11 @@ def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path) -> str
         return train.resume
     if train.storage_path:
         found = runs.find_resumable(train.storage_path, spec.fingerprint, spec.max_steps, spec.s3,
-                                    run_prefix=f"{settings.name}-")
+                                    run_prefix=run_prefix(settings, out_dir, sweep_dir))
     else:
-        found = runs.find_resumable(out_dir.parent, spec.fingerprint, spec.max_steps)
+        mine = ("",) if sweep_dir is None else (f"{out_dir.name}/", f"{out_dir.name}.attempt-")
+        found = runs.find_resumable(out_dir.parent, spec.fingerprint, spec.max_steps,
+                                    run_prefix=mine)
     if found:
         log.info("resuming from %s (train.resume=never starts afresh)", found)
     return found
@@ -102,12 +108,21 @@ class Job:
     def new(cls, settings: Settings, out_dir: Path, tracker: tracking.NoTracking,
             sweep_dir: str | None) -> Job:
         record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
-        run_name = f"{settings.name}-{record.run_id}"
+        run_name = f"{run_prefix(settings, out_dir, sweep_dir)}{record.run_id}"
         storage_path = settings.train.storage_path
         destination = storage.join(storage_path, run_name) if storage_path else None
         store = Path(settings.data.cache_dir) if settings.data.cache else None
         return cls(out_dir, record, run_name, storage_path or str(out_dir / "ray_results"),
                    destination, store, tracker, sweep_dir)
+
+
+def run_prefix(settings: Settings, out_dir: Path, sweep_dir: str | None) -> str:
+    """How the run's Ray Train name (its checkpoints' directory in ``train.storage_path``) begins:
+    ``<name>-``; a sweep's job's, ``<name>-sweep<key of the sweep>-job<num>-``, its own."""
+    if sweep_dir is None:
+        return f"{settings.name}-"
+    key = hashlib.sha256(sweep_dir.encode()).hexdigest()[:8]
+    return f"{settings.name}-sweep{key}-job{out_dir.name}-"
 
 
 def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
@@ -175,7 +190,7 @@ def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> Tra
     else:
         spec = build_spec(settings, data.tokenizer, data.manifest, data.windows,
                           samplings(settings), getattr(data, "mixture", None))
-    job.record.resumed_from = resume_checkpoint(settings, spec, job.out_dir)
+    job.record.resumed_from = resume_checkpoint(settings, spec, job.out_dir, job.sweep_dir)
     job.tracker.start(settings, job.run_name, job.record, data.manifest.etl_key,
                       job.sweep_dir)
     return spec

@@ -187,12 +187,12 @@ class Candidate:
 
 
 def find_resumable(root: str | Path, fingerprint: str, max_steps: int, s3: S3Options = S3Options(),
-                   run_prefix: str = "") -> str | None:
+                   run_prefix: str | tuple[str, ...] = "") -> str | None:
     """The newest complete checkpoint under ``root`` (local or S3) that ``train.resume=auto`` may
     continue: of a run with the same ``fingerprint`` whose path below ``root`` starts with
-    ``run_prefix``, that did not finish (reach ``max_steps``), is not running now, and was not
-    continued by a run that finished or is running. A damaged checkpoint is skipped with one line,
-    and the one before it is taken."""
+    ``run_prefix`` (or one of them), that did not finish (reach ``max_steps``), is not running
+    now, and was not continued by a run that finished or is running. A damaged checkpoint is
+    skipped with one line, and the one before it is taken."""
     candidates, finished = [], set()
     for path, relative, info in storage.find_files(root, STATE_JSON, s3):
         if not relative.startswith(run_prefix):

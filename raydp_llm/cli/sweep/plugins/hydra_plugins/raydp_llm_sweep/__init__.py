@@ -32,10 +32,12 @@ class RaydpLauncher(Launcher):
 
 
 class RaydpOptunaSweeper(Sweeper):
-    """``hydra/sweeper=optuna``: Optuna proposes ``sweep.trials`` settings from the search space in
-    Hydra's syntax, in batches the launcher runs side by side (raydp_llm/cli/sweep/search.py)."""
+    """``hydra/sweeper=optuna``: Optuna proposes the jobs from the search space in Hydra's syntax,
+    as trials of one Ray Tune run (raydp_llm/cli/sweep/search.py). It takes hydra-optuna-sweeper
+    1.3's keys (``params``, ``n_trials``, ``direction``, ``sampler``, ``storage``, ``study_name``,
+    ``n_jobs``), which search.py reads from ``hydra.sweeper`` itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, **keys) -> None:
         self.hydra_context = self.task_function = self.config = None
 
     def setup(self, *, hydra_context, task_function, config) -> None:
