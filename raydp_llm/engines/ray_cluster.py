@@ -24,6 +24,7 @@ from ray.job_config import JobConfig
 
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.timing import Span
+from raydp_llm.engines import raydp_fixes
 from raydp_llm.engines.dashboard import announce_dashboard
 from raydp_llm.engines.java import JVM_FLAGS, ensure_java
 from raydp_llm.engines.spark import stop_kept_spark
@@ -55,6 +56,8 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0,
     ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
     set_ray_environment(cfg)
     kwargs = init_options(cfg, run_name, waiting_cpus) | {"namespace": namespace}
+    if cfg.address == "local":  # a killed run's agents, before this Ray's (raydp_fixes.py, 3)
+        raydp_fixes.reap_orphaned_agents()
     if not cfg.verbose:
         quiet_python_logs()
     context = ray.init(**kwargs)

@@ -13,10 +13,20 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    driver's JVM then exits before Spark starts. RayDP tells its app master's JVM this node's Ray
    session (``-Dray.logging.dir``), but not the driver's JVM: we do, from Ray's node, which no
    public API names.
+3. Ray's agents outlive a killed driver (``reap_orphaned_agents``): when the driver of an embedded
+   Ray is SIGKILLed, its raylet and GCS die with it, and the raylet's dashboard agent and
+   runtime-env agent log that the raylet is dead and exit, but hang in their exit for about 100
+   s (measured here: ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, reparented to init).
+   The next embedded Ray's start ends those of a session whose raylet and GCS are gone: a killed
+   sweep's processes do not outlive the command that continues it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
+
+import psutil
 import ray
 
 READ_AGAINST = {"raydp": "1.6.5", "ray": "2.60.0"}
@@ -51,3 +61,27 @@ def ray_logs_flag() -> str:
     from ray._private.worker import _global_node
 
     return f"-Dray.logging.dir={_global_node.get_logs_dir_path()}"
+
+
+_SESSION = re.compile(r"^(.*/session_[^/]+)/logs/")  # an open log file's session directory
+
+
+def reap_orphaned_agents() -> list[int]:
+    """Workaround 3: SIGKILL of the Ray processes (titled ``ray::...``) left to init whose
+    session's raylet and GCS are no longer running (no live raylet's or GCS's command line names
+    the session); returns their pids."""
+    engines, orphans = [], []
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "/raylet" in cmdline or "/gcs_server" in cmdline:
+            engines.append(cmdline)
+        elif proc.info["ppid"] == 1 and cmdline.startswith("ray::"):
+            orphans.append(proc)
+    reaped = []
+    for proc in orphans:
+        with contextlib.suppress(psutil.Error):
+            mine = {m.group(1) for f in proc.open_files() if (m := _SESSION.match(f.path))}
+            if mine and not any(session in line for session in mine for line in engines):
+                proc.kill()
+                reaped.append(proc.pid)
+    return reaped

@@ -60,3 +60,23 @@ def kill_tree(proc: subprocess.Popen) -> None:
         with contextlib.suppress(psutil.Error):
             child.kill()
     proc.wait(timeout=60)
+
+
+def kill_driver(proc: subprocess.Popen) -> list[psutil.Process]:
+    """SIGKILL of the driver alone (by its pid), as an OOM kill or a lost terminal: what it
+    started is left to end by itself. Returns the processes it had started, for a test to check
+    that none outlives what comes next."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    return tree
+
+
+def alive(processes: list[psutil.Process]) -> list[str]:
+    """Those of ``processes`` still running (a zombie has ended), by pid and title."""
+    left = []
+    for p in processes:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {command_line(p)[:120]}")
+    return left

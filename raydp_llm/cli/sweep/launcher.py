@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,14 +236,16 @@ def set_aside(job: SweepJob) -> None:
 class Trials:
     """What Tune runs: a grid of the jobs composed before (``param_space``), or the trials a
     searcher proposes as room frees (``search``: hydra/sweeper=optuna); ``count`` of them at
-    most; ``left()``: whether proposals were left unmade (an interrupted search); ``stopped``: the
-    ids of the trials the scheduler stopped (the searcher tells them pruned)."""
+    most; ``left()``: whether proposals were left unmade (an interrupted search); ``pruned``: the
+    ids of the trials the scheduler stopped (the searcher tells them pruned); ``halt``: set by
+    Ctrl-C or SIGTERM (the searcher proposes nothing more)."""
 
     param_space: dict
     count: int
     left: Callable[[], bool] = lambda: False
     search: object | None = None
-    stopped: set = field(default_factory=set)
+    pruned: set = field(default_factory=set)
+    halt: threading.Event = field(default_factory=threading.Event)
 
 
 def run_trials(trials: Trials, sweep: SweepSettings, at_once: int, sweep_dir: Path,
@@ -259,7 +262,8 @@ def run_trials(trials: Trials, sweep: SweepSettings, at_once: int, sweep_dir: Pa
     print(f"sweep: {trials.count} trials, {at_once} at once, in {sweep_dir}", flush=True)
     # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    with spark_turns.one_at_a_time(), sigterm_as_ctrl_c(), trial_groups() as groups:
+    with spark_turns.one_at_a_time(), tune_halts_on_signals(trials.halt), \
+            trial_groups() as groups:
         lines.groups = groups
         samples = trials.count if trials.search is not None else 1  # a grid: each point once
         tune.Tuner(
@@ -267,14 +271,15 @@ def run_trials(trials: Trials, sweep: SweepSettings, at_once: int, sweep_dir: Pa
             tune_config=tune.TuneConfig(max_concurrent_trials=at_once, num_samples=samples,
                                         search_alg=trials.search, trial_name_creator=trial_name,
                                         trial_dirname_creator=trial_name,
-                                        scheduler=scheduler(sweep, work.jobs, trials.stopped)),
+                                        scheduler=scheduler(sweep, work.jobs, trials.pruned)),
             run_config=tune.RunConfig(name=f"tune-{time.strftime('%Y%m%d-%H%M%S')}",
                                       storage_path=str(sweep_dir), verbose=0, callbacks=[lines],
                                       failure_config=tune.FailureConfig(max_failures=0)),
         ).fit()
     # Ctrl-C (or SIGTERM): Tune stops every trial and returns; the summary says so (summary.py)
     unstarted = trials.search is None and len(lines.started) < trials.count
-    records.interrupted = len(lines.ended) < len(lines.started) or unstarted or trials.left()
+    records.interrupted = (trials.halt.is_set() or len(lines.ended) < len(lines.started)
+                           or unstarted or trials.left())
 
 
 def search(plugin, trials: Trials, jobs: dict[int, SweepJob], cap: int | None) -> None:
@@ -323,9 +328,29 @@ def trial_groups():
 
 
 @contextlib.contextmanager
+def tune_halts_on_signals(halt: threading.Event):
+    """Ctrl-C or SIGTERM while Tune runs: ``halt`` set, so that the searcher proposes nothing
+    more (Tune's own Ctrl-C handler lets its loop finish a step, which may ask for a trial), then
+    Tune told to end by its other stop signal, SIGUSR1: it stops every trial and returns, and the
+    sweep writes its summary."""
+    def handler(*_):
+        halt.set()
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, was in previous.items():
+            signal.signal(s, was)
+        del os.environ["TUNE_DISABLE_SIGINT_HANDLER"]
+
+
+@contextlib.contextmanager
 def sigterm_as_ctrl_c():
-    """SIGTERM (a scheduler's, ``kill``) is passed on as Ctrl-C, which Tune handles: it stops
-    every trial and returns, and the sweep writes its summary."""
+    """SIGTERM (a scheduler's, ``kill``) is passed on as Ctrl-C: the job running stops (its Spark
+    and workers with it), and the sweep writes its summary."""
     previous = signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
         yield
@@ -333,10 +358,10 @@ def sigterm_as_ctrl_c():
         signal.signal(signal.SIGTERM, previous)
 
 
-def scheduler(sweep: SweepSettings, jobs: dict[int, SweepJob], stopped: set):
+def scheduler(sweep: SweepSettings, jobs: dict[int, SweepJob], pruned: set):
     """``sweep.scheduler``: Ray Tune's ``ASHAScheduler`` by step on ``sweep.metric``, or none
     (Tune's FIFO: every trial to its end). ``jobs``: by number, as many as are known (a searcher
-    adds to them); the trials it stops go into ``stopped``."""
+    adds to them); the trials it stops go into ``pruned``."""
     if sweep.scheduler != "asha":
         return None
     from ray.tune.schedulers import ASHAScheduler
@@ -352,7 +377,7 @@ def scheduler(sweep: SweepSettings, jobs: dict[int, SweepJob], stopped: set):
                 return self.CONTINUE
             decision = super().on_trial_result(tune_controller, trial, result)
             if decision == self.STOP:
-                stopped.add(trial.trial_id)
+                pruned.add(trial.trial_id)
             return decision
 
     # rungs past any job's last step are never reached: max_t need not be exact

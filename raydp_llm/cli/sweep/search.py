@@ -154,9 +154,10 @@ def sweep(plugin, arguments: list[str]) -> list:
     plan = Plan(launcher, fixed, sweep_dir, study, keys.n_trials)
     plan.resume(str(config.sweep.metric))
     trials = Trials({}, plan.remaining, left=lambda: plan.asked < plan.remaining)
-    trials.search = JobSearch(plan, trials.stopped, space=space, metric=str(config.sweep.metric),
-                              mode=keys.mode, sampler=sampler_of(keys.sampler),
-                              study_name=keys.study_name, storage=storage)
+    trials.search = JobSearch(plan, trials.pruned, trials.halt, space=space,
+                              metric=str(config.sweep.metric), mode=keys.mode,
+                              sampler=sampler_of(keys.sampler), study_name=keys.study_name,
+                              storage=storage)
     if plan.remaining:
         search(launcher, trials, plan.jobs, keys.cap)
     write_results(study, sweep_dir / RESULTS_FILE, str(config.name))

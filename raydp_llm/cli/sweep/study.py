@@ -119,16 +119,17 @@ class JobSearch(OptunaSearch):
     """Ray Tune's ``OptunaSearch``, whose proposals are the sweep's jobs: a proposal becomes a job
     (``Plan.job_for``; one refused is told failed, and the next asked), a trial's config is its
     job's number and composed config; a trial the scheduler stopped is told pruned (Tune reports
-    every end as complete), a failed one failed."""
+    every end as complete), a failed one failed. Nothing more is proposed once ``halt`` is set
+    (Ctrl-C)."""
 
-    def __init__(self, plan: Plan, stopped: set, **kwargs):
+    def __init__(self, plan: Plan, pruned: set, halt, **kwargs):
         super().__init__(**kwargs)
-        self.plan, self.stopped = plan, stopped
+        self.plan, self.pruned, self.halt = plan, pruned, halt
 
     # Tune pickles its searcher (the Tuner's state file, its experiment checkpoints) for its own
     # restore, which a sweep does not use: the study is in its storage, the jobs in their rows
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("plan", "stopped")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("plan", "pruned", "halt")}
 
     def save(self, checkpoint_path: str) -> None:
         pass
@@ -139,7 +140,7 @@ class JobSearch(OptunaSearch):
     def suggest(self, trial_id: str):
         from optuna.trial import TrialState
 
-        while self.plan.asked < self.plan.remaining:
+        while self.plan.asked < self.plan.remaining and not self.halt.is_set():
             super().suggest(trial_id)  # Optuna's ask: a job to run again first, else the sampler
             trial = self._ot_trials[trial_id]
             job = self.plan.job_for(trial)
@@ -161,7 +162,7 @@ class JobSearch(OptunaSearch):
             return
         value = (result or {}).get(self.metric)
         trial = self._ot_trials[trial_id]
-        if trial_id in self.stopped:
+        if trial_id in self.pruned:
             self._ot_study.tell(trial, state=TrialState.PRUNED)
         elif error or value is None:
             self._ot_study.tell(trial, state=TrialState.FAIL)
