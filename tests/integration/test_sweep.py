@@ -166,3 +166,46 @@ def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_
 
     _assert_the_console(out, rows)
     _assert_mlflow_runs(mlflow_server, sweep_dir, rows)
+
+
+def _run_record(job_dir: Path) -> dict:
+    return json.loads((job_dir / "run.json").read_text())
+
+
+def test_a_killed_sweep_continues_on_the_default_launcher_each_job_from_its_own_checkpoints(
+        corpus_dir, tmp_path):
+    """One job after another in the sweep's process (the embedded default), over settings a
+    checkpoint's fingerprint leaves out (workers, evaluation interval): SIGKILLed once job 0 ended
+    and job 1 checkpointed (of 200 steps), then the same command with more CPUs (how it runs, not
+    what its jobs are). Job 0 is not run again, job 1 continues its own checkpoint, jobs 2 and 3
+    start afresh (none reads a sibling's), and nothing the killed command started outlives the
+    second."""
+    from helpers import commands
+    from helpers.processes import alive, kill_driver
+    from helpers.terminal import wait_for
+    from raydp_llm.checkpoint.layout import STATE_JSON
+
+    sweep_dir = tmp_path.resolve() / "sweep"
+    command = ["-m", "train.eval_interval=10,20", "train.num_workers=1,2", *SWEEP_JOB[:4],
+               "train.max_steps=200", "train.checkpoint_interval=20", "train.eval_batches=2",
+               "sample.max_new_tokens=10", f"data.path={corpus_dir}", NO_CHECK,
+               f"data.cache_dir={tmp_path / 'cache'}", "cluster.dashboard=false",
+               f"hydra.sweep.dir={sweep_dir}"]
+    first = commands.start("raydp_llm.train", *command)
+    wait_for(first, lambda: (sweep_dir / "jobs.jsonl").is_file()
+             and any((sweep_dir / "1").rglob(STATE_JSON)), "job 1's first checkpoint", 600)
+    files_before = {p: p.stat().st_mtime_ns for p in (sweep_dir / "0").rglob("*")}
+    started = kill_driver(first)
+    again = commands.run("raydp_llm.train", *command, "cluster.num_cpus=3", timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert alive(started) == [], "processes of the killed sweep outlived the one continuing it"
+
+    with (sweep_dir / "sweep_summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["status"], r["steps"]) for r in rows] == [
+        (str(n), "completed", "200") for n in range(4)]
+    assert "1 of 4 jobs done before" in again.stdout + again.stderr
+    assert {p: p.stat().st_mtime_ns for p in (sweep_dir / "0").rglob("*")} == files_before
+    assert _run_record(sweep_dir / "1")["resumed_from"].startswith(
+        str(sweep_dir / "1.attempt-1") + "/")
+    assert [_run_record(sweep_dir / str(n))["resumed_from"] for n in (2, 3)] == [None, None]

@@ -331,14 +331,27 @@ def test_ray_out_of_disk_says_what_to_do(caplog):
     assert "RAY_local_fs_capacity_threshold=0.99" in error and "data.cache=true" in error
 
 
-def test_a_sweep_ranked_by_a_column_no_evaluation_reports_is_one_line_before_ray(tmp_path):
+@pytest.mark.parametrize("args, message", [
+    (["hydra/launcher=ray", "sweep.metric=val_los", "optim.lr=1e-3,2e-3"],
+     "error: sweep.metric=val_los: not a column every checkpoint reports; give val_loss, val_acc"),
+    # GRPO reports rewards, no val_loss: ASHA crashed Tune's controller on None
+    (["train.objective=grpo", "optim.lr=1e-3,2e-3"],
+     "error: sweep.metric=val_loss: a GRPO run (train.objective=grpo) reports no such column; "
+     "its evaluations report val_reward"),
+    (["hydra/sweeper=optuna", "model.n_layer=interval(2.2,2.8)"],
+     "error: model.n_layer=interval(2.2,2.8): model.n_layer is a whole number and the interval "
+     "holds none"),
+    (["hydra/sweeper=optuna", "optim.lr=interval(1e-4,1e-2)", "hydra.sweeper.direction=lower"],
+     "error: hydra.sweeper.direction=lower: give minimize or maximize"),
+    (["hydra/sweeper=optuna", "optim.lr=1e-3"], "error: hydra/sweeper=optuna: no setting to "
+                                                "search"),
+])
+def test_a_sweep_refused_for_its_own_settings_is_one_line_before_ray(tmp_path, args, message):
     before = ray_session_dir()
-    out = subprocess.run([sys.executable, "-m", "raydp_llm.train", "-m", "hydra/launcher=ray",
-                          "sweep.metric=val_los", "optim.lr=1e-3,2e-3",
+    out = subprocess.run([sys.executable, "-m", "raydp_llm.train", "-m", *args,
                           f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert out.returncode == 2 and len(lines) == 1, lines
-    assert lines[0].startswith("error: sweep.metric=val_los: not a column every checkpoint "
-                               "reports; give val_loss, val_acc"), lines
+    assert lines[0].startswith(message), lines
     assert ray_session_dir() == before

@@ -32,7 +32,7 @@ from ray import tune
 
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.cli.sweep import records
-from raydp_llm.cli.sweep.trial import SweepJob, TrialWork, run_trial
+from raydp_llm.cli.sweep.trial import SweepJob, TrialWork, end_process, run_trial
 from raydp_llm.core.config import SweepSettings, TrainSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.timing import Stopwatch
@@ -432,6 +432,7 @@ class TrialLines(tune.Callback):
 
     def _end(self, trial, error: str | None) -> None:
         job = self._job(trial)
+        end_process(job.num)  # before its workers' groups are freed and its row is kept
         self.ended.append(job.out_dir)
         self._free_ended()
         span = (self.started.get(trial.trial_id, time.time()), time.time())

@@ -53,6 +53,10 @@ class OptunaKeys:
         from raydp_llm.training.driver.best import order
 
         keys, sweep = config.hydra.sweeper, OmegaConf.to_object(config.sweep)
+        for unsupported in ("custom_search_space", "search_space"):
+            if keys.get(unsupported):
+                raise InputError(f"hydra.sweeper.{unsupported}: not taken here; give the space "
+                                 "in hydra.sweeper.params or on the command line")
         direction = keys.get("direction")
         if direction is not None and str(direction) not in DIRECTIONS:
             raise InputError(f"hydra.sweeper.direction={direction}: give minimize or maximize "
@@ -156,7 +160,7 @@ def sweep(plugin, arguments: list[str]) -> list:
     trials = Trials({}, plan.remaining, left=lambda: plan.asked < plan.remaining)
     trials.search = JobSearch(plan, trials.pruned, trials.halt, space=space,
                               metric=str(config.sweep.metric), mode=keys.mode,
-                              sampler=sampler_of(keys.sampler), study_name=keys.study_name,
+                              sampler=sampler_of(keys.sampler, study), study_name=keys.study_name,
                               storage=storage)
     if plan.remaining:
         search(launcher, trials, plan.jobs, keys.cap)

@@ -27,10 +27,12 @@ def storage_of(url: str | None, sweep_dir: Path):
     return optuna.storages.JournalStorage(JournalFileBackend(str(sweep_dir / JOURNAL_FILE)))
 
 
-def sampler_of(sampler: dict):
+def sampler_of(sampler: dict, study):
+    """The study's sampler, its seed advanced by the trials the study holds: a resumed study
+    draws new settings, not the first run's again (a seeded sampler restarts its sequence)."""
     from hydra.utils import instantiate
 
-    return instantiate(sampler)
+    return instantiate({**sampler, "seed": sampler["seed"] + len(study.trials)})
 
 
 @dataclass
@@ -59,7 +61,7 @@ class Plan:
         again under its job's number; what is left of ``n_trials`` is this run's to propose."""
         from optuna.trial import TrialState
 
-        rows, again = records.rows(self.sweep_dir), set()
+        rows = records.rows(self.sweep_dir)
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             num = trial.user_attrs.get("job")
             row = rows.get(num) if num is not None else None
@@ -74,14 +76,24 @@ class Plan:
             self.study.tell(trial.number, state=TrialState.FAIL)
             if num is not None:
                 self.study.enqueue_trial(trial.params, user_attrs={"job": num})
-                again.add(num)
-        numbered = {t.user_attrs.get("job") for t in self.study.get_trials(deepcopy=False)}
-        numbered = {n for n in numbered if n is not None} | set(rows)
+        self.count(rows)
+
+    def count(self, rows: dict) -> None:
+        """The next job's number, and the proposals left: ``n_trials`` less the jobs whose trial
+        ended (completed, pruned, failed or refused), a job waiting to run again not among them."""
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False)
+        ended = {t.user_attrs.get("job") for t in trials
+                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+        waiting = {t.user_attrs.get("job") for t in trials if t.state == TrialState.WAITING}
+        done = ended - waiting - {None}
+        numbered = {t.user_attrs.get("job") for t in trials} - {None} | set(rows)
         self.next_num = max(numbered, default=-1) + 1
-        self.remaining = max(self.n_trials - len(numbered - again), 0)
-        if numbered:
-            print(f"sweep: {len(numbered - again)} of {self.n_trials} trials done before "
-                  f"(the study in {self.sweep_dir}), {len(again)} to run again", flush=True)
+        self.remaining = max(self.n_trials - len(done), 0)
+        if trials:
+            print(f"sweep: {len(done)} of {self.n_trials} trials done before (the study in "
+                  f"{self.sweep_dir}), {len(waiting - {None})} to run again", flush=True)
 
     def job_for(self, trial):
         """The job of Optuna's ``trial``: composed, checked, its data prepared (a refused job is a

@@ -59,7 +59,8 @@ def run_trial(trial_config: dict, work: TrialWork) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    runner = ray.remote(num_cpus=0)(JobProcess).options(scheduling_strategy=here).remote()
+    runner = ray.remote(num_cpus=0)(JobProcess).options(
+        scheduling_strategy=here, name=process_name(trial_config["job"])).remote()
     config = work.config_of(trial_config)
     try:
         value = ray.get(runner.run.remote(config, work.config_loader, work.task_function,
@@ -71,9 +72,41 @@ def run_trial(trial_config: dict, work: TrialWork) -> None:
                            f"{config.hydra.sweep.dir}")
 
 
+def process_name(num: int) -> str:
+    """The Ray name of job ``num``'s process (in the sweep's namespace)."""
+    return f"raydp_llm_sweep_job_{num}"
+
+
+def end_process(num: int, timeout_s: float = 30) -> None:
+    """Job ``num``'s process ended, and gone: a trial a scheduler stopped has its process ended by
+    Ray after the trial's, and until then it writes on (a restart it takes its workers' end for);
+    its row is kept only once it is gone."""
+    import time
+
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        runner = ray.get_actor(process_name(num))
+    except ValueError:  # ended already
+        return
+    ray.kill(runner)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            ray.get(runner.alive.remote(), timeout=0.5)
+        except RayActorError:
+            return
+        except GetTimeoutError:
+            continue
+
+
 class JobProcess:
     """The process that runs a trial's job as Hydra's basic launcher would run it in the sweep's
     own (``run_job``: the job's directory, its log, its ``.hydra/``)."""
+
+    def alive(self) -> bool:
+        return True
 
     def run(self, config: DictConfig, config_loader, task_function, to_tune) -> float | None:
         from hydra._internal.callbacks import Callbacks

@@ -1,0 +1,48 @@
+"""A sweep's Spark turns on the real Ray: a job's process killed while it holds the turn (during
+its ETL) gives it back, where the lock it held before kept every other trial waiting forever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+
+from raydp_llm.engines import spark_turns
+
+pytestmark = pytest.mark.integration
+
+
+@ray.remote(num_cpus=0)
+class JobHoldingItsTurn:
+    """A job's process in its ETL: it holds the Spark turn."""
+
+    def take(self) -> int:
+        self.turn = spark_turns.spark_turn()
+        self.turn.__enter__()
+        return os.getpid()
+
+
+def test_a_turn_held_by_a_killed_process_is_given_back(ray_cluster):
+    with spark_turns.one_at_a_time():
+        holder = JobHoldingItsTurn.remote()  # its handle kept: the actor lives until killed
+        pid = ray.get(holder.take.remote())
+        mine = threading.Event()
+
+        def wait_for_my_turn():
+            with spark_turns.spark_turn():
+                mine.set()
+
+        waiter = threading.Thread(target=wait_for_my_turn, daemon=True)
+        waiter.start()
+        assert not mine.wait(3)  # while the holder lives, its turn is its own
+        killed = time.time()
+        os.kill(pid, signal.SIGKILL)
+        assert mine.wait(30), "the killed process's turn was never given back"
+        waiter.join(10)
+        print(f"turn given back {time.time() - killed:.1f} s after the kill")
+        with spark_turns.spark_turn():  # and it is free again after the waiter's
+            pass
