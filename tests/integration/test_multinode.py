@@ -259,31 +259,47 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
     _assert_the_single_node_dataset_trained_to_the_end(run_dir, single, runs, s3)
 
 
+def _sweep_command(two_nodes, s3, sweep_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "raydp_llm.train", "-m", f"cluster.address={two_nodes.address}",
+            *EMR, "train.cpus_per_worker=1", "cluster.executor_ray_cpus=0.5", *TINY, *DATA,
+            f"data.path=s3://{BUCKET}/multinode/sweep-corpus/",
+            f"s3.endpoint_url={s3.endpoint_url}",
+            f"train.storage_path=s3://{BUCKET}/multinode/sweep-runs",
+            f"hydra.sweep.dir={sweep_dir}", *overrides]
+
+
+def _summary_rows(sweep_dir: Path) -> list[dict]:
+    with (sweep_dir / "sweep_summary.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
 def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
     s3, two_nodes, corpus_dir, tmp_path
 ):
     """``-m`` on a Ray cluster: Ray Tune trials by default, two at once (each 2 workers × 1 CPU on
     a cluster of 6, beside one Spark of 2), their workers on both nodes; each trial's Spark (no
-    cache on a cluster) in its turn, never two RayDP apps at once."""
+    cache on a cluster) in its turn, never two RayDP apps of the sweep at once. Another sweep runs
+    beside it on the same cluster, its Spark and turns in its own namespace: both finish."""
     storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/sweep-corpus", s3)
-    sweep_dir = tmp_path / "sweep"
+    sweep_dir, beside_dir = tmp_path / "sweep", tmp_path / "beside"
     earlier = {a["id"] for a in two_nodes.actors()}  # the module's other run's
-    out = subprocess.run(
-        [sys.executable, "-m", "raydp_llm.train", "-m", f"cluster.address={two_nodes.address}",
-         *EMR, "train.cpus_per_worker=1", "cluster.executor_ray_cpus=0.5", "optim.lr=1e-3,3e-3",
-         *TINY, *DATA,
-         f"data.path=s3://{BUCKET}/multinode/sweep-corpus/", f"s3.endpoint_url={s3.endpoint_url}",
-         f"train.storage_path=s3://{BUCKET}/multinode/sweep-runs", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env=two_nodes.env)
+    beside = subprocess.Popen(_sweep_command(two_nodes, s3, beside_dir, "optim.lr=2e-3"),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=two_nodes.env)
+    out = subprocess.run(_sweep_command(two_nodes, s3, sweep_dir, "optim.lr=1e-3,3e-3"),
+                         cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env=two_nodes.env)
+    beside_out = beside.communicate(timeout=600)[0]
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert beside.returncode == 0, beside_out[-4000:]
+    assert [r["status"] for r in _summary_rows(beside_dir)] == ["completed"]
     assert "2 at once" in out.stdout + out.stderr
-    with (sweep_dir / "sweep_summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    rows = _summary_rows(sweep_dir)
     assert [r["status"] for r in rows] == ["completed", "completed"], rows
     assert rows[0]["started"] < rows[1]["ended"] and rows[1]["started"] < rows[0]["ended"]
     workers = [a["node"] for a in two_nodes.actors()
                if a["class"] == "RayTrainWorker" and a["id"] not in earlier]
-    assert len(workers) == 4 and set(workers) == set(two_nodes.nodes)
+    assert len(workers) == 6 and set(workers) == set(two_nodes.nodes)  # 2 + 2 + the other's 2
     # Spark ran in each trial, one after the other: one executor log directory per trial
     for row in rows:
         assert json.loads((Path(row["output_dir"]) / "summary.json").read_text())["etl"][

@@ -39,8 +39,11 @@ def _assert_summary_rows(rows: list[dict], sweep_dir: Path) -> None:
         ("0", "model.n_head=1", "completed"),
         ("1", "model.n_head=2", "completed"),
         ("2", "model.n_head=3", "failed"),
+        ("3", "model.n_head=1.5", "failed"),  # does not compose: a row, not the sweep's end
     ]
     assert "model.n_embd=32 is not divisible by model.n_head=3" in rows[2]["error"]
+    assert rows[3]["error"].startswith("its settings do not compose: ")
+    assert "model.n_head" in rows[3]["error"]
     for row in rows[:2]:
         assert 0 < float(row["best_val_loss"]) <= float(row["final_val_loss"]) < 10
         assert (
@@ -63,8 +66,8 @@ def _assert_the_console(out: subprocess.CompletedProcess, rows: list[dict]) -> N
     best = min(rows[:2], key=lambda r: float(r["best_val_loss"]))["job"]
     table = out.stdout[out.stdout.index("job  overrides"):]
     assert any(line.startswith(f"*  {best} ") for line in table.splitlines())
-    assert "job 2 failed: error: model.n_embd=32 is not divisible by model.n_head=3" in table
-    assert "sweep: 2 of 3 jobs completed" in out.stdout
+    assert "job 2 failed: model.n_embd=32 is not divisible by model.n_head=3" in table
+    assert "sweep: 2 of 4 jobs completed" in out.stdout
 
     # The console: the progress bars of the ETL and of training, evaluation lines, and no Java stack
     # traces.
@@ -132,7 +135,7 @@ def test_sweep_runs_every_job_on_one_ray_and_writes_the_summary(corpus_dir, tmp_
             "-m",
             "raydp_llm.train",
             "-m",
-            "model.n_head=1,2,3",
+            "model.n_head=1,2,3,1.5",
             f"data.path={corpus_dir}",
             f"data.cache_dir={tmp_path / 'cache'}",
             NO_CHECK,

@@ -133,3 +133,21 @@ def test_a_killed_runs_optuna_trials_are_told_their_end_or_proposed_again(tmp_pa
     assert proposed.params == trials[2].params and proposed.user_attrs == {"job": 2}
     assert records.rows(tmp_path)[1]["status"] == "completed"  # its row, written now
     assert (plan.next_num, plan.remaining) == (3, 3)  # 2 of 5 done: jobs 2, 3 and 4 to come
+
+
+def test_the_best_job_is_the_best_by_the_sweeps_metric_at_its_end(tmp_path):
+    from raydp_llm.cli.sweep.summary import best_job, format_table
+
+    rows = []
+    for num, (acc, status) in enumerate([(0.30, "completed"), (0.45, "stopped"),
+                                         (0.90, "failed"), (0.40, "completed")]):
+        job_dir = tmp_path / str(num)
+        job_dir.mkdir()
+        (job_dir / "metrics.csv").write_text(f"step,val_loss,val_acc\n10,{3.0 + num / 10},{acc}\n"
+                                             f"20,{2.0 + num / 10},{acc - 0.1}\n")
+        rows.append(_row(num, JOB, status, job_dir))
+    assert best_job(rows, "val_acc", "max") == 1  # its best evaluation; the failed job is out
+    assert best_job(rows, "val_loss", "min") == 0
+    assert best_job(rows, "val_loss", "max") == 3  # sweep.mode=max: the other end
+    table = format_table([r | {"overrides": ""} for r in rows], 1, "val_acc")
+    assert "\n*  1 " in table and "* the best by val_acc" in table
