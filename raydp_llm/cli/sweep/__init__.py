@@ -1,7 +1,8 @@
 """Sweeps (``python -m raydp_llm.train -m ...``): Hydra's multirun. summary.py is the callback
-around every sweep (one Ray, each job's row, ``sweep_summary.csv``); launcher.py and trial.py run
-the jobs as Ray Tune trials side by side (``hydra/launcher=ray``); search.py has Optuna propose
-them (``hydra/sweeper=optuna``); records.py keeps each job's row as it ends. ``PLUGINS_DIR``
+around every sweep (one Ray, each job's row, ``sweep_summary.csv``); launcher.py runs the jobs one
+after another, or with trial.py as Ray Tune trials side by side (``hydra/launcher=ray``);
+search.py and study.py have Optuna propose them (``hydra/sweeper=optuna``); records.py keeps each
+job's row as it ends, which a rerun of the sweep reads. ``PLUGINS_DIR``
 holds the Hydra plugins that name the launcher and the sweeper."""
 
 from __future__ import annotations

@@ -1,14 +1,17 @@
-"""``hydra/launcher=ray``: a multirun's jobs as Ray Tune trials side by side on the cluster.
+"""The sweep's launcher: a multirun's jobs one after another in this process (the embedded
+default), or as Ray Tune trials side by side on the cluster (``hydra/launcher=ray``).
 
-``launch`` reads in order: compose and check every job; refuse a job the cluster can never hold,
-or a ``sweep.metric`` no evaluation reports (one line, before anything starts); leave out the jobs
-an earlier run of this sweep directory finished (``records``); run each distinct data setting's
-ETL once, here, into the ETL cache, which every trial then reads without a Spark of its own (on a
-cluster, where the cache is not shared, each trial's Spark waits for its turn: one RayDP app at a
-time, engines/spark_turns.py); then Ray Tune runs the trials, as many at once as the cluster holds
-(``sweep.max_concurrent`` caps them), the others queued, and stops the poor ones early with
-``sweep.scheduler=asha``. Each trial's row is kept as it ends (records.py); the summary is the
-sweep's callback's (summary.py).
+``launch`` reads in order: compose and check every job (one that does not compose or is refused
+is a ``failed`` row); leave out the jobs an earlier run of this sweep directory did, matched by
+what defines them (``records``); then either run the others in turn (``one_after_another``), or
+(``side_by_side``) refuse a job the cluster can never hold, run each distinct data setting's ETL
+once, here, into the ETL cache, which every trial then reads without a Spark of its own (on a
+cluster, where the cache is not shared, each trial's Spark waits for its turn: one RayDP app of
+the sweep at a time, engines/spark_turns.py), and let Ray Tune run the trials, as many at once as
+the cluster holds (``sweep.max_concurrent`` caps them), stopping the poor ones early with
+``sweep.scheduler=asha``. ``search`` runs a searcher's trials the same way (search.py: Optuna).
+Each job's row is kept as it ends (records.py); Ctrl-C or SIGTERM stops every path; the summary
+is the sweep's callback's (summary.py).
 """
 
 from __future__ import annotations
@@ -82,9 +85,8 @@ def left_to_run(jobs: list[SweepJob], sweep_dir: Path) -> list[SweepJob]:
             continue
         todo.append(job)
     if len(todo) < len(jobs):
-        log.info("sweep %s: %d of %d jobs done before; running the others", sweep_dir,
-                 len(jobs) - len(todo), len(jobs))
-        print(f"sweep: {len(jobs) - len(todo)} of {len(jobs)} jobs done before", flush=True)
+        print(f"sweep: {len(jobs) - len(todo)} of {len(jobs)} jobs done before; running the "
+              "others", flush=True)
     return todo
 
 
@@ -133,8 +135,9 @@ def compose(plugin, num: int, overrides: list[str], sweep_dir: Path) -> SweepJob
     try:
         config = plugin.hydra_context.config_loader.load_sweep_config(plugin.config, overrides)
     except Exception as err:  # noqa: BLE001 - Hydra's or OmegaConf's: the job fails, not the sweep
+        said = [first_line(e, 150) for e in (err, err.__cause__) if e is not None]  # what, why
         return SweepJob(num, overrides, sweep_dir / str(num), None,
-                        error=f"its settings do not compose: {first_line(err, 300)}")
+                        error=f"its settings do not compose: {'; '.join(said)}")
     with open_dict(config):
         config.hydra.job.id = config.hydra.job.num = num
         config.hydra.sweep.dir = str(sweep_dir)
@@ -259,7 +262,6 @@ def run_trials(trials: Trials, sweep: SweepSettings, at_once: int, sweep_dir: Pa
                                     {"cpu": 0, here: 0.001})
     lines = TrialLines(work.jobs, sweep_dir)
     log.info("sweep: %d trials, %d at once, in %s", trials.count, at_once, sweep_dir)
-    print(f"sweep: {trials.count} trials, {at_once} at once, in {sweep_dir}", flush=True)
     # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     with spark_turns.one_at_a_time(), tune_halts_on_signals(trials.halt), \

@@ -9,6 +9,7 @@ every command: it imports Hydra alone, the work (raydp_llm/cli/sweep/) when a sw
 
 from __future__ import annotations
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 
@@ -47,3 +48,13 @@ class RaydpOptunaSweeper(Sweeper):
         from raydp_llm.cli.sweep.search import sweep
 
         return sweep(self, arguments)
+
+
+class RaydpBasicSweeper(BasicSweeper):
+    """-m's default sweeper: Hydra's basic sweeper (each combination of the command line's sweeps a
+    job), without its check that every job of a batch composes, which ends the whole sweep on one
+    that does not (``model.n_head=1.5``): the launcher composes each job itself and keeps one that
+    does not as a ``failed`` row (raydp_llm/cli/sweep/launcher.py)."""
+
+    def validate_batch_is_legal(self, batch) -> None:
+        pass
