@@ -180,7 +180,7 @@ def test_a_killed_sweep_continues_on_the_default_launcher_each_job_from_its_own_
         corpus_dir, tmp_path):
     """One job after another in the sweep's process (the embedded default), over settings a
     checkpoint's fingerprint leaves out (workers, evaluation interval): SIGKILLed once job 0 ended
-    and job 1 checkpointed (of 400 steps, about 8 s), then the same command with more CPUs (how it
+    and job 1 checkpointed (of 200 steps, about 4 s), then the same command with more CPUs (how it
     runs, not what its jobs are). Job 0 is not run again, job 1 continues its own checkpoint, jobs
     2 and 3 start afresh (none reads a sibling's), and nothing the killed command started outlives
     the second."""
@@ -191,7 +191,7 @@ def test_a_killed_sweep_continues_on_the_default_launcher_each_job_from_its_own_
 
     sweep_dir = tmp_path.resolve() / "sweep"
     command = ["-m", "train.eval_interval=10,20", "train.num_workers=1,2", *SWEEP_JOB[:4],
-               "train.max_steps=400", "train.checkpoint_interval=20", "train.eval_batches=2",
+               "train.max_steps=200", "train.checkpoint_interval=20", "train.eval_batches=2",
                "sample.max_new_tokens=10", f"data.path={corpus_dir}", NO_CHECK,
                f"data.cache_dir={tmp_path / 'cache'}", "cluster.dashboard=false",
                f"hydra.sweep.dir={sweep_dir}"]
@@ -207,7 +207,7 @@ def test_a_killed_sweep_continues_on_the_default_launcher_each_job_from_its_own_
     with (sweep_dir / "sweep_summary.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["job"], r["status"], r["steps"]) for r in rows] == [
-        (str(n), "completed", "400") for n in range(4)]
+        (str(n), "completed", "200") for n in range(4)]
     assert "1 of 4 jobs done before" in again.stdout + again.stderr
     assert {p: p.stat().st_mtime_ns for p in (sweep_dir / "0").rglob("*")} == files_before
     assert _run_record(sweep_dir / "1")["resumed_from"].startswith(

@@ -145,8 +145,8 @@ def _job_dirs(sweep_dir: Path) -> set[str]:
 @pytest.fixture(scope="module")
 def optuna_sweep(corpus_dir, tmp_path_factory):
     """The Optuna sweep of ``HYDRA_OPTUNA_CONFIG``, with ASHA, two trials at once: Ctrl-C once its
-    first job ended, then the same command SIGKILLed once another ended, then the same command to
-    its end. The sweep directory, what each interruption left, and the last console."""
+    first job ended, then the same command SIGKILLed once a trial of its own trains, then the same
+    command to its end. The sweep directory, what each interruption left, and the last console."""
     base = tmp_path_factory.mktemp("optuna")
     (base / "conf").mkdir()
     (base / "conf" / "search.yaml").write_text(HYDRA_OPTUNA_CONFIG)
@@ -161,9 +161,10 @@ def optuna_sweep(corpus_dir, tmp_path_factory):
     interrupted = first.communicate(timeout=300)[0]
     assert first.returncode == 130, interrupted[-3000:]
     stopped = {"console": interrupted, "dirs_at_signal": dirs, "dirs": _job_dirs(sweep_dir)}
-    second = commands.start("raydp_llm.train", *command)
-    kept = _wait_for_rows(second, sweep_dir, len(_kept_rows(sweep_dir)))
+    kept = _kept_rows(sweep_dir)
     files_before = {row["job"]: _files(Path(row["output_dir"])) for row in kept}
+    second = commands.start("raydp_llm.train", *command)  # killed once a trial of its own trains
+    wait_for(second, lambda: _job_dirs(sweep_dir) - stopped["dirs"], "a new job's trial", 600)
     started = kill_driver(second)
     last = commands.run("raydp_llm.train", *command, timeout=900)
     assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-3000:]
