@@ -67,8 +67,9 @@ def sweep(corpus_dir, tmp_path_factory):
     command = [*SWEEP, f"data.path={corpus_dir}", f"hydra.sweep.dir={sweep_dir}"]
     first = commands.start("raydp_llm.train", *command)
     kept_before = _wait_for_rows(first, sweep_dir, 0)
-    files_before = {row["job"]: _files(Path(row["output_dir"])) for row in kept_before}
     started = kill_driver(first)
+    # the first run's files as it left them (a stopped trial's teardown may write after its row)
+    files_before = {row["job"]: _files(Path(row["output_dir"])) for row in kept_before}
     again = commands.run("raydp_llm.train", *command, "sweep.max_concurrent=3", timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert alive(started) == [], "processes of the killed sweep outlived the one continuing it"
