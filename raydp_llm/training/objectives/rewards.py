@@ -24,6 +24,7 @@ from typing import Callable
 from raydp_llm.core.errors import InputError, first_line
 
 TEXTS = ("prompts", "completions")  # the two arguments every reward takes first
+START_S = 300  # the most the rewards' process may take to start and import the rewards
 
 
 # ---------------------------------------------------------------------------- shipped rewards
@@ -147,9 +148,16 @@ def call(function: Callable, prompts: list[str], completions: list[str],
 
 
 # ---------------------------------------------------------------------------- calling them
-def _serve(connection) -> None:
-    """The rewards' process: calls a function for each request until the pipe closes."""
+def _serve(connection, specs: tuple[str, ...]) -> None:
+    """The rewards' process: finds ``specs`` (their imports are its start, not a call's time),
+    says it is ready, then calls a function for each request until the pipe closes."""
     functions: dict[str, Callable] = {}
+    for spec in specs:
+        try:
+            functions[spec] = resolve(spec)
+        except BaseException:  # noqa: BLE001 - its calls say why, each its batch's failure
+            pass
+    connection.send(("ready", None))
     while True:
         try:
             spec, prompts, completions, columns = connection.recv()
@@ -174,17 +182,19 @@ class Scores:
 class RewardCalls:
     """The reward functions' process (spawned: it shares nothing with training's threads), and
     each call to it bounded by ``timeout_s``. A hung call ends that process; the next call starts
-    a fresh one."""
+    a fresh one. The process's start (Python's, and importing ``specs``) is not counted in a
+    call's time: on a busy machine it alone took over 2 s (CI, 2 cores), which failed a fast
+    reward's batches as hung."""
 
-    def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float, specs: tuple[str, ...] = ()):
+        self.timeout_s, self.specs = timeout_s, tuple(specs)
         self.process = self.connection = None
 
     def score(self, spec: str, prompts: list[str], completions: list[str],
               columns: dict[str, list]) -> Scores:
-        if self.process is None or not self.process.is_alive():
-            self._start()
         try:
+            if self.process is None or not self.process.is_alive():
+                self._start()
             self.connection.send((spec, prompts, completions, columns))
             if not self.connection.poll(self.timeout_s):
                 self.close()
@@ -193,6 +203,9 @@ class RewardCalls:
         except (EOFError, OSError):  # the process ended under the call (os._exit, a crash)
             self.close()
             return _failed(len(completions), "the rewards' process ended during the call")
+        except TimeoutError as err:
+            self.close()
+            return _failed(len(completions), str(err))
         if status != "ok":
             return _failed(len(completions), got)
         return _checked(got, len(completions))
@@ -200,10 +213,13 @@ class RewardCalls:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         self.connection, theirs = context.Pipe()
-        self.process = context.Process(target=_serve, args=(theirs,), daemon=True,
+        self.process = context.Process(target=_serve, args=(theirs, self.specs), daemon=True,
                                        name="raydp_llm-rewards")
         self.process.start()
         theirs.close()
+        if not self.connection.poll(START_S):
+            raise TimeoutError(f"the rewards' process did not start within {START_S}s")
+        self.connection.recv()  # ("ready", None)
 
     def close(self) -> None:
         if self.process is not None:
