@@ -29,7 +29,7 @@ import shutil
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psutil
 import pyarrow.parquet as pq
@@ -147,13 +147,15 @@ def entry_problem(entry: Path) -> str | None:
     return None
 
 
-def lookup(cache_dir: Path, key: str) -> Path | None:
+def lookup(cache_dir: Path, key: str, check: Callable[[Path], str | None] = entry_problem
+           ) -> Path | None:
     """The complete entry for ``key``, or None. A damaged entry is removed (one line), to be built
-    again. Hold ``locked(cache_dir, key)``."""
+    again. Hold ``locked(cache_dir, key)``. ``check``: what is wrong with an entry of its kind
+    (None: nothing)."""
     entry = Path(cache_dir) / key
     if not entry.exists():
         return None
-    damage = entry_problem(entry)
+    damage = check(entry)
     if damage is None:
         return entry
     log.warning("ETL cache entry %s is damaged (%s): rebuilding it", entry, damage)
@@ -167,22 +169,22 @@ def temporary_entry(cache_dir: Path, key: str) -> Path:
     return Path(cache_dir) / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def commit(tmp: Path, stats: dict) -> Path:
+def commit(tmp: Path, stats: dict, check: Callable[[Path], str | None] = entry_problem) -> Path:
     """Add Spark's stats to a staged entry, seal it and rename it into place
     (``<cache_dir>/<key>``). Should a complete entry be there already (another run, not holding this
-    key's lock, won), that one is kept."""
+    key's lock, won), that one is kept. ``check``: as ``lookup``'s."""
     key = TMP_NAME.match(tmp.name)["key"]
     final = tmp.parent / key
     try:
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
         integrity.seal(tmp, hashes=False)
-        if final.exists() and entry_problem(final) is not None:
+        if final.exists() and check(final) is not None:
             _remove(final)
         try:
             tmp.rename(final)
         # the rename lost to a complete entry (a non-empty directory is never replaced)
         except OSError:
-            if entry_problem(final) is not None:
+            if check(final) is not None:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:

@@ -131,13 +131,17 @@ def prompt_limit(settings: Settings) -> int:
     return settings.model.block_size - settings.grpo.max_new_tokens
 
 
-def run_prompts_etl(spark: SparkSession, settings: Settings, corpus: Corpus) -> PromptData:
-    """The prompts read, rendered and tokenized in the executors, numbered and split, and handed
-    to Ray's object store; Spark's copy released. One line when fewer training prompts than a
-    batch remain."""
-    data = settings.data
+def prompt_tools(settings: Settings) -> tuple[Tokenizer, ChatTemplate | None]:
+    """The tokenizer and the template the prompts are rendered and tokenized with."""
     tokenizer = load_tokenizer(Path(settings.tokenizer.path))
-    template = prompt_template(data, model_dir_of(settings))
+    return tokenizer, prompt_template(settings.data, model_dir_of(settings))
+
+
+def run_prompts_etl(spark: SparkSession, settings: Settings, corpus: Corpus, tokenizer: Tokenizer,
+                    template: ChatTemplate | None) -> PromptData:
+    """The prompts read, rendered by ``template`` and tokenized in the executors, numbered and
+    split, and handed to Ray's object store; Spark's copy released."""
+    data = settings.data
     limit = prompt_limit(settings)
     lines = read_lines(spark, corpus, data, S3Options.of(settings.s3))
     encoder = prompt_encode.PromptEncoder(tokenizer, template, data, limit)

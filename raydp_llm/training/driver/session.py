@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from raydp_llm.core.config import Settings, TrainSettings, source_settings
-from raydp_llm.core.timing import Span, timed
+from raydp_llm.core.timing import Span, Stopwatch, timed
 from raydp_llm.data import left_out
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.prepare import PreparedData, SharedSpark, prepared, write_json
+from raydp_llm.data.prompt_cache import prompts_of
 from raydp_llm.data.prompt_set import PromptData, check_train_prompts, run_prompts_etl
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
@@ -72,12 +73,18 @@ class JobSession:
         line when it leaves out more than ``data.max_dropped`` of them, or (``training``) leaves
         fewer training prompts than a batch."""
         settings, timings = self.settings, {}
-        with contextlib.ExitStack() as own:
-            spark = self.spark or SharedSpark(settings.cluster, settings.name, out_dir,
-                                              settings.data.query is not None, own)
-            session = spark.started(timings)
-            with timed(timings, "etl_s"):
-                data = run_prompts_etl(session, settings, corpus)
+
+        def etl(tokenizer, template) -> PromptData:
+            with contextlib.ExitStack() as own:
+                spark = self.spark or SharedSpark(settings.cluster, settings.name, out_dir,
+                                                  settings.data.query is not None, own)
+                session = spark.started(timings)
+                with timed(timings, "etl_s"):
+                    return run_prompts_etl(session, settings, corpus, tokenizer, template)
+
+        clock = Stopwatch()
+        data = prompts_of(settings, corpus, etl)
+        timings.setdefault("etl_s", clock.seconds())  # a cache hit's: reading its entry
         data.timings = timings
         refused = left_out.said(data.manifest.chat, settings.data.max_dropped)
         if refused:
