@@ -53,6 +53,8 @@ class StepResult:
     count: int  # what the hits count (lm: predicted tokens; dpo: pairs; grpo: answer tokens)
     grad_norm: float  # total gradient norm before clipping: the same on every rank
     sums: dict[str, float] = field(default_factory=dict)  # the objective's figures, summed
+    # what the live bar shows beside the loss (grpo: the step's reward over every worker)
+    live: dict[str, float] = field(default_factory=dict)
 
 
 class Interval:
@@ -119,6 +121,11 @@ class Trainee(Protocol):
     def accumulating(self, last: bool) -> AbstractContextManager:
         """A backward within: its gradients stay on this worker unless ``last`` (the step's last
         backward, whose gradients are all-reduced or reduce-scattered over the workers)."""
+
+    def backward(self, share: torch.Tensor) -> None:
+        """The gradients of ``share``, this worker's part of the whole step's loss (the workers'
+        parts sum to it), added to the model's: reduced over the workers (after the last
+        ``accumulating`` backward) to the gradient one process computes of the whole loss."""
 
     def update(self) -> float:
         """The gradients clipped and the optimizer's step (unless their norm is not finite); that

@@ -63,6 +63,10 @@ class Preference(LanguageModeling):
     def wants_reference(spec: TrainSpec) -> bool:
         return spec.dpo.reference != "precomputed"
 
+    def counted(self, batch: Batch) -> int:
+        """A batch's pairs: its chosen rows, then its rejected rows."""
+        return batch.inputs.size(0) // 2
+
     def score(self, forward: nn.Module, batch: Batch) -> Scored:
         with self.trainee.autocast():
             logits, _ = forward(batch.inputs, positions=batch.positions)

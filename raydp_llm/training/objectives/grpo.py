@@ -1,8 +1,8 @@
 """``train.objective=grpo``, learning from rewards on one worker: its prompts (``PromptShare``),
 and the step (``Grpo.step``): its prompts' answers drawn with the model's cache and scored by the
 user's rewards (rollout.py), their advantages over their groups, then ``grpo.num_iterations``
-updates of the clipped surrogate (grpo_loss.py), the workers' gradients summed (each loss is its
-worker's share of the whole batch's).
+updates of the clipped surrogate (grpo_loss.py): each worker's loss is its share of the whole
+batch's, and the reduced gradient the whole batch's (``Trainee.backward``).
 
 ``train.batch_size`` prompts a step over all workers: the step's prompts are the next
 ``batch_size`` of the epoch's seeded order of the training prompts, worker ``r`` of ``W`` taking
@@ -32,6 +32,7 @@ from raydp_llm.training.objectives import (
     every_worker_done,
 )
 from raydp_llm.training.objectives.grpo_loss import (
+    UPDATE_SUMS,
     Advantages,
     advantages,
     answer_logps,
@@ -95,6 +96,15 @@ class Scored:
     groups: list[Group]
     rewards: list[torch.Tensor]
     advantages: list[Advantages]
+    whole: BatchRewards  # the whole batch's (every worker's) scored rewards
+
+
+@dataclass(frozen=True)
+class BatchRewards:
+    """The mean and standard deviation of a step's scored rewards over every worker."""
+
+    mean: float
+    std: float
 
 
 class Grpo(Objective):
@@ -126,7 +136,8 @@ class Grpo(Objective):
         gen_s, clock = clock.seconds(), Stopwatch()
         loss, grad_norm, figures = self._updates(scored)
         sums = self._figures(scored, figures) | {"gen_s": gen_s, "train_s": clock.seconds()}
-        return StepResult(loss, 0, int(sums["answer_tokens"]), grad_norm, sums)
+        return StepResult(loss, 0, int(sums["answer_tokens"]), grad_norm, sums,
+                          live={"reward": scored.whole.mean, "reward_std": scored.whole.std})
 
     @torch.no_grad()
     def _rolled_out(self, prompts: list[PromptRow], step: int) -> list[Group]:
@@ -145,17 +156,21 @@ class Grpo(Objective):
         grpo = self.spec.grpo
         rewards = [combined_rewards(g.per_function, self.weights) for g in groups]
         self._count_failures(groups)
-        batch_std = self._batch_std(rewards)  # one collective a step
+        whole = self._batch_rewards(rewards)  # one collective a step
         return Scored(groups, rewards,
-                      [advantages(r, grpo.num_generations, grpo.scale_rewards, batch_std)
-                       for r in rewards])
+                      [advantages(r, grpo.num_generations, grpo.scale_rewards, whole.std)
+                       for r in rewards], whole)
 
-    def _batch_std(self, rewards: list[torch.Tensor]) -> float:
-        """The standard deviation of the whole batch's rewards (every worker's), scored ones."""
+    def _batch_rewards(self, rewards: list[torch.Tensor]) -> BatchRewards:
+        """The whole batch's scored rewards (every worker's): their mean and standard
+        deviation."""
         flat = torch.cat(rewards)
         ok = flat[~flat.isnan()].double()
         n, total, sq = all_reduce_sum(len(ok), float(ok.sum()), float((ok ** 2).sum()))
-        return math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+        if n == 0:
+            return BatchRewards(math.nan, 0.0)
+        std = math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+        return BatchRewards(total / n, std)
 
     def _count_failures(self, groups: list[Group]) -> None:
         """A function that failed on every batch of every worker this step adds to its streak."""
@@ -167,36 +182,38 @@ class Grpo(Objective):
 
     def _updates(self, scored: Scored) -> tuple[float, float, dict]:
         """``grpo.num_iterations`` optimizer updates on the step's answers: the loss (this
-        worker's share), the last gradient norm, and the clip and KL sums of the first."""
+        worker's share, the last update's), the last gradient norm, and the clip and KL sums over
+        every update (TRL logs each update's)."""
         grpo, groups = self.spec.grpo, scored.groups
         whole = whole_of([g.answers.mask for g in groups])
         old = self._logps(groups, self.trainee.model) if grpo.num_iterations > 1 else None
         ref = self._reference_logps(groups) if grpo.beta > 0 else [None] * len(groups)
-        figures, loss, grad_norm = {}, 0.0, math.nan
-        for iteration in range(grpo.num_iterations):
+        figures, loss, grad_norm = dict.fromkeys(UPDATE_SUMS, 0.0), 0.0, math.nan
+        for _ in range(grpo.num_iterations):
             self.trainee.clear_gradients()
             loss, sums = self._backward(scored, old, ref, whole)
-            figures = figures or sums
+            figures = {k: figures[k] + sums[k] for k in UPDATE_SUMS}
             grad_norm = self.trainee.update()
         return loss, grad_norm, figures
 
     def _backward(self, scored: Scored, old, ref, whole) -> tuple[float, dict]:
-        """This worker's share of the loss, backward, a group at a time (the gradients summed
+        """This worker's share of the loss, backward, a group at a time (the gradients reduced
         over the workers after the last). Every worker has prompts: checks.py holds
         ``train.batch_size`` to a multiple of the workers."""
         grpo, groups, trainee, loss = self.spec.grpo, scored.groups, self.trainee, 0.0
-        clipped = kl = 0.0
+        sums = dict.fromkeys(UPDATE_SUMS, 0.0)
         for i, group in enumerate(groups):
-            with trainee.accumulating(last=i == len(groups) - 1), trainee.autocast():
-                logps = answer_logps(trainee.forward, group.prompt.ids, group.answers.ids,
-                                     grpo.temperature)
-                out = policy_loss(logps, logps.detach() if old is None else old[i],
-                                  scored.advantages[i].values.to(trainee.device),
-                                  group.answers.mask, grpo, whole, ref[i])
-            out.share.backward()
-            loss, clipped, kl = loss + out.share.item(), clipped + float(out.clipped_tokens), \
-                kl + float(out.kl_sum)
-        return loss, {"clipped_tokens": clipped, "kl_sum": kl}
+            with trainee.accumulating(last=i == len(groups) - 1):
+                with trainee.autocast():
+                    logps = answer_logps(trainee.forward, group.prompt.ids, group.answers.ids,
+                                         grpo.temperature)
+                    out = policy_loss(logps, logps.detach() if old is None else old[i],
+                                      scored.advantages[i].values.to(trainee.device),
+                                      group.answers.mask, grpo, whole, ref[i])
+                trainee.backward(out.share)
+            loss += out.share.item()
+            sums = {k: v + float(getattr(out, k)) for k, v in sums.items()}
+        return loss, sums
 
     @torch.no_grad()
     def _logps(self, groups: list[Group], model) -> list[torch.Tensor]:
@@ -245,7 +262,8 @@ class Grpo(Objective):
             "val_loss": None,  # the held-out prompts' answers are scored, not a loss
             "tokens_per_s": (s["answer_tokens"] + s["prompt_tokens"]) / interval.clock.seconds(),
             "windows_read": self.data.epoch_reads["windows"],
-            **rollout_columns(s, [r.name for r in self.scoring.rewards], world),
+            **rollout_columns(s, [r.name for r in self.scoring.rewards], world,
+                              self.spec.grpo.num_iterations),
             **self._validation_rewards(),
         }
 
@@ -281,20 +299,25 @@ class Grpo(Objective):
                    self.scoring.end_id, greedy=True, all_done=self.all_done)
 
 
-def rollout_columns(s: dict, names: list[str], world: int) -> dict:
-    """The rollouts' columns of an interval's sums ``s`` (over every worker)."""
+def rollout_columns(s: dict, names: list[str], world: int, updates: int) -> dict:
+    """The rollouts' columns of an interval's sums ``s`` (over every worker); ``updates``: the
+    optimizer updates a step (grpo.num_iterations), which the clip and KL sums count over."""
     scored = max(s["scored"], 1)
     mean = s["reward_sum"] / scored
     variance = (s["reward_sq"] - s["reward_sum"] * mean) / max(s["scored"] - 1, 1)
     answer_tokens = max(s["answer_tokens"], 1)
+    updated = answer_tokens * updates  # the tokens every update read
     return {
         "reward_mean": mean,
         "reward_std": math.sqrt(max(variance, 0.0)),
         **{f"reward_{k}": s[f"fn_sum_{k}"] / max(s[f"fn_n_{k}"], 1) for k in names},
         "frac_reward_zero_std": s["zero_std"] / max(s["groups"], 1),
         "completion_len_mean": s["answer_tokens"] / max(s["answers"], 1),
-        "clip_ratio": s["clipped_tokens"] / answer_tokens,
-        "kl": s["kl_sum"] / answer_tokens,
+        # TRL's clip_ratio/region_mean, low_mean and high_mean, over every update
+        "clip_ratio": (s["clipped_low"] + s["clipped_high"]) / updated,
+        "clip_ratio_low": s["clipped_low"] / updated,
+        "clip_ratio_high": s["clipped_high"] / updated,
+        "kl": s["kl_sum"] / updated,
         "reward_failures": int(s["reward_failures"]),
         # each worker's seconds summed: tokens over all workers' seconds, times the workers
         "gen_tokens_per_s": s["answer_tokens"] * world / max(s["gen_s"], 1e-9),

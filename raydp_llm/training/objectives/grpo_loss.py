@@ -6,9 +6,10 @@ A batch holds the answers to B prompts, G = ``grpo.num_generations`` each, a pro
 other: N = B·G rows. A row's ``mask`` counts its answer's tokens (not its prompt's, not padding).
 
 Each loss here is this worker's *share* of the loss of the whole batch of an optimizer step (every
-worker, every micro-batch): the shares sum to it. So the workers' gradients are summed, never
-averaged (gloo's AVG has summed: pytorch 162338), and no loss type depends on how the batch is
-split (``Whole``).
+worker, every micro-batch): the shares sum to it, so no loss type depends on how the batch is split
+(``Whole``). DDP and FSDP2 average the workers' gradients: the worker backpropagates its share
+times the number of workers (``Trainee.backward``), which makes that average the shares' sum, the
+gradient of the whole batch's loss in one process (tests/integration/test_gradients.py).
 
 Shapes: N rows, T answer tokens.
 """
@@ -87,8 +88,12 @@ def whole_of(masks: list[torch.Tensor]) -> Whole:
 @dataclass(frozen=True)
 class PolicyLoss:
     share: torch.Tensor  # this worker's share of the loss (a scalar with its graph)
-    clipped_tokens: torch.Tensor  # answer tokens whose ratio the clip held (clip_ratio's sum)
+    clipped_low: torch.Tensor  # answer tokens the clip held below 1 - epsilon (advantage < 0)
+    clipped_high: torch.Tensor  # those it held above 1 + epsilon_high (advantage > 0)
     kl_sum: torch.Tensor  # the KL estimate summed over answer tokens (0 without a reference)
+
+
+UPDATE_SUMS = ("clipped_low", "clipped_high", "kl_sum")  # what each update adds to a step's sums
 
 
 def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantage: torch.Tensor,
@@ -106,9 +111,10 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantage: torch.T
     if grpo.beta > 0:
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
         per_token = per_token + grpo.beta * kl
-    clipped = ((ratio < low) & (adv < 0)) | ((ratio > high) & (adv > 0))
-    return PolicyLoss(_share(per_token, mask, grpo, whole), (clipped * mask).sum().detach(),
-                      (kl * mask).sum().detach())
+    clipped_low = ((ratio < low) & (adv < 0)) * mask
+    clipped_high = ((ratio > high) & (adv > 0)) * mask
+    return PolicyLoss(_share(per_token, mask, grpo, whole), clipped_low.sum().detach(),
+                      clipped_high.sum().detach(), (kl * mask).sum().detach())
 
 
 def _share(per_token: torch.Tensor, mask: torch.Tensor, grpo: GrpoSettings,

@@ -86,18 +86,29 @@ class LanguageModeling(Objective):
         hits = int(((logits.argmax(dim=-1) == batch.targets) & counted).sum())
         return Scored(loss, hits, int(counted.sum()))
 
+    def counted(self, batch: Batch) -> int:
+        """What a batch's mean loss is over: its counted targets (dpo: its pairs)."""
+        return int(batch.counted.sum())
+
     def step(self, group: list[np.ndarray], step: int) -> StepResult:
-        """Forward and backward over this worker's ``grad_accum`` micro-batches, then the update."""
+        """Forward and backward over this worker's ``grad_accum`` micro-batches, then the update.
+        The loss is the mean over every counted target of the step, all workers' and all
+        micro-batches' (one collective counts them): a micro-batch's share is its mean weighted
+        by its part of that count, so unequal shares (a chat's trained tokens) weigh as in one
+        process."""
         trainee = self.trainee
-        loss_sum, hits, count, sums = 0.0, 0, 0, {}
-        for i, windows in enumerate(group):
+        batches = [self.collate(windows) for windows in group]
+        counts = [self.counted(b) for b in batches]
+        whole = max(all_reduce_sum(sum(counts))[0], 1)
+        loss_sum, hits, sums = 0.0, 0, {}
+        for i, (batch, count) in enumerate(zip(batches, counts)):
             with trainee.accumulating(last=i == len(group) - 1):
-                scored = self.score(trainee.forward, self.collate(windows))
-                (scored.loss / self.spec.train.grad_accum).backward()
-            loss_sum, hits = loss_sum + scored.loss.item(), hits + scored.hits
-            count += scored.count
+                scored = self.score(trainee.forward, batch)
+                trainee.backward(scored.loss * (count / whole))
+            loss_sum, hits = loss_sum + scored.loss.item() * count, hits + scored.hits
             sums = {k: sums.get(k, 0.0) + v for k, v in scored.sums.items()}
-        return StepResult(loss_sum / len(group), hits, count, trainee.update(), sums)
+        mine = sum(counts)
+        return StepResult(loss_sum / max(mine, 1), hits, mine, trainee.update(), sums)
 
     def columns(self, interval: Interval, state: TrainState) -> dict:
         """The interval's training figures and a validation pass, each summed over the workers,

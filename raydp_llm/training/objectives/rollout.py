@@ -151,7 +151,8 @@ def scoring_for(grpo: GrpoSettings, tokenizer, end_text: str | None) -> Scoring:
     their own within ``grpo.reward_timeout_s``, on answers decoded by ``tokenizer`` and ended at
     ``end_text``: the worker's scoring, and ``evaluate``'s. Close its ``calls`` when done."""
     return Scoring(tokenizer.decode, end_id(tokenizer, end_text),
-                   RewardCalls(grpo.reward_timeout_s), load(grpo.rewards, None))
+                   RewardCalls(grpo.reward_timeout_s, tuple(grpo.rewards)),
+                   load(grpo.rewards, None))
 
 
 def weights_of(grpo: GrpoSettings) -> torch.Tensor:

@@ -137,6 +137,12 @@ class Worker:
             return contextlib.nullcontext()
         return parallel.gradients_accumulated(self.ddp_model)
 
+    def backward(self, share: torch.Tensor) -> None:
+        """``Trainee.backward``. DDP (Ray Train's ``prepare_model``) and FSDP2 (``parallel.shard``)
+        average the workers' gradients: ``share`` times the number of workers makes that average
+        the sum of the parts' gradients, the whole loss's."""
+        (share * self.placement.world_size).backward()
+
     def update(self) -> float:
         """The gradients clipped to ``optim.grad_clip`` and the optimizer's step, unless their norm
         is not finite; that norm before clipping (the same on every rank)."""
