@@ -54,6 +54,8 @@ class RunGauges:
         "train_loss": "training loss (mean cross-entropy per token, nats)",
         "val_loss": "validation loss at the latest evaluation (nats per token)",
         "tokens_per_s": "training throughput, tokens per second over all workers",
+        "reward": "a GRPO step's mean reward over every worker's answers",
+        "val_reward": "a GRPO run's reward of its held-out prompts at the latest evaluation",
         "etl_phase_s": "seconds an ETL phase took (tag phase)",
         "etl_chunks": "chunks of the token stream the ETL stored, per split (tag split)",
     }

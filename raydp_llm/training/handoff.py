@@ -137,17 +137,24 @@ class LivePosts:
         self.since_post = Stopwatch(already_s=interval_s)
         self.first_step = True  # until the first step is posted
 
-    def step(self, step: int, loss: float, tokens_per_s: float) -> None:
+    def step(self, step: int, loss: float, tokens_per_s: float, figures: dict | None = None
+             ) -> None:
+        """A step's figures: its loss and tokens/s, and the objective's (``StepResult.live``:
+        a GRPO step's ``reward`` and ``reward_std``)."""
         self.first_step = False
         if self.since_post.seconds() < self.interval_s:
             return
         self.since_post = Stopwatch()
+        figures = figures or {}
         if self.board is not None:
-            self.board.post.remote({"step": step, "loss": loss, "tokens_per_s": tokens_per_s})
-        self.gauges.set(step=step, train_loss=loss, tokens_per_s=tokens_per_s)
+            self.board.post.remote({"step": step, "loss": loss, "tokens_per_s": tokens_per_s,
+                                    **figures})
+        self.gauges.set(step=step, train_loss=loss, tokens_per_s=tokens_per_s,
+                        **{k: v for k, v in figures.items() if k in self.gauges.NAMES})
 
-    def evaluation(self, val_loss: float) -> None:
-        self.gauges.set(val_loss=val_loss)
+    def evaluation(self, figures: dict) -> None:
+        """An evaluation's ``val_loss`` (a GRPO run's ``val_reward``)."""
+        self.gauges.set(**figures)
 
     def mark(self, name: str, at: float | None = None, first: bool = True) -> None:
         """That rank 0 reached ``name`` now (or ``at``, a ``time.time()``), on the board

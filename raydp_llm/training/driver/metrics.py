@@ -61,6 +61,9 @@ COLUMNS = [
     "chunks_read",
     *(f"{split}_{figure}" for figure in DPO_FIGURES for split in ("train", "val")),
 ]
+# what a GRPO run never fills: its held-out prompts' answers are scored, not a loss
+LM_ONLY = ("val_loss", "val_ppl", "val_bpc", "train_acc", "val_acc", "mfu", "chunks_read",
+           *(c for c in COLUMNS if c.endswith(DPO_FIGURES)))
 SOURCE_LOSS = "val_loss_"  # a mixture's validation loss per source: val_loss_<name>
 TASK = "task_"  # train.eval_tasks' scores: task_<task>_<metric>
 METRICS_FILE, EVENTS_FILE, DIVERGED_FILE = "metrics.csv", "events.jsonl", "diverged.json"
@@ -74,6 +77,7 @@ def columns_of(metrics: dict) -> list[str]:
     extra = [k for k in metrics if k.startswith((SOURCE_LOSS, TASK))]
     if "reward_mean" in metrics:
         extra += [k for k in metrics if k not in COLUMNS and k not in extra]
+        return [c for c in COLUMNS if c not in LM_ONLY] + extra
     return COLUMNS + extra
 
 
@@ -301,7 +305,8 @@ def write_summary(path: Path, rows: list[dict], status: str = "finished", **tota
     manifest). The final figures are the last evaluation's, and only for a run that finished: a
     diverged run has none."""
     val = [
-        r["val_loss"] for r in rows if r["val_loss"] is not None and math.isfinite(r["val_loss"])
+        r["val_loss"] for r in rows
+        if r.get("val_loss") is not None and math.isfinite(r["val_loss"])
     ]
     last = rows[-1] if rows and status == "finished" else {}
     summary = {

@@ -48,7 +48,8 @@ def plot_sweep(runs: dict[str, list[dict]], out_png: Path, title: str) -> Path:
 
 def _points(rows: list[dict], key: str) -> list[tuple[float, float]]:
     """(tokens, value) of the rows that have a value (not empty, not NaN)."""
-    return [(r["tokens"], r[key]) for r in rows if r[key] is not None and not math.isnan(r[key])]
+    return [(r["tokens"], r[key]) for r in rows
+            if r.get(key) is not None and not math.isnan(r[key])]
 
 
 def _draw(

@@ -55,7 +55,7 @@ class TrainingProgress(threading.Thread):
                 row["step"] <= self._step
             ):  # shown already (a restart reports steps again: shown once)
                 continue
-            self._step, self._val = row["step"], row.get("val_reward", row["val_loss"])
+            self._step, self._val = row["step"], row.get("val_reward", row.get("val_loss"))
             if self.on_row:
                 self.on_row(row)
             bar.write(row_line(row, self.max_steps))
@@ -68,9 +68,7 @@ class TrainingProgress(threading.Thread):
             return
         if latest:
             bar.update(max(0, latest["step"] - bar.n))
-            bar.set_postfix_str(f"loss {latest['loss']:.3f}"
-                                + (f", val {self._val:.3f}" if self._val is not None else "")
-                                + f", {latest['tokens_per_s']:,.0f} tok/s", refresh=False)
+            bar.set_postfix_str(postfix(latest, self._val), refresh=False)
 
     def _report_events(self, bar: tqdm) -> None:
         events = read_events(self.out_dir)
@@ -82,6 +80,17 @@ class TrainingProgress(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join()
+
+
+def postfix(latest: dict, val: float | None) -> str:
+    """The live bar's figures: rank 0's latest post and the last evaluation's ``val``: the loss,
+    or a GRPO run's step reward (its loss hovers at 0) and validation reward."""
+    if "reward" in latest:
+        head, label = f"reward {latest['reward']:.3f} ± {latest['reward_std']:.3f}", "val reward"
+    else:
+        head, label = f"loss {latest['loss']:.3f}", "val"
+    shown = f", {label} {val:.3f}" if val is not None else ""
+    return f"{head}{shown}, {latest['tokens_per_s']:,.0f} tok/s"
 
 
 def row_line(row: dict, max_steps: int) -> str:

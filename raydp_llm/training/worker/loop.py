@@ -99,7 +99,8 @@ class TrainLoop:
         worker.optimizer.zero_grad(set_to_none=True)
         self.interval.add(result, step_clock.seconds())
         if live:
-            live.step(state.step, result.loss, self.interval.tokens_per_s(worker.tokens_per_step))
+            live.step(state.step, result.loss, self.interval.tokens_per_s(worker.tokens_per_step),
+                      result.live)
         if not evaluate_now:
             return True
         state.elapsed_s = self.run_clock.seconds()
@@ -115,8 +116,9 @@ class TrainLoop:
         if bad:
             self.report({"step": metrics["step"], "diverged": bad})
             return False
-        if self.live and metrics["val_loss"] is not None:
-            self.live.evaluation(metrics["val_loss"])
+        if self.live:
+            self.live.evaluation({k: metrics[k] for k in ("val_loss", "val_reward")
+                                  if metrics.get(k) is not None})
         step, spec = metrics["step"], self.spec
         interval = spec.train.checkpoint_every
         keep = step == spec.max_steps or bool(interval and step % interval == 0)
