@@ -47,7 +47,7 @@ REWARD = (
 def ours(model, prompts: list[torch.Tensor], grpo: GrpoSettings) -> float:
     began = time.perf_counter()
     for i, prompt in enumerate(prompts):
-        answer(model, prompt, Draw(seed=1, step=0, prompt=i), grpo, end_id=None)
+        answer(model, prompt, Draw(seed=1, step=0, prompt=i), grpo, ends=())
     return time.perf_counter() - began
 
 

@@ -241,7 +241,8 @@ def evaluate_prompts(settings: EvaluateSettings, model: LanguageModel, out_dir: 
 def answered(settings: EvaluateSettings, model: LanguageModel, prompts: list, template):
     """``rollout.evaluate`` of ``prompts`` with the rewards in their own process."""
     tokenizer, grpo = load_tokenizer(Path(settings.tokenizer.path)), settings.grpo
-    scoring = scoring_for(grpo, tokenizer, template.end_of_turn() if template else None)
+    end_text = template.end_of_turn() if template else None
+    scoring = scoring_for(grpo, tokenizer, end_text, model)
     try:
         return evaluate(model.eval(), prompts, grpo, scoring, weights_of(grpo))
     finally:

@@ -35,6 +35,8 @@ class DpoSettings:
                                      check=Check(lambda v: 0 <= v < 0.5, "a number in [0, 0.5)"))
     reference: str = setting(DpoReference.model, DpoReference.listed(),
                              check=one_of(DpoReference))
+    disable_dropout: bool = setting(True, "dropout off in the policy's forwards, as TRL's "
+                                          "disable_dropout; false keeps the model's")
 
 
 # the per-pair figures a DPO run reports (metrics.csv's train_* and val_* each, DpoLoss.sums)

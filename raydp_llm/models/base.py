@@ -35,12 +35,32 @@ def packed_mask(positions: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
+def padded_mask(pads: torch.Tensor, start: int, T: int) -> torch.Tensor:
+    """The attention mask (B, 1, T, start + T) of T tokens after ``start`` cached ones, each row's
+    first ``pads`` (B,) tokens left padding: a token sees the tokens before it that are not
+    padding (a padding token sees itself alone, so that no row of the mask is empty)."""
+    keys = torch.arange(start + T, device=pads.device)  # (K,)
+    queries = torch.arange(start, start + T, device=pads.device)  # (T,)
+    causal = keys[None, :] <= queries[:, None]  # (T, K)
+    kept = keys[None, :] >= pads[:, None]  # (B, K)
+    itself = keys[None, :] == queries[:, None]  # (T, K)
+    return ((causal[None] & kept[:, None]) | itself[None])[:, None]
+
+
+def padded_positions(pads: torch.Tensor, start: int, T: int) -> torch.Tensor:
+    """The positions (B, T) of T tokens after ``start`` in rows left-padded by ``pads`` (B,): a
+    row's first real token is at 0 (padding at 0 too)."""
+    steps = torch.arange(start, start + T, device=pads.device)
+    return (steps[None, :] - pads[:, None]).clamp(min=0)
+
+
 class LanguageModel(nn.Module):
     """What every model here has: token embeddings ``wte``, an output head ``lm_head`` (tied to
     ``wte`` with ``tie_weights``), the loss, sampling and the parameter count. Subclasses set
     ``kind``."""
 
     kind: str
+    pads_prompts = False  # whether ``next_logits`` reads left-padded prompts (``pads``)
 
     def __init__(self, cfg: ModelConfig, embeddings: bool = True):
         super().__init__()
@@ -115,11 +135,12 @@ class LanguageModel(nn.Module):
             idx = torch.cat([idx, nxt], dim=1)
         return idx
 
-    def next_logits(self, idx: torch.Tensor, state=None):
+    def next_logits(self, idx: torch.Tensor, state=None, pads: torch.Tensor | None = None):
         """The logits (B, V) of the token after ``idx`` (B, T) seen through its last block_size
         tokens, and the state to pass with ``idx`` one token longer. This one recomputes the
         window every time; the models carry their state while the window still starts at token
-        0."""
+        0. ``pads`` (B,): each row's left padding, for a model that ``pads_prompts``."""
+        assert pads is None, f"{type(self).__name__} reads no left-padded prompts"
         logits, _ = self(idx[:, -self.config.block_size:])
         return logits[:, -1, :], None
 

@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from raydp_llm.core.model_config import GPTConfig
-from raydp_llm.models.base import LanguageModel, packed_mask
+from raydp_llm.models.base import LanguageModel, packed_mask, padded_mask, padded_positions
 
 
 class KVCache:
@@ -113,6 +113,7 @@ class GPT(LanguageModel):
     output head."""
 
     kind = "gpt"
+    pads_prompts = True
 
     def __init__(self, cfg: GPTConfig):
         super().__init__(cfg)
@@ -127,18 +128,22 @@ class GPT(LanguageModel):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, cache: KVCache | None = None):
+                positions: torch.Tensor | None = None, cache: KVCache | None = None,
+                pads: torch.Tensor | None = None):
         """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
         cross-entropy. ``positions`` (B, T) restarting at 0 mark packed sequences (chat data):
         each has its own positions and sees only itself. With ``cache``, ``idx`` continues the
-        cached tokens (positions go on from ``cache.length``) and the cache grows by T."""
+        cached tokens (positions go on from ``cache.length``) and the cache grows by T. ``pads``
+        (B,): each row starts with that many padding tokens, which no other token sees."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         assert start + T <= self.config.block_size, (
             f"sequence of {start + T} tokens exceeds block_size {self.config.block_size}"
         )
         mask = None
-        if positions is None:
+        if pads is not None:
+            positions, mask = padded_positions(pads, start, T), padded_mask(pads, start, T)
+        elif positions is None:
             positions = torch.arange(start, start + T, device=idx.device)
         else:
             mask = packed_mask(positions)
@@ -149,16 +154,19 @@ class GPT(LanguageModel):
             cache.length += T
         return self._head(self.ln_f(x), targets)
 
-    def next_logits(self, idx: torch.Tensor, state: KVCache | None = None):
+    def next_logits(self, idx: torch.Tensor, state: KVCache | None = None,
+                    pads: torch.Tensor | None = None):
         """With a KV cache: while the window still starts at token 0 each new token costs one
         position; once it slides, every position changes (positions count from the window's
-        start), so the window is recomputed, as without a cache."""
+        start), so the window is recomputed, as without a cache. ``pads`` (B,): left padding
+        (the window never slides past it)."""
         block = self.config.block_size
         if state is None or state.length != idx.size(1) - 1 or state.length == block:
+            assert pads is None or idx.size(1) <= block, "left-padded rows longer than the block"
             state = KVCache(len(self.blocks))  # the window from scratch
-            logits, _ = self(idx[:, -block:], cache=state)
+            logits, _ = self(idx[:, -block:], cache=state, pads=pads)
         else:
-            logits, _ = self(idx[:, -1:], cache=state)
+            logits, _ = self(idx[:, -1:], cache=state, pads=pads)
         return logits[:, -1, :], state
 
     def flops_per_token(self) -> float:

@@ -23,7 +23,7 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig, uses_lora
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
-from raydp_llm.models.base import LanguageModel, token_loss
+from raydp_llm.models.base import LanguageModel, padded_positions, token_loss
 from raydp_llm.models.files import CONFIG_FILE, hf_tokenizer, local_copy
 from raydp_llm.models.init import fresh_values
 
@@ -37,6 +37,8 @@ class HFModel(LanguageModel):
     """A transformers ``PreTrainedModel`` (``net``) as this project's model: ``forward(idx,
     targets)`` gives logits (B, T, V) and the mean cross-entropy, generation carries transformers'
     KV cache, ``wte`` is the input embedding table."""
+
+    pads_prompts = True
 
     def __init__(self, net, cfg: ModelConfig):
         super().__init__(cfg, embeddings=False)
@@ -57,14 +59,25 @@ class HFModel(LanguageModel):
             return logits, None
         return logits, token_loss(logits, targets)
 
-    def next_logits(self, idx: torch.Tensor, state: CacheState | None = None):
+    def next_logits(self, idx: torch.Tensor, state: CacheState | None = None,
+                    pads: torch.Tensor | None = None):
         """transformers' cache while the window still starts at token 0; once it slides, the
-        window is recomputed (positions count from its start), as for the GPT."""
+        window is recomputed (positions count from its start), as for the GPT. ``pads`` (B,):
+        each row's left padding, out of the attention mask, positions counted after it."""
         T, block = idx.size(1), self.config.block_size
-        if state is None or state.tokens != T - 1 or T > block:
-            out = self.net(input_ids=idx[:, -block:], use_cache=True)
+        fresh = state is None or state.tokens != T - 1 or T > block
+        padding = {}
+        if pads is not None:
+            assert T <= block, "left-padded rows longer than the block"
+            start = 0 if fresh else T - 1
+            padding = {"attention_mask": (torch.arange(T, device=idx.device)[None, :]
+                                          >= pads[:, None]).long(),
+                       "position_ids": padded_positions(pads, start, T - start)}
+        if fresh:
+            out = self.net(input_ids=idx[:, -block:], use_cache=True, **padding)
         else:
-            out = self.net(input_ids=idx[:, -1:], past_key_values=state.cache, use_cache=True)
+            out = self.net(input_ids=idx[:, -1:], past_key_values=state.cache, use_cache=True,
+                           **padding)
         return out.logits[:, -1, :], CacheState(out.past_key_values, T)
 
     def longest_window(self) -> int:

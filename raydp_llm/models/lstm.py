@@ -42,9 +42,12 @@ class LSTMLM(LanguageModel):
         h, _ = self.lstm(self.drop(self.wte(idx)))  # (B, T, C)
         return self._head(self.drop(h), targets)
 
-    def next_logits(self, idx: torch.Tensor, state: LSTMState | None = None):
+    def next_logits(self, idx: torch.Tensor, state: LSTMState | None = None,
+                    pads: torch.Tensor | None = None):
         """Carried (h, c) while the window holds every token so far; once it slides, the window
-        is re-read from a zero state, as without carried state."""
+        is re-read from a zero state, as without carried state. No left padding: the state would
+        read it."""
+        assert pads is None, "the LSTM reads no left-padded prompts"
         T = idx.size(1)
         if state is None or state.tokens != T - 1 or T > self.config.block_size:
             h, (h_n, c_n) = self.lstm(self.drop(self.wte(idx[:, -self.config.block_size:])))

@@ -80,6 +80,15 @@ class TrainSpec:
         """Whether each window is a preference pair (two records: data/batches.py)."""
         return self.train.objective == "dpo"
 
+    @property
+    def without_dropout(self) -> bool:
+        """Whether the policy trains with dropout off: DPO's and GRPO's, unless their
+        ``disable_dropout`` is false (the policy at its first step is then exactly the
+        reference, and the ratios of GRPO's first update are 1)."""
+        objective = self.train.objective
+        return ((objective == "dpo" and self.dpo.disable_dropout)
+                or (objective == "grpo" and self.grpo.disable_dropout))
+
     def tokenizer(self) -> Tokenizer:
         """The run's tokenizer, with the chat template its saved models carry."""
         tokenizer = tokenizer_from_json(self.tokenizer_json)

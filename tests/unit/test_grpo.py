@@ -220,48 +220,6 @@ def test_a_reward_failing_every_batch_for_too_many_steps_stops_the_run():
         streak.step({"f.py:r": "TimeoutError", "g": None})
 
 
-def test_a_draw_picks_from_its_own_stream_within_the_nucleus():
-    from raydp_llm.training.objectives.rollout import pick
-
-    def streams(n, seed=7):
-        return [torch.Generator().manual_seed(seed + i) for i in range(n)]
-
-    probs = torch.tensor([[0.1, 0.9]]).repeat(400, 1)
-    drawn = pick(probs, streams(400), top_p=1.0)
-    assert 330 < int(drawn.sum()) < 390  # about 90% of token 1
-    assert torch.equal(drawn, pick(probs, streams(400), top_p=1.0))  # the same streams, the same
-    nucleus = pick(torch.tensor([[0.5, 0.3, 0.2]]).repeat(200, 1), streams(200), top_p=0.6)
-    assert set(nucleus.tolist()) == {0, 1}  # 0.5 + 0.3 reach 0.6: token 2 is outside
-
-
-def test_a_prompts_answers_come_from_streams_of_seed_step_prompt_and_sample():
-    from raydp_llm.core.model_config import GPTConfig
-    from raydp_llm.models.factory import build_model
-    from raydp_llm.training.objectives.rollout import PAD, Draw, answer
-
-    torch.manual_seed(0)
-    model = build_model(GPTConfig(vocab_size=20, block_size=32, n_layer=1, n_head=2,
-                                  n_embd=16)).eval()
-    grpo = GrpoSettings(num_generations=4, max_new_tokens=12, temperature=1.5)
-    prompt = torch.tensor([3, 4, 5])
-    first = answer(model, prompt, Draw(seed=1, step=5, prompt=9), grpo, end_id=None)
-    again = answer(model, prompt, Draw(seed=1, step=5, prompt=9), grpo, end_id=None)
-    assert first.ids.shape == (4, 12) and first.mask.all()
-    assert torch.equal(first.ids, again.ids)
-    assert len({tuple(row) for row in first.ids.tolist()}) > 1  # each sample its own stream
-    for other in (Draw(1, 6, 9), Draw(1, 5, 10), Draw(2, 5, 9)):
-        assert not torch.equal(answer(model, prompt, other, grpo, end_id=None).ids, first.ids)
-
-    end = int(first.ids[0, 2])  # an answer ends at its end token: PAD and no mask after it
-    ended = answer(model, prompt, Draw(seed=1, step=5, prompt=9), grpo, end_id=end)
-    at = ended.ids[0].tolist().index(end)
-    assert ended.mask[0, :at + 1].all() and not ended.mask[0, at + 1:].any()
-    assert (ended.ids[0, at + 1:] == PAD).all()
-    greedy = answer(model, prompt, Draw(1, 5, 9), grpo, end_id=None, greedy=True)
-    assert greedy.ids.shape == (1, 12)  # one answer, the same whatever the draw
-    assert torch.equal(greedy.ids, answer(model, prompt, Draw(2, 0, 3), grpo, None, True).ids)
-
-
 SEVENS = textwrap.dedent("""
     def sevens(prompts, completions, **columns):
         return [c.split().count("7") / max(len(c.split()), 1) for c in completions]
@@ -283,13 +241,13 @@ def test_the_reward_rises_on_a_toy_task(tmp_path):
     grpo = GrpoSettings(num_generations=8, max_new_tokens=6)
     prompts = [PromptRow(i, torch.tensor(ids), "", {}) for i, ids in enumerate([[1, 2], [3, 4]])]
     calls = RewardCalls(timeout_s=30)
-    scoring = Scoring(lambda ids: " ".join(map(str, ids)), None, calls,
+    scoring = Scoring(lambda ids: " ".join(map(str, ids)), (), calls,
                       load([f"{tmp_path / 'toy.py'}:sevens"], set()))
     means = []
     try:
         for step in range(25):
-            groups = [roll_out(model.eval(), p, Draw(1, step, p.index), grpo, scoring)
-                      for p in prompts]
+            groups = roll_out(model.eval(), prompts, [Draw(1, step, p.index) for p in prompts],
+                              grpo, scoring)
             whole = Whole(answers=16, tokens=int(sum(g.answers.mask.sum() for g in groups)))
             model.train()
             optimizer.zero_grad()

@@ -116,7 +116,7 @@ class Grpo(Objective):
         spec, placement = trainee.spec, trainee.placement
         self.trainee, self.spec, grpo = trainee, spec, spec.grpo
         self.data = PromptShare(spec, data, placement.rank, placement.world_size)
-        self.scoring = scoring_for(grpo, spec.tokenizer(), spec.answer_end)
+        self.scoring = scoring_for(grpo, spec.tokenizer(), spec.answer_end, trainee.model)
         self.calls, self.weights = self.scoring.calls, weights_of(grpo)
         self.streak = FailureStreak(self.scoring.rewards, grpo.max_reward_failures)
         self.tokens_seen = 0.0  # answers vary in length: counted as they come
@@ -143,9 +143,9 @@ class Grpo(Objective):
     def _rolled_out(self, prompts: list[PromptRow], step: int) -> list[Group]:
         model, grpo = self.trainee.model, self.spec.grpo
         with evaluating(model), self.trainee.autocast():
-            return [roll_out(model, self._placed_prompt(p), Draw(self.spec.seed, step, p.index),
-                             grpo, self.scoring, all_done=self.all_done)
-                    for p in prompts]
+            return roll_out(model, [self._placed_prompt(p) for p in prompts],
+                            [Draw(self.spec.seed, step, p.index) for p in prompts], grpo,
+                            self.scoring, all_done=self.all_done)
 
     def _placed_prompt(self, prompt: PromptRow) -> PromptRow:
         ids = prompt.ids.to(self.trainee.device)
@@ -232,10 +232,10 @@ class Grpo(Objective):
         """The step's sums for the metrics (``rollout_columns`` reads them), each function's too."""
         groups = scored.groups
         rewards = torch.cat(scored.rewards)
-        ok = rewards[~rewards.isnan()]
+        ok = rewards[~rewards.isnan()].double()  # summed over workers: their order must not tell
         per_function = torch.cat([g.per_function for g in groups])
         sums = {"answers": float(rewards.numel()), "scored": float(ok.numel()),
-                "reward_sum": float(ok.sum()), "reward_sq": float((ok.double() ** 2).sum()),
+                "reward_sum": float(ok.sum()), "reward_sq": float((ok ** 2).sum()),
                 "zero_std": float(sum(bool(a.zero_std[0]) for a in scored.advantages)),
                 "groups": float(len(groups)),
                 "answer_tokens": float(sum(int(g.answers.mask.sum()) for g in groups)),
@@ -273,30 +273,33 @@ class Grpo(Objective):
         this worker's share, summed over the workers (None without validation prompts)."""
         names, n = [r.name for r in self.scoring.rewards], len(self.data.val)
         mine = [0.0] * (1 + len(names))  # a worker with no held-out prompts adds nothing
-        model, most = self.trainee.model, self._most_answers(n)  # before any answer's collectives
+        batches = -(-n // self.spec.grpo.generation_batch_size)  # its greedy answers' batches
+        model, most = self.trainee.model, self._most_batches(batches)  # before any collective
         with evaluating(model), self.trainee.autocast():
             if n:
                 found = evaluate(model, [self._placed_prompt(p) for p in self.data.val],
                                  self.spec.grpo, self.scoring, self.weights, self.all_done)
                 mine = [found.reward * n, *(found.per_function[k] * n for k in names)]
-            self._idle_answers(most - n)
+            self._idle_answers(most - batches)
         total, count, *per = all_reduce_sum(mine[0], n, *mine[1:])
         if not count:
             return {"val_reward": None}
         return {"val_reward": total / count,
                 **{f"val_reward_{k}": v / count for k, v in zip(names, per)}}
 
-    def _most_answers(self, mine: int) -> int:
-        """A sharded model: the most held-out prompts a worker holds (this one holds ``mine``)."""
+    def _most_batches(self, mine: int) -> int:
+        """A sharded model: the most batches of greedy answers a worker draws (this one
+        ``mine``)."""
         return int(all_reduce_max(mine)[0]) if self.trainee.sharded else mine
 
     def _idle_answers(self, count: int) -> None:
-        """``count`` greedy answers to this worker's first training prompt, unscored: a sharded
-        model's worker with fewer held-out prompts runs as many answers as the others."""
+        """``count`` batches of one greedy answer to this worker's first training prompt,
+        unscored: a sharded model's worker with fewer held-out prompts runs as many batches as
+        the others."""
         idle = self._placed_prompt(self.data.train[0])
         for _ in range(count):
             answer(self.trainee.model, idle.ids, Draw(0, 0, idle.index), self.spec.grpo,
-                   self.scoring.end_id, greedy=True, all_done=self.all_done)
+                   self.scoring.end_ids, greedy=True, all_done=self.all_done)
 
 
 def rollout_columns(s: dict, names: list[str], world: int, updates: int) -> dict:

@@ -1,10 +1,13 @@
-"""GRPO's answers: a prompt's ``grpo.num_generations`` samples, drawn together as one batch with the
-model's cache (``next_logits``), each from its own random stream seeded by (seed, step, prompt,
-sample). So the answers at a step do not depend on the cluster: 1, 2 or 4 workers, and a run
-resumed on another number of workers, draw the same ones (a prompt's group is the same batch on
-any worker; no stream is shared with another prompt's).
+"""GRPO's answers: each prompt's ``grpo.num_generations`` samples, drawn for all of a worker's
+prompts of a step together (``answers_to``): prompts left-padded into batches of at most
+``grpo.generation_batch_size`` sequences, one cached decode each, the sampling on the model's
+device. Each answer's draws are counter-based (draws.py: a hash of seed, step, prompt, sample and
+position), so the answers at a step do not depend on the cluster or the batch: 1, 2 or 4 workers,
+any ``generation_batch_size``, and a run resumed on another number of workers, draw the same ones.
+(Padding changes the order of a batch's float sums, not the draws: an answer differs only if its
+uniform number falls within rounding of a token's edge.)
 
-Shapes: G samples, T prompt tokens, L answer tokens, V vocabulary.
+Shapes: R sequences, G samples, T prompt tokens, L answer tokens, V vocabulary.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.nn import functional as F
 
 from raydp_llm.core.grpo_config import GrpoSettings
+from raydp_llm.training.objectives.draws import answer_key, pick, uniforms
 from raydp_llm.training.objectives.grpo_loss import combined_rewards
 from raydp_llm.training.objectives.rewards import RewardCalls, load
 
-PAD = 0  # after an answer's end; its mask leaves it out
+PAD = 0  # left of a shorter prompt, and after an answer's end; out of every mask
+END_CHECK = 8  # tokens between looks at whether every answer has ended (each waits on the device)
 
 
 def alone(done: bool) -> bool:
@@ -28,25 +32,27 @@ def alone(done: bool) -> bool:
     return done
 
 
-def end_id(tokenizer, end_text: str | None) -> int | None:
-    """The token that ends an answer: ``end_text`` (a chat template's end of turn) when it is one
-    token, else the tokenizer's end of document."""
+def end_ids(tokenizer, end_text: str | None, model=None) -> tuple[int, ...]:
+    """The tokens that end an answer: ``end_text`` (a chat template's end of turn) when it is one
+    token, the tokenizer's end of document, and every end id a transformers ``model``'s generation
+    config lists (Llama 3's list; Qwen's end of turn and end of text)."""
+    found = []
     if end_text:
         ids = tokenizer.encode(end_text)
         if len(ids) == 1:
-            return int(ids[0])
-    return tokenizer.eod_id
-
-
-def stream_seed(seed: int, step: int, prompt: int, sample: int) -> int:
-    """The seed of one sample's random stream: ``prompt`` is its index in the dataset."""
-    return int(np.random.SeedSequence([seed, step, prompt, sample]).generate_state(1)[0])
+            found.append(int(ids[0]))
+    if tokenizer.eod_id is not None:
+        found.append(int(tokenizer.eod_id))
+    config = getattr(getattr(model, "net", None), "generation_config", None)
+    listed = getattr(config, "eos_token_id", None)
+    found += [int(i) for i in ([listed] if isinstance(listed, int) else listed or [])]
+    return tuple(dict.fromkeys(found))
 
 
 @dataclass(frozen=True)
 class Draw:
     """Which answers to draw: the run's ``seed``, the optimizer ``step`` and the ``prompt``'s
-    index in the dataset."""
+    number in the data."""
 
     seed: int
     step: int
@@ -59,50 +65,104 @@ class Answers:
     mask: torch.Tensor  # (G, L) bool: the answer's own tokens (its end token included)
 
 
-def pick(probs: torch.Tensor, generators: list[torch.Generator], top_p: float) -> torch.Tensor:
-    """One token per row of ``probs`` (G, V), each from its own generator: the inverse of the row's
-    distribution (its nucleus, with ``top_p`` < 1) at one uniform draw."""
-    if top_p < 1:
-        ranked, order = probs.sort(dim=-1, descending=True)
-        before = ranked.cumsum(dim=-1) - ranked  # the mass of the likelier tokens
-        probs = torch.zeros_like(probs).scatter(-1, order, ranked * (before < top_p))
-    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
-    cdf = probs.double().cumsum(dim=-1)
-    tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1)
-    return tokens.clamp(max=probs.size(-1) - 1)
+@dataclass(frozen=True)
+class Sequence:
+    """One answer to draw: its prompt (T,), its key (draws.answer_key) and whose it is."""
+
+    prompt: torch.Tensor
+    key: int
+    ask: int  # its prompt's place in the asked list
+    sample: int
 
 
 @torch.no_grad()
-def answer(model, prompt: torch.Tensor, draw: Draw, grpo: GrpoSettings, end_id: int | None,
-           greedy: bool = False, all_done: Callable[[bool], bool] = alone) -> Answers:
-    """``grpo.num_generations`` answers to ``prompt`` (T,) drawn at ``grpo.temperature`` (or,
-    ``greedy``, the one likeliest: an evaluation's answer), of at most ``grpo.max_new_tokens``
-    tokens each, an answer ending at ``end_id``. A sharded model's forwards gather its parameters
-    on every worker, so each worker's answers go on while any worker's have not ended
-    (``all_done``: one collective a token); the tokens after an answer's end are PAD, out of its
-    mask."""
+def answers_to(model, prompts: list[torch.Tensor], draws: list[Draw], grpo: GrpoSettings,
+               ends: tuple[int, ...], greedy: bool = False,
+               all_done: Callable[[bool], bool] = alone) -> list[Answers]:
+    """Each prompt's ``grpo.num_generations`` answers (``greedy``: its one likeliest), of at most
+    ``grpo.max_new_tokens`` tokens, an answer ending at any of ``ends``; drawn
+    ``grpo.generation_batch_size`` sequences at a time. A sharded model's forwards gather its
+    parameters on every worker, so each worker's batch goes on while any worker's has not ended
+    (``all_done``: one collective every ``END_CHECK`` tokens)."""
     samples = 1 if greedy else grpo.num_generations
-    generators = [torch.Generator().manual_seed(stream_seed(draw.seed, draw.step, draw.prompt, s))
-                  for s in range(samples)]
-    idx = prompt.unsqueeze(0).repeat(samples, 1)  # (G, T)
-    ended = torch.zeros(samples, dtype=torch.bool, device=prompt.device)
+    sequences = [Sequence(p, answer_key(d.seed, d.step, d.prompt, s), i, s)
+                 for i, (p, d) in enumerate(zip(prompts, draws)) for s in range(samples)]
+    rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    for batch in batches(sequences, grpo.generation_batch_size, _pads_prompts(model)):
+        ids, owned = _decode(model, batch, grpo, ends, greedy, all_done)
+        for r, s in enumerate(batch):
+            rows[s.ask, s.sample] = (ids[r], owned[r])
+    return [_group([rows[i, s] for s in range(samples)]) for i in range(len(prompts))]
+
+
+def _pads_prompts(model) -> bool:
+    """Whether ``model.next_logits`` takes left-padded prompts (the GPT's and transformers': the
+    LSTM's state would read the padding)."""
+    return getattr(model, "pads_prompts", False)
+
+
+def batches(sequences: list[Sequence], size: int, padded: bool) -> list[list[Sequence]]:
+    """``sequences`` in batches of at most ``size``; without ``padded`` a batch's prompts are all
+    as long."""
+    if not padded:
+        by_length: dict[int, list[Sequence]] = {}
+        for s in sequences:
+            by_length.setdefault(s.prompt.numel(), []).append(s)
+        return [b for group in by_length.values() for b in batches(group, size, True)]
+    return [sequences[i:i + size] for i in range(0, len(sequences), size)]
+
+
+def _left_padded(batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The batch's prompts (R, T) left-padded with PAD, and each row's padding (R,) (None: none
+    is padded)."""
+    longest = max(s.prompt.numel() for s in batch)
+    device = batch[0].prompt.device
+    pads = torch.tensor([longest - s.prompt.numel() for s in batch], device=device)
+    idx = torch.stack([F.pad(s.prompt, (longest - s.prompt.numel(), 0), value=PAD)
+                       for s in batch])
+    return idx, pads if bool(pads.any()) else None
+
+
+def _decode(model, batch: list[Sequence], grpo: GrpoSettings, ends: tuple[int, ...],
+            greedy: bool, all_done: Callable[[bool], bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One cached decode of a batch: its answers' tokens (R, L) and which are their own (R, L)."""
+    idx, pads = _left_padded(batch)
+    device = idx.device
+    keys = torch.tensor([s.key for s in batch], dtype=torch.int64, device=device)
+    stops = torch.tensor(ends, dtype=torch.long, device=device)
+    ended = torch.zeros(len(batch), dtype=torch.bool, device=device)
     tokens, owned, state = [], [], None
-    for _ in range(grpo.max_new_tokens):
-        logits, state = model.next_logits(idx, state)  # (G, V)
+    for position in range(grpo.max_new_tokens):
+        logits, state = model.next_logits(idx, state, pads=pads)  # (R, V)
         if greedy:
             nxt = logits.argmax(dim=-1)
         else:
-            probs = F.softmax(logits.float().cpu() / grpo.temperature, dim=-1)
-            nxt = pick(probs, generators, grpo.top_p).to(prompt.device)
+            probs = F.softmax(logits.float() / grpo.temperature, dim=-1)
+            nxt = pick(probs, uniforms(keys, position), grpo.top_p)
         owned.append(~ended)
         nxt = nxt.masked_fill(ended, PAD)
         tokens.append(nxt)
-        if end_id is not None:
-            ended = ended | (nxt == end_id)
+        ended = ended | torch.isin(nxt, stops)
         idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
-        if all_done(bool(ended.all())):
+        if (position + 1) % END_CHECK == 0 and all_done(bool(ended.all())):
             break
-    return Answers(torch.stack(tokens, dim=1), torch.stack(owned, dim=1))
+    return torch.stack(tokens, dim=1), torch.stack(owned, dim=1)
+
+
+def _group(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> Answers:
+    """A prompt's answers from their batches' rows, as long as its longest answer."""
+    length = max(int(owned.nonzero().max()) + 1 if owned.any() else 1 for _, owned in rows)
+    ids = torch.stack([F.pad(i, (0, max(0, length - i.numel())), value=PAD)[:length]
+                       for i, _ in rows])
+    mask = torch.stack([F.pad(m, (0, max(0, length - m.numel())), value=False)[:length]
+                        for _, m in rows])
+    return Answers(ids, mask)
+
+
+def answer(model, prompt: torch.Tensor, draw: Draw, grpo: GrpoSettings, ends: tuple[int, ...],
+           greedy: bool = False, all_done: Callable[[bool], bool] = alone) -> Answers:
+    """One prompt's answers (``answers_to``)."""
+    return answers_to(model, [prompt], [draw], grpo, ends, greedy, all_done)[0]
 
 
 @dataclass(frozen=True)
@@ -131,26 +191,27 @@ class Group:
 @dataclass(frozen=True)
 class Scoring:
     """How answers become scores: ``decode`` (token ids → text, special tokens skipped), the
-    token that ends an answer, and the ``rewards`` (rewards.Reward) called through ``calls``
+    tokens that end an answer, and the ``rewards`` (rewards.Reward) called through ``calls``
     (rewards.RewardCalls)."""
 
     decode: object
-    end_id: int | None
+    end_ids: tuple[int, ...]
     calls: object
     rewards: list
 
 
 def completion_texts(answers: Answers, scoring: Scoring) -> list[str]:
     """Each answer's text: its own tokens decoded, its end token left out."""
-    return [scoring.decode([t for t, own in zip(row, mask) if own and t != scoring.end_id])
+    return [scoring.decode([t for t, own in zip(row, mask) if own and t not in scoring.end_ids])
             for row, mask in zip(answers.ids.tolist(), answers.mask.tolist())]
 
 
-def scoring_for(grpo: GrpoSettings, tokenizer, end_text: str | None) -> Scoring:
+def scoring_for(grpo: GrpoSettings, tokenizer, end_text: str | None, model=None) -> Scoring:
     """``grpo.rewards`` (found; their columns were checked at the door), called in a process of
     their own within ``grpo.reward_timeout_s``, on answers decoded by ``tokenizer`` and ended at
-    ``end_text``: the worker's scoring, and ``evaluate``'s. Close its ``calls`` when done."""
-    return Scoring(tokenizer.decode, end_id(tokenizer, end_text),
+    ``end_text`` or the ``model``'s end ids (``end_ids``): the worker's scoring, and
+    ``evaluate``'s. Close its ``calls`` when done."""
+    return Scoring(tokenizer.decode, end_ids(tokenizer, end_text, model),
                    RewardCalls(grpo.reward_timeout_s, tuple(grpo.rewards)),
                    load(grpo.rewards, None))
 
@@ -160,15 +221,19 @@ def weights_of(grpo: GrpoSettings) -> torch.Tensor:
     return torch.tensor(grpo.reward_weights or [1.0] * len(grpo.rewards))
 
 
-def roll_out(model, prompt: PromptRow, draw: Draw, grpo: GrpoSettings, scoring: Scoring,
-             greedy: bool = False, all_done: Callable[[bool], bool] = alone) -> Group:
-    """``prompt``'s answers (``answer``; ``greedy``: its one likeliest), decoded and scored by
-    each reward as TRL calls them: the prompt and its columns repeated for each answer."""
-    if greedy:
-        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id, greedy=True,
-                         all_done=all_done)
-    else:
-        answers = answer(model, prompt.ids, draw, grpo, scoring.end_id, all_done=all_done)
+def roll_out(model, prompts: list[PromptRow], draws: list[Draw], grpo: GrpoSettings,
+             scoring: Scoring, greedy: bool = False,
+             all_done: Callable[[bool], bool] = alone) -> list[Group]:
+    """Each prompt's answers (``answers_to``; ``greedy``: its one likeliest), decoded and scored
+    by each reward as TRL calls them: the prompt and its columns repeated for each answer, a
+    prompt's answers a batch of their own (a reward that fails costs that prompt's)."""
+    found = answers_to(model, [p.ids for p in prompts], draws, grpo, scoring.end_ids, greedy,
+                       all_done)
+    return [scored(prompt, answers, scoring) for prompt, answers in zip(prompts, found)]
+
+
+def scored(prompt: PromptRow, answers: Answers, scoring: Scoring) -> Group:
+    """A prompt's answers, decoded and scored by each reward."""
     completions = completion_texts(answers, scoring)
     n, rewards = len(completions), scoring.rewards
     columns = {k: [v] * n for k, v in prompt.columns.items()}
@@ -189,14 +254,18 @@ class Evaluation:
     answers: list[str]
 
 
+def greedy_draws(prompts: list[PromptRow]) -> list[Draw]:
+    """A greedy answer draws nothing: its draw only names its prompt."""
+    return [Draw(0, 0, p.index) for p in prompts]
+
+
 @torch.no_grad()
 def evaluate(model, prompts: list[PromptRow], grpo: GrpoSettings, scoring: Scoring,
              weights: torch.Tensor, all_done: Callable[[bool], bool] = alone) -> Evaluation:
     """One greedy answer (``grpo.max_new_tokens``) to each of ``prompts``, scored (``val_reward``,
     and ``python -m raydp_llm.evaluate`` on prompts)."""
-    groups = [roll_out(model, p, Draw(0, 0, p.index), grpo, scoring, greedy=True,
-                       all_done=all_done)
-              for p in prompts]
+    groups = roll_out(model, prompts, greedy_draws(prompts), grpo, scoring, greedy=True,
+                      all_done=all_done)
     scores = torch.cat([g.per_function for g in groups])  # (P, F)
     total = combined_rewards(scores, weights).nan_to_num(nan=0.0)  # unscored: 0
     return Evaluation(float(total.mean()),
@@ -208,11 +277,11 @@ def evaluate(model, prompts: list[PromptRow], grpo: GrpoSettings, scoring: Scori
 def sample_lines(model, tokenizer, prompts: list[PromptRow], grpo: GrpoSettings,
                  end_text: str | None) -> str:
     """``samples.txt`` of a GRPO run: each prompt and the model's greedy answer."""
-    scoring = Scoring(tokenizer.decode, end_id(tokenizer, end_text), None, [])  # no rewards
+    scoring = Scoring(tokenizer.decode, end_ids(tokenizer, end_text, model), None, [])
+    found = answers_to(model, [p.ids for p in prompts], greedy_draws(prompts), grpo,
+                       scoring.end_ids, greedy=True)
     lines = []
-    for prompt in prompts:
-        answers = answer(model, prompt.ids, Draw(0, 0, prompt.index), grpo, scoring.end_id,
-                         greedy=True)
+    for prompt, answers in zip(prompts, found):
         lines += [f"prompt: {prompt.text}", f"answer: {completion_texts(answers, scoring)[0]}",
                   ""]
     return "\n".join(lines)

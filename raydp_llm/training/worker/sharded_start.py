@@ -44,7 +44,7 @@ def sharded_model(spec: TrainSpec, device: torch.device) -> HFModel:
     torch.manual_seed(spec.seed)
     directory = pretrained_dir(spec.model, spec.s3)  # None: a fresh Llama's values are drawn
     model = empty_model(spec.model, directory, spec.seed)
-    if spec.pairs:
+    if spec.without_dropout:
         from raydp_llm.training.objectives.reference import (
             without_dropout,  # Ray's data path: only here
         )

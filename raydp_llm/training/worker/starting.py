@@ -15,7 +15,7 @@ from raydp_llm.training.spec import TrainSpec
 
 def starting_model(spec: TrainSpec) -> nn.Module:
     """The model as the spec builds or loads it, from ``spec.seed`` (with a GPT-2 checkpoint's
-    weights for ``model.init_from``); for DPO without dropout (``objectives.without_dropout``).
+    weights for ``model.init_from``); for DPO and GRPO without dropout (``spec.without_dropout``).
     Every worker builds the same weights, and so does the driver."""
     torch.manual_seed(spec.seed)
     model = build_model(spec.model, spec.s3, spec.seed)
@@ -24,4 +24,4 @@ def starting_model(spec: TrainSpec) -> nn.Module:
     if getattr(spec.model, "init_from", None):  # a GPT-2 checkpoint's weights (models/gpt2.py)
         gpt2.load_gpt2_weights(model, gpt2.read_gpt2_tensors(spec.model.init_from),
                                spec.model.init_from)
-    return without_dropout(model) if spec.pairs else model
+    return without_dropout(model) if spec.without_dropout else model
