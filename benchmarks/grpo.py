@@ -1,24 +1,30 @@
-"""GRPO's generation: the answers' tokens per second of ``rollout.answer`` (a prompt's samples as
-one batch with the model's cache, each from its own random stream) against a plain transformers
-``generate`` (``do_sample``, ``num_return_sequences``) on the same model and prompts, in the same
-run. The goal (issue 52): ≥ 0.9× transformers'.
+"""GRPO's generation: the answers' tokens per second of ``rollout.answers_to`` (all the prompts'
+samples at once, ``grpo.generation_batch_size`` sequences a batch, counter-based draws on the
+device) against one batched transformers ``generate`` (``do_sample``, ``num_return_sequences``) of
+the same answers, and against ``answers_to`` a prompt at a time (issue 52's way), in the same run.
+The goal (issue 59): ≥ 1.0× transformers'.
 
     python benchmarks/grpo.py [--prompts 8] [--samples 8] [--new 64] [--width 256] [--layers 4]
     python benchmarks/grpo.py --step      # generation's share of a GRPO step (the worker's)
     python benchmarks/grpo.py --memory    # peak memory of grpo.beta > 0: LoRA-off vs a copy
+    python benchmarks/grpo.py --logps     # peak memory of the answers' log-probabilities
 
 The model: transformers' Llama from ``model=llama``'s settings (``--width``, ``--layers``, a
 vocabulary of 2,000), fresh weights; prompts of 32 random ids. Every answer runs its full
-``--new`` tokens (no end token), so both make the same number. Each side runs once to warm up,
+``--new`` tokens (no end token), so all make the same number. Each side runs once to warm up,
 then ``--repeats`` times; the table gives the best.
 
 ``--step`` and ``--memory`` run the worker's own step (training/objectives/grpo.py, one process,
-world
-size 1) on the same Llama saved as a transformers directory with a character tokenizer, rewarded
-by the share of ``e`` in an answer: ``--step`` splits each step's seconds into generation (the
-answers, their rewards) and training (log-probabilities, backward, optimizer); ``--memory`` runs
-each variant (LoRA or full tuning; ``grpo.beta`` 0 or 0.1) in a process of its own and reads its
-peak resident memory, so the reference's cost is the difference beta 0.1 − beta 0.
+world size 1) on the same Llama saved as a transformers directory with a character tokenizer,
+rewarded by the share of ``e`` in an answer: ``--step`` splits each step's seconds into generation
+(the answers, their rewards) and training (log-probabilities, backward, optimizer); ``--memory``
+runs each variant (LoRA or full tuning; ``grpo.beta`` 0 or 0.1) in a process of its own and reads
+its peak resident memory, so the reference's cost is the difference beta 0.1 − beta 0.
+
+``--logps``: the log-probabilities of 8 answers of 256 tokens after a prompt of 256, forward and
+backward, with a 32,000-token vocabulary, each way in a process of its own: every position's
+logits and a log-softmax sliced to the answer (issue 52's), against ``grpo_loss.answer_logps``
+(the answer positions' logits alone, a cross-entropy per token); peak resident memory of each.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,7 +44,7 @@ import torch
 from raydp_llm.core.grpo_config import GrpoSettings
 from raydp_llm.core.model_config import LlamaConfig
 from raydp_llm.models.factory import build_model
-from raydp_llm.training.objectives.rollout import Draw, answer
+from raydp_llm.training.objectives.rollout import Draw, answers_to
 
 REWARD = (
     "def share_of_e(prompts, completions, **columns):\n"
@@ -45,21 +52,28 @@ REWARD = (
 
 
 def ours(model, prompts: list[torch.Tensor], grpo: GrpoSettings) -> float:
+    """All the prompts' answers in one ``answers_to``."""
     began = time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        answer(model, prompt, Draw(seed=1, step=0, prompt=i), grpo, ends=())
+    answers_to(model, prompts, [Draw(seed=1, step=0, prompt=i) for i in range(len(prompts))],
+               grpo, ends=())
     return time.perf_counter() - began
+
+
+def a_prompt_at_a_time(model, prompts: list[torch.Tensor], grpo: GrpoSettings) -> float:
+    """Issue 52's: each prompt's samples a batch of their own."""
+    return ours(model, prompts, replace(grpo, generation_batch_size=grpo.num_generations))
 
 
 @torch.no_grad()
 def transformers_generate(model, prompts: list[torch.Tensor], grpo: GrpoSettings) -> float:
+    """One batched ``generate`` of every prompt's samples (the prompts are as long)."""
     began = time.perf_counter()
-    for prompt in prompts:
-        model.net.generate(input_ids=prompt.unsqueeze(0), attention_mask=torch.ones(1, len(prompt),
-                           dtype=torch.long), do_sample=True, top_p=grpo.top_p,
-                           temperature=grpo.temperature, num_return_sequences=grpo.num_generations,
-                           max_new_tokens=grpo.max_new_tokens, min_new_tokens=grpo.max_new_tokens,
-                           pad_token_id=0, eos_token_id=None, use_cache=True)
+    ids = torch.stack(prompts)
+    model.net.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                       top_p=grpo.top_p, temperature=grpo.temperature,
+                       num_return_sequences=grpo.num_generations,
+                       max_new_tokens=grpo.max_new_tokens, min_new_tokens=grpo.max_new_tokens,
+                       pad_token_id=0, eos_token_id=None, use_cache=True)
     return time.perf_counter() - began
 
 
@@ -175,6 +189,44 @@ def memory(args) -> None:
               f"{got['peak_mb'] - base:,.0f} |")
 
 
+def logps_peak(way: str, prompt_len: int = 256, answer_len: int = 256, vocab: int = 32000
+               ) -> dict:
+    """``--logps``'s child: one way's forward and backward; its peak resident memory."""
+    from raydp_llm.training.objectives.grpo_loss import answer_logps
+
+    torch.manual_seed(0)
+    model = build_model(LlamaConfig(vocab_size=vocab, block_size=1024, n_layer=2, n_head=4,
+                                    n_embd=128))
+    prompt = torch.randint(1, vocab, (prompt_len,))
+    answers = torch.randint(1, vocab, (8, answer_len))
+    began = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if way == "answers":
+        logps = answer_logps(model, prompt, answers, 0.9)
+    else:  # issue 52's: every position's logits, a log-softmax, then the answer's slice
+        ids = torch.cat([prompt.unsqueeze(0).expand(8, -1), answers], dim=1)
+        logits = model(ids[:, :-1])[0][:, prompt_len - 1:].float() / 0.9
+        logps = torch.log_softmax(logits, -1).gather(2, answers.unsqueeze(2)).squeeze(2)
+    logps.sum().backward()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"before_mb": began, "peak_mb": peak}
+
+
+def logps_memory() -> None:
+    """``--logps``: each way in a process of its own."""
+    found = {}
+    for way in ("whole", "answers"):
+        out = subprocess.run([sys.executable, __file__, "--logps-way", way], capture_output=True,
+                             text=True, check=True)
+        found[way] = json.loads(out.stdout.strip().splitlines()[-1])
+    print("8 answers of 256 tokens after a prompt of 256; Llama 2 × 128, vocabulary 32,000; "
+          "forward and backward\n")
+    print("| log-probabilities | peak RSS MB | over the model's MB |\n|---|---:|---:|")
+    for way, name in (("whole", "every position's logits, log-softmax, sliced (issue 52)"),
+                      ("answers", "answer positions alone, cross-entropy per token")):
+        got = found[way]
+        print(f"| {name} | {got['peak_mb']:,.0f} | {got['peak_mb'] - got['before_mb']:,.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
@@ -185,9 +237,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--step", action="store_true", help="generation's share of a step")
     parser.add_argument("--memory", action="store_true", help="the reference's peak memory")
+    parser.add_argument("--logps", action="store_true", help="the log-probabilities' memory")
+    parser.add_argument("--logps-way", help=argparse.SUPPRESS)  # --logps's child process
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # --memory's child process
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.logps_way:
+        return print(json.dumps(logps_peak(args.logps_way)))
+    if args.logps:
+        return logps_memory()
     if args.variant:
         return one_variant(args)
     if args.step:
@@ -200,12 +258,14 @@ def main() -> None:
     grpo = GrpoSettings(num_generations=args.samples, max_new_tokens=args.new, top_p=0.95)
     prompts = [torch.randint(1, 2000, (32,)) for _ in range(args.prompts)]
     tokens = args.prompts * args.samples * args.new
-    sides = {"rollout.answer": ours, "transformers generate": transformers_generate}
+    sides = {"answers_to, every prompt at once": ours,
+             "answers_to, a prompt at a time": a_prompt_at_a_time,
+             "transformers generate, batched": transformers_generate}
     best = {}
     for name, run in sides.items():
         run(model, prompts[:1], grpo)  # warm-up
         best[name] = min(run(model, prompts, grpo) for _ in range(args.repeats))
-    base = best["transformers generate"]
+    base = best["transformers generate, batched"]
     print(f"{args.prompts} prompts × {args.samples} samples × {args.new} tokens; Llama "
           f"{args.layers} × {args.width}, {torch.get_num_threads()} threads\n")
     print("| generation | s | tokens/s | vs transformers |")

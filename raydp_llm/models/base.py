@@ -35,6 +35,12 @@ def packed_mask(positions: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
+def kept(x: torch.Tensor, keep: int | None) -> torch.Tensor:
+    """The last ``keep`` positions of hidden states ``x`` (B, T, C) (all of them: None): those
+    whose logits are wanted."""
+    return x if keep is None else x[:, -keep:]
+
+
 def padded_mask(pads: torch.Tensor, start: int, T: int) -> torch.Tensor:
     """The attention mask (B, 1, T, start + T) of T tokens after ``start`` cached ones, each row's
     first ``pads`` (B,) tokens left padding: a token sees the tokens before it that are not

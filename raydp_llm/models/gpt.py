@@ -13,7 +13,13 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from raydp_llm.core.model_config import GPTConfig
-from raydp_llm.models.base import LanguageModel, packed_mask, padded_mask, padded_positions
+from raydp_llm.models.base import (
+    LanguageModel,
+    kept,
+    packed_mask,
+    padded_mask,
+    padded_positions,
+)
 
 
 class KVCache:
@@ -129,12 +135,13 @@ class GPT(LanguageModel):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache: KVCache | None = None,
-                pads: torch.Tensor | None = None):
+                pads: torch.Tensor | None = None, keep: int | None = None):
         """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
         cross-entropy. ``positions`` (B, T) restarting at 0 mark packed sequences (chat data):
         each has its own positions and sees only itself. With ``cache``, ``idx`` continues the
         cached tokens (positions go on from ``cache.length``) and the cache grows by T. ``pads``
-        (B,): each row starts with that many padding tokens, which no other token sees."""
+        (B,): each row starts with that many padding tokens, which no other token sees.
+        ``keep``: the logits of the last ``keep`` positions alone (B, keep, V)."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         assert start + T <= self.config.block_size, (
@@ -152,7 +159,7 @@ class GPT(LanguageModel):
             x = block(x, cache, layer, mask)
         if cache is not None:
             cache.length += T
-        return self._head(self.ln_f(x), targets)
+        return self._head(kept(self.ln_f(x), keep), targets)
 
     def next_logits(self, idx: torch.Tensor, state: KVCache | None = None,
                     pads: torch.Tensor | None = None):

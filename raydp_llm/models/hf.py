@@ -50,11 +50,13 @@ class HFModel(LanguageModel):
         return self.net.get_input_embeddings()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None):
+                positions: torch.Tensor | None = None, keep: int | None = None):
         """``positions`` (B, T) restarting at 0 mark packed sequences: transformers' masks find
         them in the position ids (no attention mask given) and keep each sequence to itself,
-        block-diagonal through SDPA on a CPU, varlen with flash attention."""
-        logits = self.net(input_ids=idx, position_ids=positions, use_cache=False).logits
+        block-diagonal through SDPA on a CPU, varlen with flash attention. ``keep``: the logits
+        of the last ``keep`` positions alone (transformers' ``logits_to_keep``)."""
+        logits = self.net(input_ids=idx, position_ids=positions, use_cache=False,
+                          logits_to_keep=keep or 0).logits
         if targets is None:
             return logits, None
         return logits, token_loss(logits, targets)

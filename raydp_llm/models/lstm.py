@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from raydp_llm.core.model_config import LSTMConfig
-from raydp_llm.models.base import LanguageModel
+from raydp_llm.models.base import LanguageModel, kept
 
 
 class LSTMLM(LanguageModel):
@@ -35,12 +35,13 @@ class LSTMLM(LanguageModel):
         self.apply(self._init_weights)  # the LSTM keeps PyTorch's uniform init
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None):
+                positions: torch.Tensor | None = None, keep: int | None = None):
         """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
         cross-entropy. ``positions`` mean nothing to a recurrence: packed sequences are refused
-        for the LSTM (core/checks.py); one padded sequence per window needs none."""
+        for the LSTM (core/checks.py); one padded sequence per window needs none. ``keep``: the
+        logits of the last ``keep`` positions alone."""
         h, _ = self.lstm(self.drop(self.wte(idx)))  # (B, T, C)
-        return self._head(self.drop(h), targets)
+        return self._head(kept(self.drop(h), keep), targets)
 
     def next_logits(self, idx: torch.Tensor, state: LSTMState | None = None,
                     pads: torch.Tensor | None = None):

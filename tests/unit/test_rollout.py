@@ -110,3 +110,28 @@ def test_the_end_ids_are_the_templates_the_tokenizers_and_the_models():
     llama.net.generation_config.eos_token_id = [5, 6]
     assert end_ids(tokenizer, "|", llama) == (16, tokenizer.eod_id, 5, 6)
     assert end_ids(tokenizer, "ab", None) == (tokenizer.eod_id,)  # two tokens: not an end
+
+
+def test_the_answers_log_probabilities_come_from_their_positions_alone(model):
+    """``answer_logps`` (the answer positions' logits alone, a cross-entropy per token) equals the
+    log-softmax of every position's logits sliced to the answer, values and gradients."""
+    from raydp_llm.training.objectives.grpo_loss import answer_logps
+
+    prompt, answers = torch.tensor([3, 4, 5, 6]), torch.tensor([[7, 8, 9], [10, 2, 11]])
+    ids = torch.cat([prompt.unsqueeze(0).expand(2, 4), answers], dim=1)
+    model.train()
+    try:
+        whole = model(ids[:, :-1])[0][:, 3:] / 1.3
+        expected = torch.log_softmax(whole, -1).gather(2, answers.unsqueeze(2)).squeeze(2)
+        expected.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        got = answer_logps(model, prompt, answers, 1.3)
+        got.sum().backward()
+        assert torch.allclose(got, expected, atol=1e-5)
+        for name, p in model.named_parameters():
+            if name in grads:
+                assert torch.allclose(p.grad, grads[name], atol=1e-5), name
+    finally:
+        model.zero_grad()
+        model.eval()

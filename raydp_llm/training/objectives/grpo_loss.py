@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 
 from raydp_llm.core.grpo_config import GrpoLossType, GrpoSettings, RewardScale
 from raydp_llm.training.objectives import all_reduce_sum
@@ -132,10 +133,13 @@ def _share(per_token: torch.Tensor, mask: torch.Tensor, grpo: GrpoSettings,
 def answer_logps(model, prompt: torch.Tensor, answers: torch.Tensor,
                  temperature: float) -> torch.Tensor:
     """The log-probabilities (G, L) the model gives each answer's tokens (``answers`` (G, L))
-    after ``prompt`` (T,), its logits divided by the sampling ``temperature`` (as TRL's)."""
+    after ``prompt`` (T,), its logits divided by the sampling ``temperature`` (as TRL's). Only the
+    answer's positions get logits (the model's ``keep``, transformers' ``logits_to_keep``), and
+    the log-probability of each token is its cross-entropy: no (G, L, V) log-softmax is made."""
     G, L = answers.shape
     T = prompt.size(0)
     ids = torch.cat([prompt.unsqueeze(0).expand(G, T), answers], dim=1)  # (G, T + L)
-    logits, _ = model(ids[:, :-1])  # the logits of every next token: (G, T + L - 1, V)
-    logits = logits[:, T - 1:, :].float() / temperature  # those of the answer's: (G, L, V)
-    return torch.log_softmax(logits, dim=-1).gather(2, answers.unsqueeze(2)).squeeze(2)
+    logits, _ = model(ids[:, :-1], keep=L)  # the answer tokens' logits: (G, L, V)
+    scaled = logits.float() if temperature == 1 else logits.float() / temperature
+    nats = F.cross_entropy(scaled.flatten(0, 1), answers.flatten(), reduction="none")
+    return -nats.view(G, L)
