@@ -278,29 +278,23 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
 ):
     """``-m`` on a Ray cluster: Ray Tune trials by default, two at once (each 2 workers × 1 CPU on
     a cluster of 6, beside one Spark of 2), their workers on both nodes; each trial's Spark (no
-    cache on a cluster) in its turn, never two RayDP apps of the sweep at once. Another sweep runs
-    beside it on the same cluster, its Spark and turns in its own namespace: both finish."""
+    cache on a cluster) in its turn, never two RayDP apps of the sweep at once. (A second sweep
+    beside it, in its own namespace, was measured once at issue 58 and cut for the suite's
+    budget: about 130 s of the two shared cores.)"""
     storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/sweep-corpus", s3)
-    sweep_dir, beside_dir = tmp_path / "sweep", tmp_path / "beside"
+    sweep_dir = tmp_path / "sweep"
     earlier = {a["id"] for a in two_nodes.actors()}  # the module's other run's
-    beside = subprocess.Popen(_sweep_command(two_nodes, s3, beside_dir, "optim.lr=2e-3",
-                                             "train.num_workers=1", "data.decontaminate=off"),
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=two_nodes.env)
     out = subprocess.run(_sweep_command(two_nodes, s3, sweep_dir, "optim.lr=1e-3,3e-3"),
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env=two_nodes.env)
-    beside_out = beside.communicate(timeout=600)[0]
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert beside.returncode == 0, beside_out[-4000:]
-    assert [r["status"] for r in _summary_rows(beside_dir)] == ["completed"]
     assert "2 at once" in out.stdout + out.stderr
     rows = _summary_rows(sweep_dir)
     assert [r["status"] for r in rows] == ["completed", "completed"], rows
     assert rows[0]["started"] < rows[1]["ended"] and rows[1]["started"] < rows[0]["ended"]
     workers = [a["node"] for a in two_nodes.actors()
                if a["class"] == "RayTrainWorker" and a["id"] not in earlier]
-    assert len(workers) == 5 and set(workers) == set(two_nodes.nodes)  # 2 + 2 + the other's 1
+    assert len(workers) == 4 and set(workers) == set(two_nodes.nodes)  # 2 trials × 2
     # Spark ran in each trial, one after the other: one executor log directory per trial
     for row in rows:
         assert json.loads((Path(row["output_dir"]) / "summary.json").read_text())["etl"][

@@ -46,3 +46,31 @@ def test_a_turn_held_by_a_killed_process_is_given_back(ray_cluster):
         print(f"turn given back {time.time() - killed:.1f} s after the kill")
         with spark_turns.spark_turn():  # and it is free again after the waiter's
             pass
+
+
+def test_another_sweeps_spark_does_not_wait_for_this_sweeps_turn(ray_cluster, tmp_path):
+    """Two sweeps on one cluster: while this namespace's turn is held, a driver in another sweep's
+    namespace (``ray_cluster.sweep_namespace``) takes its own turn at once."""
+    import subprocess
+    import sys
+
+    from raydp_llm.engines.ray_cluster import sweep_namespace
+
+    assert sweep_namespace(tmp_path / "a") != sweep_namespace(tmp_path / "b")
+    assert sweep_namespace(tmp_path / "a") == sweep_namespace(tmp_path / "a")
+    other = ("import time, ray\n"
+             "from raydp_llm.engines import spark_turns\n"
+             f"ray.init(address={ray.get_runtime_context().gcs_address!r}, "
+             f"namespace={sweep_namespace(tmp_path / 'b')!r})\n"
+             "began = time.monotonic()\n"
+             "with spark_turns.one_at_a_time(), spark_turns.spark_turn():\n"
+             "    print(f'turn after {time.monotonic() - began:.1f} s')\n")
+    with spark_turns.one_at_a_time():
+        holder = JobHoldingItsTurn.remote()
+        ray.get(holder.take.remote())  # this namespace's turn is taken, and kept
+        out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True,
+                             timeout=120)
+        ray.kill(holder)
+    assert out.returncode == 0, out.stderr[-2000:]
+    waited = float(out.stdout.split("turn after ")[1].split()[0])
+    assert waited < 5, out.stdout
