@@ -50,13 +50,18 @@ class HFModel(LanguageModel):
         return self.net.get_input_embeddings()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, keep: int | None = None):
+                positions: torch.Tensor | None = None, keep: int | None = None,
+                pads: torch.Tensor | None = None):
         """``positions`` (B, T) restarting at 0 mark packed sequences: transformers' masks find
         them in the position ids (no attention mask given) and keep each sequence to itself,
         block-diagonal through SDPA on a CPU, varlen with flash attention. ``keep``: the logits
-        of the last ``keep`` positions alone (transformers' ``logits_to_keep``)."""
-        logits = self.net(input_ids=idx, position_ids=positions, use_cache=False,
-                          logits_to_keep=keep or 0).logits
+        of the last ``keep`` positions alone (transformers' ``logits_to_keep``). ``pads`` (B,):
+        each row's left padding, out of the attention mask, positions counted after it."""
+        padding = {"position_ids": positions}
+        if pads is not None:
+            padding = padded_inputs(pads, idx.size(1), 0)
+        logits = self.net(input_ids=idx, use_cache=False, logits_to_keep=keep or 0,
+                          **padding).logits
         if targets is None:
             return logits, None
         return logits, token_loss(logits, targets)
@@ -71,10 +76,7 @@ class HFModel(LanguageModel):
         padding = {}
         if pads is not None:
             assert T <= block, "left-padded rows longer than the block"
-            start = 0 if fresh else T - 1
-            padding = {"attention_mask": (torch.arange(T, device=idx.device)[None, :]
-                                          >= pads[:, None]).long(),
-                       "position_ids": padded_positions(pads, start, T - start)}
+            padding = padded_inputs(pads, T, 0 if fresh else T - 1)
         if fresh:
             out = self.net(input_ids=idx[:, -block:], use_cache=True, **padding)
         else:
@@ -108,6 +110,13 @@ class HFModel(LanguageModel):
                              f"(e.g. {what[0]}); give the weights and config of one model "
                              "together")
         self.net.tie_weights()
+
+
+def padded_inputs(pads: torch.Tensor, T: int, start: int) -> dict:
+    """transformers' inputs for rows of T tokens left-padded by ``pads`` (B,), the tokens from
+    ``start`` on given: the attention mask over all T, and their positions after the padding."""
+    kept = torch.arange(T, device=pads.device)[None, :] >= pads[:, None]
+    return {"attention_mask": kept.long(), "position_ids": padded_positions(pads, start, T - start)}
 
 
 @dataclass

@@ -19,14 +19,15 @@ import torch
 from ray import cloudpickle
 
 import helpers.chunks
+import helpers.grpo_task
 from helpers.chunks import chunked
+from helpers.grpo_task import LocalPrompts
 from helpers.pairs import pair_data, pair_spec
 from helpers.tiny_loop import spec as loop_spec
 from helpers.tiny_loop import tiny_data
 from raydp_llm.core.grpo_config import GrpoSettings
 from raydp_llm.core.tokenizer import CharTokenizer
 from raydp_llm.data import chat_tokens, windows
-from raydp_llm.data.prompt_set import TABLE_SCHEMA
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.training.objectives import Placement
 from raydp_llm.training.worker.worker import Worker
@@ -40,20 +41,6 @@ def bees(prompts, completions, **columns):
     """The share of b's in the answer."""
     return [c.count("b") / max(len(c), 1) for c in completions]
 '''
-
-
-class Prompts:
-    """A split's numbered prompts, as the hand-off's ``PromptSource`` gives them (``table``)."""
-
-    def __init__(self, rows: list[tuple[int, list[int]]]):
-        import pyarrow as pa
-
-        self.rows = pa.Table.from_pylist(
-            [{"index": i, "ids": np.asarray(ids, np.int32).tobytes(), "text": "", "columns": "{}"}
-             for i, ids in rows], schema=TABLE_SCHEMA)
-
-    def table(self):
-        return self.rows
 
 
 @dataclass(frozen=True)
@@ -105,8 +92,8 @@ def grpo_case(reward_file: Path, loss_type: str) -> Case:
                         rewards=[f"{reward_file}:bees"], loss_type=loss_type)
     spec = replace(base, train=train, grpo=grpo, sampling={}, steps_per_epoch=2,
                    tokenizer_json=CharTokenizer("abcdefghijklmnop").to_json(), answer_end="a")
-    prompts = {"train": Prompts([(i, [1 + i % 5, 2, 3]) for i in range(8)]),
-               "val": Prompts([(8, [4, 5])])}
+    prompts = {"train": LocalPrompts([(i, [1 + i % 5, 2, 3]) for i in range(8)]),
+               "val": LocalPrompts([(8, [4, 5])])}
     return Case(clipped(spec), prompts)
 
 
@@ -156,9 +143,9 @@ def steps(ray_cluster, tmp_path_factory) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    # Ray's workers cannot import the tests' modules: this one and the stored chunks' class go
-    # by value
-    for module in (sys.modules[__name__], helpers.chunks):
+    # Ray's workers cannot import the tests' modules: this one and the classes of the stored
+    # chunks and prompts go by value
+    for module in (sys.modules[__name__], helpers.chunks, helpers.grpo_task):
         cloudpickle.register_pickle_by_value(module)
     tmp = tmp_path_factory.mktemp("gradients")
     (tmp / "bees.py").write_text(BEES)

@@ -231,7 +231,7 @@ def test_the_reward_rises_on_a_toy_task(tmp_path):
     rollouts, the user's reward in its own process, advantages, the dapo loss, AdamW."""
     from raydp_llm.core.model_config import GPTConfig
     from raydp_llm.models.factory import build_model
-    from raydp_llm.training.objectives.grpo_loss import answer_logps
+    from raydp_llm.training.objectives.grpo_loss import answer_batch, answer_logps
     from raydp_llm.training.objectives.rollout import Draw, PromptRow, Scoring, evaluate, roll_out
 
     (tmp_path / "toy.py").write_text(SEVENS)
@@ -253,9 +253,11 @@ def test_the_reward_rises_on_a_toy_task(tmp_path):
             optimizer.zero_grad()
             for group in groups:
                 rewards = group.per_function[:, 0]
-                logps = answer_logps(model, group.prompt.ids, group.answers.ids, grpo.temperature)
                 advantage = advantages(rewards, grpo.num_generations, "group").values
-                policy_loss(logps, logps.detach(), advantage, group.answers.mask, grpo,
+                batch = answer_batch([group.prompt.ids], [group.answers.ids],
+                                     [group.answers.mask], [advantage])
+                logps = answer_logps(model, batch, grpo.temperature)
+                policy_loss(logps, logps.detach(), batch.advantages, batch.mask, grpo,
                             whole).share.backward()
             optimizer.step()
             means.append(float(torch.cat([g.per_function[:, 0] for g in groups]).mean()))

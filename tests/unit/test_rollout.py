@@ -113,22 +113,31 @@ def test_the_end_ids_are_the_templates_the_tokenizers_and_the_models():
 
 
 def test_the_answers_log_probabilities_come_from_their_positions_alone(model):
-    """``answer_logps`` (the answer positions' logits alone, a cross-entropy per token) equals the
-    log-softmax of every position's logits sliced to the answer, values and gradients."""
-    from raydp_llm.training.objectives.grpo_loss import answer_logps
+    """``answer_logps`` of two prompts' answers in one batch (the shorter prompt left-padded, the
+    shorter answers right-padded; the answer positions' logits alone, a cross-entropy per token)
+    equals each prompt's log-softmax of every position's logits sliced to its answers, values and
+    gradients."""
+    from raydp_llm.training.objectives.grpo_loss import answer_batch, answer_logps
 
-    prompt, answers = torch.tensor([3, 4, 5, 6]), torch.tensor([[7, 8, 9], [10, 2, 11]])
-    ids = torch.cat([prompt.unsqueeze(0).expand(2, 4), answers], dim=1)
+    prompts = [torch.tensor([3, 4, 5, 6]), torch.tensor([8, 9])]
+    answers = [torch.tensor([[7, 8, 9], [10, 2, 11]]), torch.tensor([[12, 13], [14, 15]])]
     model.train()
     try:
-        whole = model(ids[:, :-1])[0][:, 3:] / 1.3
-        expected = torch.log_softmax(whole, -1).gather(2, answers.unsqueeze(2)).squeeze(2)
-        expected.sum().backward()
+        expected = []
+        for prompt, group in zip(prompts, answers):
+            ids = torch.cat([prompt.unsqueeze(0).expand(2, -1), group], dim=1)
+            whole = model(ids[:, :-1])[0][:, prompt.numel() - 1:] / 1.3
+            expected.append(torch.log_softmax(whole, -1).gather(2, group.unsqueeze(2))[..., 0])
+        sum(e.sum() for e in expected).backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         model.zero_grad()
-        got = answer_logps(model, prompt, answers, 1.3)
-        got.sum().backward()
-        assert torch.allclose(got, expected, atol=1e-5)
+        masks = [torch.ones_like(a, dtype=torch.bool) for a in answers]
+        batch = answer_batch(prompts, answers, masks, [torch.zeros(2), torch.zeros(2)])
+        got = answer_logps(model, batch, 1.3)
+        (got * batch.mask).sum().backward()
+        assert torch.allclose(got[:2], expected[0], atol=1e-5)
+        assert torch.allclose(got[2:, :2], expected[1], atol=1e-5)
+        assert not batch.mask[2:, 2].any()  # the shorter answers' padding
         for name, p in model.named_parameters():
             if name in grads:
                 assert torch.allclose(p.grad, grads[name], atol=1e-5), name

@@ -34,7 +34,9 @@ from raydp_llm.training.objectives import (
 from raydp_llm.training.objectives.grpo_loss import (
     UPDATE_SUMS,
     Advantages,
+    AnswerBatch,
     advantages,
+    answer_batch,
     answer_logps,
     combined_rewards,
     policy_loss,
@@ -186,47 +188,58 @@ class Grpo(Objective):
         every update (TRL logs each update's)."""
         grpo, groups = self.spec.grpo, scored.groups
         whole = whole_of([g.answers.mask for g in groups])
-        old = self._logps(groups, self.trainee.model) if grpo.num_iterations > 1 else None
-        ref = self._reference_logps(groups) if grpo.beta > 0 else [None] * len(groups)
+        batches = self._answer_batches(scored)
+        old = self._logps(batches, self.trainee.model) if grpo.num_iterations > 1 else None
+        ref = self._reference_logps(batches) if grpo.beta > 0 else [None] * len(batches)
         figures, loss, grad_norm = dict.fromkeys(UPDATE_SUMS, 0.0), 0.0, math.nan
         for _ in range(grpo.num_iterations):
             self.trainee.clear_gradients()
-            loss, sums = self._backward(scored, old, ref, whole)
+            loss, sums = self._backward(batches, old, ref, whole)
             figures = {k: figures[k] + sums[k] for k in UPDATE_SUMS}
             grad_norm = self.trainee.update()
         return loss, grad_norm, figures
 
-    def _backward(self, scored: Scored, old, ref, whole) -> tuple[float, dict]:
-        """This worker's share of the loss, backward, a group at a time (the gradients reduced
-        over the workers after the last). Every worker has prompts: checks.py holds
+    def _answer_batches(self, scored: Scored) -> list[AnswerBatch]:
+        """The step's groups as batches of at most ``grpo.generation_batch_size`` answers, each
+        one forward (a model that reads no left padding: prompts as long)."""
+        device, found = self.trainee.device, []
+        for chunk in group_batches(scored.groups, self.spec.grpo.generation_batch_size,
+                                   getattr(self.trainee.model, "pads_prompts", False)):
+            groups = [scored.groups[i] for i in chunk]
+            found.append(answer_batch([g.prompt.ids for g in groups],
+                                      [g.answers.ids for g in groups],
+                                      [g.answers.mask for g in groups],
+                                      [scored.advantages[i].values.to(device) for i in chunk]))
+        return found
+
+    def _backward(self, batches: list[AnswerBatch], old, ref, whole) -> tuple[float, dict]:
+        """This worker's share of the loss, backward, a batch at a time (the gradients reduced
+        over the workers after the last). Every worker has as many batches: checks.py holds
         ``train.batch_size`` to a multiple of the workers."""
-        grpo, groups, trainee, loss = self.spec.grpo, scored.groups, self.trainee, 0.0
+        grpo, trainee, loss = self.spec.grpo, self.trainee, 0.0
         sums = dict.fromkeys(UPDATE_SUMS, 0.0)
-        for i, group in enumerate(groups):
-            with trainee.accumulating(last=i == len(groups) - 1):
+        for i, batch in enumerate(batches):
+            with trainee.accumulating(last=i == len(batches) - 1):
                 with trainee.autocast():
-                    logps = answer_logps(trainee.forward, group.prompt.ids, group.answers.ids,
-                                         grpo.temperature)
+                    logps = answer_logps(trainee.forward, batch, grpo.temperature)
                     out = policy_loss(logps, logps.detach() if old is None else old[i],
-                                      scored.advantages[i].values.to(trainee.device),
-                                      group.answers.mask, grpo, whole, ref[i])
+                                      batch.advantages, batch.mask, grpo, whole, ref[i])
                 trainee.backward(out.share)
             loss += out.share.item()
             sums = {k: v + float(getattr(out, k)) for k, v in sums.items()}
         return loss, sums
 
     @torch.no_grad()
-    def _logps(self, groups: list[Group], model) -> list[torch.Tensor]:
+    def _logps(self, batches: list[AnswerBatch], model) -> list[torch.Tensor]:
         temperature = self.spec.grpo.temperature
         with self.trainee.autocast():
-            return [answer_logps(model, g.prompt.ids, g.answers.ids, temperature).float()
-                    for g in groups]
+            return [answer_logps(model, b, temperature).float() for b in batches]
 
-    def _reference_logps(self, groups: list[Group]) -> list[torch.Tensor]:
+    def _reference_logps(self, batches: list[AnswerBatch]) -> list[torch.Tensor]:
         """The reference's log-probabilities of the answers: the model with its adapters off
         (LoRA), or the frozen copy."""
         with reference_weights(self.trainee.model, self.trainee.reference) as weights:
-            return self._logps(groups, weights)
+            return self._logps(batches, weights)
 
     def _figures(self, scored: Scored, update: dict) -> dict:
         """The step's sums for the metrics (``rollout_columns`` reads them), each function's too."""
@@ -300,6 +313,25 @@ class Grpo(Objective):
         for _ in range(count):
             answer(self.trainee.model, idle.ids, Draw(0, 0, idle.index), self.spec.grpo,
                    self.scoring.end_ids, greedy=True, all_done=self.all_done)
+
+
+def group_batches(groups: list[Group], size: int, padded: bool) -> list[list[int]]:
+    """The groups' numbers in batches of at most ``size`` answers (a group larger than ``size``
+    alone); without ``padded``, a batch's prompts are all as long."""
+    by_length: dict[int, list[int]] = {}
+    for i, group in enumerate(groups):
+        by_length.setdefault(group.prompt.ids.numel() if not padded else 0, []).append(i)
+    found = []
+    for numbers in by_length.values():
+        batch, rows = [], 0
+        for i in numbers:
+            answers = groups[i].answers.ids.size(0)
+            if batch and rows + answers > size:
+                found.append(batch)
+                batch, rows = [], 0
+            batch, rows = batch + [i], rows + answers
+        found.append(batch)
+    return found
 
 
 def rollout_columns(s: dict, names: list[str], world: int, updates: int) -> dict:

@@ -25,6 +25,7 @@ from raydp_llm.core.grpo_config import GrpoLossType, GrpoSettings, RewardScale
 from raydp_llm.training.objectives import all_reduce_sum
 
 STD_FLOOR = 1e-4  # TRL's: added to a standard deviation before it divides
+PAD = 0  # left of a shorter prompt, right of a shorter answer: out of every mask
 
 
 def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -130,16 +131,45 @@ def _share(per_token: torch.Tensor, mask: torch.Tensor, grpo: GrpoSettings,
     return summed / max(whole.tokens, 1)
 
 
-def answer_logps(model, prompt: torch.Tensor, answers: torch.Tensor,
-                 temperature: float) -> torch.Tensor:
-    """The log-probabilities (G, L) the model gives each answer's tokens (``answers`` (G, L))
-    after ``prompt`` (T,), its logits divided by the sampling ``temperature`` (as TRL's). Only the
-    answer's positions get logits (the model's ``keep``, transformers' ``logits_to_keep``), and
-    the log-probability of each token is its cross-entropy: no (G, L, V) log-softmax is made."""
-    G, L = answers.shape
-    T = prompt.size(0)
-    ids = torch.cat([prompt.unsqueeze(0).expand(G, T), answers], dim=1)  # (G, T + L)
-    logits, _ = model(ids[:, :-1], keep=L)  # the answer tokens' logits: (G, L, V)
+@dataclass(frozen=True)
+class AnswerBatch:
+    """Several prompts' answers as one batch for the log-probabilities: each row its prompt,
+    left-padded to the longest, then its answer, right-padded with PAD (out of ``mask``) to the
+    longest, so that every answer starts at the same position."""
+
+    ids: torch.Tensor  # (N, T + L)
+    pads: torch.Tensor | None  # (N,) each row's left padding; None: none is padded
+    answers: torch.Tensor  # (N, L)
+    mask: torch.Tensor  # (N, L) bool: the answers' own tokens
+    advantages: torch.Tensor  # (N,)
+
+
+def answer_batch(prompts: list[torch.Tensor], answers: list[torch.Tensor],
+                 masks: list[torch.Tensor], advantages: list[torch.Tensor]) -> AnswerBatch:
+    """One batch of groups: ``prompts`` (T_i,), their answers (G, L_i), masks and advantages."""
+    T = max(p.numel() for p in prompts)
+    L = max(a.size(1) for a in answers)
+    rows, pads = [], []
+    for prompt, group in zip(prompts, answers):
+        left = T - prompt.numel()
+        padded = F.pad(group, (0, L - group.size(1)), value=PAD)
+        rows.append(torch.cat([F.pad(prompt, (left, 0), value=PAD).expand(group.size(0), T),
+                               padded], dim=1))
+        pads += [left] * group.size(0)
+    pad_counts = torch.tensor(pads, device=prompts[0].device)
+    return AnswerBatch(torch.cat(rows), pad_counts if bool(pad_counts.any()) else None,
+                       torch.cat([F.pad(a, (0, L - a.size(1)), value=PAD) for a in answers]),
+                       torch.cat([F.pad(m, (0, L - m.size(1)), value=False) for m in masks]),
+                       torch.cat(advantages))
+
+
+def answer_logps(model, batch: AnswerBatch, temperature: float) -> torch.Tensor:
+    """The log-probabilities (N, L) the model gives each answer's tokens after its prompt, its
+    logits divided by the sampling ``temperature`` (as TRL's). Only the answer's positions get
+    logits (the model's ``keep``, transformers' ``logits_to_keep``), and the log-probability of
+    each token is its cross-entropy: no (N, L, V) log-softmax is made."""
+    N, L = batch.answers.shape
+    logits, _ = model(batch.ids[:, :-1], pads=batch.pads, keep=L)  # (N, L, V)
     scaled = logits.float() if temperature == 1 else logits.float() / temperature
-    nats = F.cross_entropy(scaled.flatten(0, 1), answers.flatten(), reduction="none")
-    return -nats.view(G, L)
+    nats = F.cross_entropy(scaled.flatten(0, 1), batch.answers.flatten(), reduction="none")
+    return -nats.view(N, L)
