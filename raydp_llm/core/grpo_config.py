@@ -66,9 +66,9 @@ class GrpoSettings:
                                                   "ratios above 1 + epsilon_high; null = epsilon",
                                             check=optional(POSITIVE))
     num_iterations: int = setting(1, "updates per batch of answers (μ)", check=COUNT)
-    generation_batch_size: int = setting(256, "answers (prompts × num_generations) a worker draws, "
-                                              "and takes the log-probabilities of, at once; fewer "
-                                              "hold less memory", check=COUNT)
+    generation_batch_size: int = setting(256, "answers (prompts × num_generations) a worker "
+                                              "draws, and takes the log-probabilities of, at "
+                                              "once; fewer hold less memory", check=COUNT)
     disable_dropout: bool = setting(True, "dropout off in the policy's forwards, as TRL's "
                                           "disable_dropout; false keeps the model's")
     beta: float = setting(0.0, "the weight of the KL divergence to the reference (k3 estimator); "

@@ -102,7 +102,7 @@ def test_evaluate_scores_pairs_against_the_recorded_reference(dpo_run, few_pairs
     model_dir = dpo_run["out"] / "model"
     record = json.loads((model_dir / "preference.json").read_text())
     assert record == {"reference": "reference", "beta": 0.1, "loss": "sigmoid",
-                      "label_smoothing": 0.0}
+                      "label_smoothing": 0.0, "disable_dropout": True}
     tuned = evaluate_pairs(model_dir, few_pairs, tmp_path / "tuned")
     shown = capsys.readouterr().out
     assert f"\nloss {tuned['loss']:.4f}\nreward_accuracy {tuned['reward_accuracy']:.4f}\n" in shown

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment: the key of position p is key + (p + 1)·GOLDEN
+GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment: position p hashes key + (p + 1)·GOLDEN
 MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)  # its finalizer's multipliers
 WORD = 1 << 64
 
