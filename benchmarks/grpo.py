@@ -8,6 +8,7 @@ The goal (issue 59): ≥ 1.0× transformers'.
     python benchmarks/grpo.py --step      # generation's share of a GRPO step (the worker's)
     python benchmarks/grpo.py --memory    # peak memory of grpo.beta > 0: LoRA-off vs a copy
     python benchmarks/grpo.py --logps     # peak memory of the answers' log-probabilities
+    python benchmarks/grpo.py --vs-trl /tmp/trl_site   # against TRL's GRPOTrainer (grpo_vs_trl.py)
 
 The model: transformers' Llama from ``model=llama``'s settings (``--width``, ``--layers``, a
 vocabulary of 2,000), fresh weights; prompts of 32 random ids. Every answer runs its full
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -238,10 +240,15 @@ def main() -> None:
     parser.add_argument("--step", action="store_true", help="generation's share of a step")
     parser.add_argument("--memory", action="store_true", help="the reference's peak memory")
     parser.add_argument("--logps", action="store_true", help="the log-probabilities' memory")
+    parser.add_argument("--vs-trl", metavar="TRL_PATH",
+                        help="against TRL's GRPOTrainer installed there (grpo_vs_trl.py)")
     parser.add_argument("--logps-way", help=argparse.SUPPRESS)  # --logps's child process
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # --memory's child process
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.vs_trl:
+        sys.argv = [str(Path(__file__).with_name("grpo_vs_trl.py")), "--trl-path", args.vs_trl]
+        return runpy.run_path(sys.argv[0], run_name="__main__")
     if args.logps_way:
         return print(json.dumps(logps_peak(args.logps_way)))
     if args.logps:
