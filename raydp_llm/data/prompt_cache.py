@@ -31,6 +31,7 @@ from raydp_llm.data.prompt_set import (
     PromptData,
     PromptManifest,
     PromptSource,
+    log_counts,
     prompt_limit,
     prompt_tools,
 )
@@ -76,8 +77,7 @@ def read(entry: Path, tokenizer: Tokenizer, template: ChatTemplate | None) -> Pr
     for split in SPLITS:
         table = pq.read_table(entry / f"{split}.parquet")
         sources[split] = PromptSource([ray.put(table)], table.num_rows)
-    log.info("prompts: %s training, %s validation (rows: %s)", sources["train"].count,
-             sources["val"].count, json.dumps(manifest.counts))
+    log_counts(sources, manifest.counts)
     return PromptData(tokenizer, manifest, sources, template, cache_hit=True)
 
 
@@ -99,18 +99,17 @@ def prompts_of(settings: Settings, corpus: Corpus,
     ``data.cache=false``, a ``data.query`` (its inputs are known once Spark plans it) or inputs
     without sizes and modification times."""
     tokenizer, template = prompt_tools(settings)
-    key = prompt_key(settings, corpus, template, prompt_limit(settings))
     cache_dir = _cache_dir(settings, corpus)
     if cache_dir is None:
+        return etl(tokenizer, template)
+    key = prompt_key(settings, corpus, template, prompt_limit(settings))
+    with cache.locked(cache_dir, key):
+        entry = cache.lookup(cache_dir, key, entry_problem)
+        if entry is not None:
+            return read(entry, tokenizer, template)
         data = etl(tokenizer, template)
-    else:
-        with cache.locked(cache_dir, key):
-            entry = cache.lookup(cache_dir, key, entry_problem)
-            if entry is not None:
-                return read(entry, tokenizer, template)
-            data = etl(tokenizer, template)
-            data.manifest.etl_key = key
-            write(data, cache_dir, key)
+        data.manifest.etl_key = key
+        write(data, cache_dir, key)
     return data
 
 

@@ -158,9 +158,14 @@ def run_prompts_etl(spark: SparkSession, settings: Settings, corpus: Corpus, tok
     manifest = PromptManifest(corpus.name, counts, {k: s.count for k, s in sources.items()},
                               template and template.name, tokenizer.kind, tokenizer.vocab_size,
                               limit=limit, settings=read)
+    log_counts(sources, counts)
+    return PromptData(tokenizer, manifest, sources, template)
+
+
+def log_counts(sources: dict[str, PromptSource], counts: dict) -> None:
+    """The line saying how many prompts each split holds, and what became of the rows read."""
     log.info("prompts: %s training, %s validation (rows: %s)", sources["train"].count,
              sources["val"].count, json.dumps(counts))
-    return PromptData(tokenizer, manifest, sources, template)
 
 
 def numbered(spark: SparkSession, encoded: DataFrame, seed: int, val_fraction: float

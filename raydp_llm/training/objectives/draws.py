@@ -6,7 +6,7 @@ nothing else: not on the other answers of its batch (``grpo.generation_batch_siz
 worker that draws it, not on how many workers there are.
 
 The hash is SplitMix64's finalizer (Steele, Lea and Flood 2014) in int64 tensors, whose products
-wrap as unsigned 64-bit ones do; tests/unit/test_grpo.py checks it against Python's integers.
+wrap as unsigned 64-bit ones do; tests/unit/test_rollout.py checks it against Python's integers.
 
 Shapes: R answers, V vocabulary.
 """

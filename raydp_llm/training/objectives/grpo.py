@@ -50,6 +50,7 @@ from raydp_llm.training.objectives.rollout import (
     PromptRow,
     alone,
     answer,
+    batched,
     evaluate,
     roll_out,
     scoring_for,
@@ -202,13 +203,15 @@ class Grpo(Objective):
     def _answer_batches(self, scored: Scored) -> list[AnswerBatch]:
         """The step's groups as batches of at most ``grpo.generation_batch_size`` answers, each
         one forward (a model that reads no left padding: prompts as long)."""
-        device, found = self.trainee.device, []
-        for chunk in group_batches(scored.groups, self.spec.grpo.generation_batch_size,
-                                   getattr(self.trainee.model, "pads_prompts", False)):
-            groups = [scored.groups[i] for i in chunk]
-            found.append(answer_batch([g.prompt.ids for g in groups],
-                                      [g.answers.ids for g in groups],
-                                      [g.answers.mask for g in groups],
+        device, found, groups = self.trainee.device, [], scored.groups
+        length = None if self.trainee.model.pads_prompts else (
+            lambda i: groups[i].prompt.ids.numel())
+        for chunk in batched(list(range(len(groups))), self.spec.grpo.generation_batch_size,
+                             lambda i: groups[i].answers.ids.size(0), length):
+            chosen = [groups[i] for i in chunk]
+            found.append(answer_batch([g.prompt.ids for g in chosen],
+                                      [g.answers.ids for g in chosen],
+                                      [g.answers.mask for g in chosen],
                                       [scored.advantages[i].values.to(device) for i in chunk]))
         return found
 
@@ -313,25 +316,6 @@ class Grpo(Objective):
         for _ in range(count):
             answer(self.trainee.model, idle.ids, Draw(0, 0, idle.index), self.spec.grpo,
                    self.scoring.end_ids, greedy=True, all_done=self.all_done)
-
-
-def group_batches(groups: list[Group], size: int, padded: bool) -> list[list[int]]:
-    """The groups' numbers in batches of at most ``size`` answers (a group larger than ``size``
-    alone); without ``padded``, a batch's prompts are all as long."""
-    by_length: dict[int, list[int]] = {}
-    for i, group in enumerate(groups):
-        by_length.setdefault(group.prompt.ids.numel() if not padded else 0, []).append(i)
-    found = []
-    for numbers in by_length.values():
-        batch, rows = [], 0
-        for i in numbers:
-            answers = groups[i].answers.ids.size(0)
-            if batch and rows + answers > size:
-                found.append(batch)
-                batch, rows = [], 0
-            batch, rows = batch + [i], rows + answers
-        found.append(batch)
-    return found
 
 
 def rollout_columns(s: dict, names: list[str], world: int, updates: int) -> dict:

@@ -25,7 +25,7 @@ from raydp_llm.core.grpo_config import GrpoLossType, GrpoSettings, RewardScale
 from raydp_llm.training.objectives import all_reduce_sum
 
 STD_FLOOR = 1e-4  # TRL's: added to a standard deviation before it divides
-PAD = 0  # left of a shorter prompt, right of a shorter answer: out of every mask
+PAD = 0  # left of a shorter prompt, after an answer's end, right of a shorter answer: no mask's
 
 
 def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:

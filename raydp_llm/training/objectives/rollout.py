@@ -20,10 +20,9 @@ from torch.nn import functional as F
 
 from raydp_llm.core.grpo_config import GrpoSettings
 from raydp_llm.training.objectives.draws import answer_key, pick, uniforms
-from raydp_llm.training.objectives.grpo_loss import combined_rewards
+from raydp_llm.training.objectives.grpo_loss import PAD, combined_rewards
 from raydp_llm.training.objectives.rewards import RewardCalls, load
 
-PAD = 0  # left of a shorter prompt, and after an answer's end; out of every mask
 END_CHECK = 8  # tokens between looks at whether every answer has ended (each waits on the device)
 
 
@@ -88,28 +87,35 @@ def answers_to(model, prompts: list[torch.Tensor], draws: list[Draw], grpo: Grpo
     sequences = [Sequence(p, answer_key(d.seed, d.step, d.prompt, s), i, s)
                  for i, (p, d) in enumerate(zip(prompts, draws)) for s in range(samples)]
     rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-    for batch in batches(sequences, grpo.generation_batch_size, _pads_prompts(model)):
+    # the GPT and transformers' models read left-padded prompts; the LSTM's state would read the
+    # padding
+    length = None if model.pads_prompts else (lambda s: s.prompt.numel())
+    for batch in batched(sequences, grpo.generation_batch_size, lambda s: 1, length):
         ids, owned = _decode(model, batch, grpo, ends, greedy, all_done)
         for r, s in enumerate(batch):
             rows[s.ask, s.sample] = (ids[r], owned[r])
     return [_group([rows[i, s] for s in range(samples)]) for i in range(len(prompts))]
 
 
-def _pads_prompts(model) -> bool:
-    """Whether ``model.next_logits`` takes left-padded prompts (the GPT's and transformers': the
-    LSTM's state would read the padding)."""
-    return getattr(model, "pads_prompts", False)
-
-
-def batches(sequences: list[Sequence], size: int, padded: bool) -> list[list[Sequence]]:
-    """``sequences`` in batches of at most ``size``; without ``padded`` a batch's prompts are all
-    as long."""
-    if not padded:
-        by_length: dict[int, list[Sequence]] = {}
-        for s in sequences:
-            by_length.setdefault(s.prompt.numel(), []).append(s)
-        return [b for group in by_length.values() for b in batches(group, size, True)]
-    return [sequences[i:i + size] for i in range(0, len(sequences), size)]
+def batched(items: list, size: int, rows: Callable[[object], int],
+            length: Callable[[object], int] | None = None) -> list[list]:
+    """``items`` in order, in batches of at most ``size`` rows (``rows`` of each; an item larger
+    than ``size`` alone). With ``length`` (for a model that reads no left padding: its prompts'),
+    a batch's items are all of one length."""
+    by_length: dict[int, list] = {}
+    for item in items:
+        by_length.setdefault(length(item) if length else 0, []).append(item)
+    found = []
+    for same in by_length.values():
+        batch, held = [], 0
+        for item in same:
+            if batch and held + rows(item) > size:
+                found.append(batch)
+                batch, held = [], 0
+            batch.append(item)
+            held += rows(item)
+        found.append(batch)
+    return found
 
 
 def _left_padded(batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
