@@ -12,6 +12,7 @@ start. Each field's ``help`` is printed beside it by ``--help`` and ``--cfg job`
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional
 
@@ -223,6 +224,15 @@ def nearest_multiple(step: int, target: int) -> int:
     return step * max(1, below + int(2 * rest > step))
 
 
+def is_ip(address: str) -> bool:
+    """Whether ``address`` is an IPv4 or IPv6 address."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class ClusterSettings:
     address: str = setting("local", "local = start an embedded Ray; otherwise a Ray address "
@@ -231,6 +241,13 @@ class ClusterSettings:
                                       check=optional(POSITIVE))
     object_store_mb: Optional[int] = setting(1024, "embedded Ray object store size, MiB; null = "
                                                    "Ray's default")
+    bind_address: str = setting("127.0.0.1", "the address the embedded Ray and Spark listen on: "
+                                             "127.0.0.1 = this machine only; another address of "
+                                             "this machine, or 0.0.0.0 for the one Ray picks, "
+                                             "opens their ports to that network "
+                                             "(docs/security.md)",
+                                check=Check(is_ip, "an IP address of this machine, "
+                                                                "e.g. 127.0.0.1 or 0.0.0.0"))
     dashboard: bool = setting(True, "start the Ray dashboard with the embedded Ray (token "
                                     "authentication on)")
     dashboard_host: str = setting("127.0.0.1", "address the embedded Ray's dashboard listens on; "

@@ -8,6 +8,7 @@ starts.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import math
 import os
@@ -60,8 +61,14 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0,
         raydp_fixes.reap_orphaned_agents()
     if not cfg.verbose:
         quiet_python_logs()
-    context = ray.init(**kwargs)
-    up = Span(began, time.time())
+    with node_address(cfg):
+        context = ray.init(**kwargs)
+        up = Span(began, time.time())
+        yield from _serving(cfg, context, up)
+
+
+def _serving(cfg: ClusterSettings, context, up: Span) -> Iterator[Span]:
+    """``ray_session`` once Ray is up: the dashboard announced, Ray stopped on exit."""
     try:
         if cfg.address == "local":
             lower_background_priority(context.address_info["session_dir"])
@@ -70,6 +77,24 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0,
     finally:
         stop_kept_spark()  # a Spark kept for a later job (cluster.keep_spark) runs on this Ray
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def node_address(cfg: ClusterSettings) -> Iterator[None]:
+    """While open, the embedded Ray started takes ``cluster.bind_address`` as its node's address:
+    127.0.0.1 by default, so that Ray's, Spark's and RayDP's ports listen on this machine alone
+    (``raydp_fixes.loopback_node``). Another address opens them to a network, with a warning."""
+    if cfg.address != "local":
+        yield
+        return
+    if ipaddress.ip_address(cfg.bind_address).is_loopback:
+        with raydp_fixes.loopback_node():
+            yield
+        return
+    log.warning("cluster.bind_address=%s: the embedded Ray's and Spark's ports are open to the "
+                "network; Ray asks for its token and Spark for its secret (docs/security.md)",
+                cfg.bind_address)
+    yield
 
 
 def sweep_namespace(sweep_dir: Path) -> str:
@@ -111,6 +136,8 @@ def init_options(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> di
     )
     if cfg.address != "local":
         return kwargs | {"address": cfg.address}
+    if cfg.bind_address != "0.0.0.0":  # 0.0.0.0: the address Ray picks
+        kwargs["_node_ip_address"] = cfg.bind_address
     return kwargs | dict(
         num_cpus=cfg.num_cpus or embedded_cpus(waiting_cpus),
         object_store_memory=cfg.object_store_mb * 1024 * 1024 if cfg.object_store_mb else None,

@@ -19,17 +19,33 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    s (measured here: ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, reparented to init).
    The next embedded Ray's start ends those of a session whose raylet and GCS are gone: a killed
    sweep's processes do not outlive the command that continues it.
+4. RayDP's driver and executors name the Spark application differently (``align_app_ids``): the
+   driver keeps Spark's own ``spark-application-<ms>`` (RayDP's scheduler backend does not report
+   the id its app master gives), the executors are told the app master's ``app-<time>``. With
+   ``spark.authenticate`` on, Spark's block transfer serves a stream only to a client that
+   authenticated with the application id the stream was opened under, so every block an executor
+   fetches from the driver (each task's broadcast) and every large result the driver fetches from
+   an executor is refused: ``SecurityException: Client app-… not authorized to read stream …
+   (app spark-application-…)``. Before the first job, the driver's block transfer service (its
+   server's streams, its client's authentication) takes the app master's id.
+5. Ray takes no loopback node address on Linux (``loopback_node``): ``ray.init(_node_ip_address=
+   "127.0.0.1")`` resolves it to the machine's routable address (``resolve_ip_for_localhost``),
+   and Ray, RayDP's JVMs and Spark's executors listen there. Ray's single-machine mode
+   (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the default on macOS), read once at import, keeps
+   the node, and every port of Ray's, Spark's and RayDP's, on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+from typing import Iterator
 
 import psutil
 import ray
 
-READ_AGAINST = {"raydp": "1.6.5", "ray": "2.60.0"}
+READ_AGAINST = {"raydp": "1.6.5", "ray": "2.60.0", "pyspark": "3.5.7"}
 
 _installed = False
 
@@ -85,3 +101,55 @@ def reap_orphaned_agents() -> list[int]:
                 proc.kill()
                 reaped.append(proc.pid)
     return reaped
+
+
+def align_app_ids(spark) -> str:
+    """Workaround 4: the driver's block transfer service takes the application id RayDP's app
+    master gave the executors (before any job: no stream is open yet); returns that id."""
+    context = spark.sparkContext._jsc.sc()
+    backend = context.schedulerBackend()
+    app_id = _field(backend, "appId").get(backend).get()  # RayDP's AtomicReference
+    transfer = context.env().blockManager().blockTransferService()
+    transport = _field(transfer, "transportContext").get(transfer)
+    server = _field(transport, "rpcHandler").get(transport)  # Spark's NettyBlockRpcServer
+    _field(server, "appId").set(server, app_id)  # the id its streams are opened under
+    _field(transfer, "appId").set(transfer, app_id)  # the id its fetch requests carry
+    factory = _field(transfer, "clientFactory").get(transfer)
+    for bootstrap in _field(factory, "clientBootstraps").get(factory):  # AuthClientBootstrap
+        _field(bootstrap, "appId").set(bootstrap, app_id)  # the id its client authenticates with
+    return app_id
+
+
+def _field(obj, name: str):
+    """The field ``name`` of a JVM object (py4j), declared by its class or a superclass, made
+    accessible: Scala names a private field an inner class reads ``<class>$$<name>``."""
+    cls = obj.getClass()
+    while cls is not None:
+        for field in cls.getDeclaredFields():
+            if field.getName() == name or field.getName().endswith("$$" + name):
+                field.setAccessible(True)
+                return field
+        cls = cls.getSuperclass()
+    raise LookupError(f"{obj.getClass().getName()} has no field {name}: see raydp_fixes.py, 4")
+
+
+SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """Workaround 5: while open, a Ray started by this process (and the Ray workers it starts)
+    takes 127.0.0.1 as its node's address."""
+    from ray._private import ray_constants
+
+    was_cluster, was_set = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(SINGLE_MACHINE)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[SINGLE_MACHINE] = "0"
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = was_cluster
+        if was_set is None:
+            os.environ.pop(SINGLE_MACHINE, None)
+        else:
+            os.environ[SINGLE_MACHINE] = was_set

@@ -24,7 +24,8 @@ from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines.class_archive import ClassArchive
 from raydp_llm.engines.java import ensure_java, remove_ray_java_library_copies
-from raydp_llm.engines.raydp_fixes import ray_logs_flag
+from raydp_llm.engines.raydp_fixes import align_app_ids, ray_logs_flag
+from raydp_llm.engines.spark_security import SparkSecret, spark_secret
 from raydp_llm.engines.spark_settings import (
     EVENT_LOG_DIR,
     FETCH_MEMORY_KEY,
@@ -118,18 +119,20 @@ def spark_session(
 def _started_spark(
     cfg: ClusterSettings, app_name: str, log_dir: Path, hive: bool
 ) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
-    """``spark_session``'s Spark, started in its turn; always stopped on exit."""
-    with spark_turn(), _spark_up(cfg, app_name, log_dir, hive) as spark:
+    """``spark_session``'s Spark, started in its turn with a secret of its own; always stopped on
+    exit."""
+    with (spark_turn(), spark_secret(cfg) as secret,
+          _spark_up(cfg, app_name, log_dir, hive, secret) as spark):
         yield spark
 
 
 @contextlib.contextmanager
 def _spark_up(
-    cfg: ClusterSettings, app_name: str, log_dir: Path, hive: bool
+    cfg: ClusterSettings, app_name: str, log_dir: Path, hive: bool, secret: SparkSecret | None
 ) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     java_home = ensure_java()
     archive, executors = driver_archive(cfg, java_home), executor_archive(cfg, java_home)
-    configs = _session_configs(cfg, log_dir, hive, archive, executors)
+    configs = _session_configs(cfg, log_dir, hive, archive, executors, secret)
     _driver_environment(cfg, configs)
     placement = executor_placement_group(cfg)
     init = dict(
@@ -143,8 +146,9 @@ def _spark_up(
     )
     registered = False
     try:
-        spark = _init_spark(init, cfg.verbose, log_dir)
+        spark = _init_spark(init, cfg.verbose, log_dir, secret)
         remove_ray_java_library_copies()  # the driver's and RayDP master's, loaded by now
+        align_app_ids(spark)  # before the first job (raydp_fixes.py, 4)
         spark.sparkContext.setLogLevel("INFO" if cfg.verbose else "WARN")
         if cfg.spark_ui:
             log.info("Spark UI: %s (while the ETL runs)", spark.sparkContext.uiWebUrl)
@@ -164,18 +168,25 @@ def _spark_up(
 
 
 def _session_configs(cfg: ClusterSettings, log_dir: Path, hive: bool,
-                     archive: ClassArchive | None,
-                     executors: ClassArchive | None) -> dict[str, str]:
-    """The session's Spark settings (``spark_configs``) with the JVMs' class archives and the
-    driver's Ray log directory. RayDP's app master (its gateway JVM and its Java actor) maps the
-    executors' archive: most of its classes are theirs (its CPU to start 9.3 → 6.7 s)."""
+                     archive: ClassArchive | None, executors: ClassArchive | None,
+                     secret: SparkSecret | None) -> dict[str, str]:
+    """The session's Spark settings (``spark_configs``) with the JVMs' class archives, the
+    driver's Ray log directory and the application's ``secret`` (spark_security.py). RayDP's app
+    master (its gateway JVM and its Java actor) maps the executors' archive: most of its classes
+    are theirs (its CPU to start 9.3 → 6.7 s)."""
     jvm_flags = {"spark.driver.extraJavaOptions": [*(archive.flags() if archive else []),
-                                                   ray_logs_flag()]}
+                                                   ray_logs_flag()],
+                 "spark.executor.extraJavaOptions": [],
+                 "spark.ray.raydp_app_master.extraJavaOptions": []}
     if executors is not None:  # one look at the archive decides both: map it, or record one
         mapped = executors.mapping_flags()
         jvm_flags["spark.executor.extraJavaOptions"] = (
             mapped or executors.recording_flags(_executor_marker()))
         jvm_flags["spark.ray.raydp_app_master.extraJavaOptions"] = mapped
+    if secret is not None:
+        for key in ("spark.executor.extraJavaOptions",
+                    "spark.ray.raydp_app_master.extraJavaOptions"):
+            jvm_flags[key] = [*jvm_flags[key], *secret.java_flags()]
     configs = spark_configs(cfg, log_dir, hive, jvm_flags)
     configs.setdefault(FETCH_MEMORY_KEY, str(fetch_task_memory(ray.nodes())))
     (log_dir / EVENT_LOG_DIR).mkdir(parents=True, exist_ok=True)
@@ -231,18 +242,15 @@ def _stop(cfg: ClusterSettings, placement, wait_for_cpus: bool,
 
 
 def _driver_environment(cfg: ClusterSettings, configs: dict[str, str]) -> None:
-    """The address Spark's driver (its RPC, block manager and web UI) listens on: the loopback on
-    the embedded Ray (every executor runs on this machine, and nothing else can reach the driver),
-    else this node's address; a SPARK_LOCAL_IP the user set wins. Spark's own authentication cannot
-    guard it: RayDP 1.6.5's executors present another application id than the driver's, and every
-    broadcast fetch is then refused (docs/reliability.md). Also the executors' Python and the log
-    level of the Ray core worker inside the driver JVM."""
-    loopback = cfg.address == "local"
-    node_ip = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+    """The address Spark's driver (its RPC, block manager and web UI) listens on: Ray's node
+    address (the embedded Ray's: ``cluster.bind_address``, 127.0.0.1 by default); a
+    SPARK_LOCAL_IP the user set wins. Also the executors' Python and the log level of the Ray core
+    worker inside the driver JVM."""
+    node_ip = ray.util.get_node_ip_address()
     os.environ["SPARK_LOCAL_IP"] = USER_SPARK_LOCAL_IP or node_ip
-    if loopback:  # RayDP would set the node's address
-        configs.setdefault("spark.driver.host", "127.0.0.1")
-        configs.setdefault("spark.driver.bindAddress", "127.0.0.1")
+    if cfg.address == "local":  # the driver binds every address otherwise
+        configs.setdefault("spark.driver.host", node_ip)
+        configs.setdefault("spark.driver.bindAddress", node_ip)
     # Executors run Python UDFs with this interpreter, not whatever `python3` is first on their
     # PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -251,13 +259,14 @@ def _driver_environment(cfg: ClusterSettings, configs: dict[str, str]) -> None:
 
 
 def _init_spark(
-    init: dict, verbose: bool, log_dir: Path
+    init: dict, verbose: bool, log_dir: Path, secret: SparkSecret | None
 ) -> "pyspark.sql.SparkSession":  # noqa: F821
-    """``raydp.init_spark(**init)``, its driver JVM's output in ``log_dir`` unless ``verbose``."""
+    """``raydp.init_spark(**init)``, its driver JVM's output in ``log_dir`` unless ``verbose``, the
+    application's ``secret`` handed to the driver's JVM."""
     import raydp
 
     quiet = contextlib.nullcontext() if verbose else _output_to(log_dir / "spark-driver.log")
-    with quiet, ThreadPoolExecutor(2) as pool, _driver_jvm_beside_master(pool):
+    with quiet, ThreadPoolExecutor(2) as pool, _driver_jvm_beside_master(pool, secret):
         # Spark starts off the main thread so that PySpark installs no SIGINT handler: its handler
         # calls py4j from inside the handler, on the connection the interrupted call is using; py4j
         # retries and the KeyboardInterrupt is lost. Python's own handler stays, and the caller
@@ -266,13 +275,15 @@ def _init_spark(
 
 
 @contextlib.contextmanager
-def _driver_jvm_beside_master(pool: ThreadPoolExecutor) -> Iterator[None]:
+def _driver_jvm_beside_master(pool: ThreadPoolExecutor,
+                              secret: SparkSecret | None) -> Iterator[None]:
     """Launch the Spark driver's JVM while RayDP starts its app master, not after it.
 
     RayDP starts the app master (a Python actor, its gateway JVM, then a Java actor: ~5 s on 2
     cores) and only then creates the SparkContext, whose first step is launching the driver's JVM
     (~2 s). That JVM needs nothing from the master: it is launched in ``pool`` with the settings
-    RayDP has prepared by then (class path, Java agent), and the SparkContext finds it running.
+    RayDP has prepared by then (class path, Java agent), and the SparkContext finds it running,
+    the application's ``secret`` among its system properties.
     """
     from pyspark import SparkConf, SparkContext
     from raydp.spark.ray_cluster import SparkCluster
@@ -288,6 +299,8 @@ def _driver_jvm_beside_master(pool: ThreadPoolExecutor) -> Iterator[None]:
             wait([driver_jvm])  # started or not, the JVM is known to PySpark: the caller stops it
             raise
         driver_jvm.result()  # a JVM that could not start raises PySpark's own error here
+        if secret is not None:  # before the SparkContext
+            secret.hand_to(SparkContext._jvm)
 
     SparkCluster._set_up_master = beside
     try:

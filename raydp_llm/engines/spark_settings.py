@@ -1,6 +1,6 @@
 """The settings a RayDP Spark session starts with (``spark_configs``): our JVM flags, logs, event
-log, parallelism, Hive's catalog for a query, and the user's ``cluster.spark_conf`` over them; and a
-warning for each user setting this Spark does not know."""
+log, parallelism, authentication and encryption, Hive's catalog for a query, and the user's
+``cluster.spark_conf`` over them; and a warning for each user setting this Spark does not know."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.engines.java import JVM_FLAGS, QUICK_START_FLAGS
+from raydp_llm.engines.spark_security import SECRET, protection_settings
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,10 @@ def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
     }
     if hive:
         configs |= hive_configs(cfg, log_dir, configs["spark.driver.extraJavaOptions"])
-    user = {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
+    # the secret is handed to the JVMs otherwise (spark_security.py): RayDP puts every setting on
+    # its app master's command line
+    user = {str(k): str(v) for k, v in (cfg.spark_conf or {}).items() if str(k) != SECRET}
+    configs |= protection_settings(user)  # authentication and encryption (spark_security.py)
     for key in JAVA_OPTION_KEYS & user.keys():  # added to ours: Spark on JDK 17 needs --add-opens
         user[key] = f"{configs[key]} {user[key]}"
     return configs | user

@@ -1,11 +1,13 @@
 """Watching a real (tiny) training run from outside: the Ray dashboard's REST API behind its token,
-the run's own Prometheus metrics, TensorBoard events and the plots."""
+the run's own Prometheus metrics, TensorBoard events and the plots; and what the run exposes: the
+ports it listens on, and where its secrets end up."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import re
+import secrets
 import socket
 import threading
 import time
@@ -18,7 +20,9 @@ import pytest
 import ray
 
 from helpers import commands
+from helpers.exposure import Watch, files_holding
 from helpers.processes import command_line, niceness
+from raydp_llm.engines.spark_security import secret_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
@@ -146,15 +150,50 @@ def _assert_tensorboard_events_and_plots(out: Path) -> None:
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def _assert_it_listened_on_the_loopback_alone(watch: Watch) -> None:
+    """Every TCP port of the run's processes (Ray's GCS, raylet, dashboard and workers; Spark's
+    driver, RayDP's app master and executors; py4j) listened on 127.0.0.1, but one: torch's
+    TCPStore, the DDP rendezvous of Ray Train's rank 0 (torch 2.13 binds it to ``::``, whatever
+    MASTER_ADDR says: docs/security.md)."""
+    assert len(watch.listeners) >= 15, watch.listeners  # Ray's, Spark's, the dashboard's
+    javas = [lst for lst in watch.listeners.values() if lst.process.split()[0].endswith("java")]
+    assert len(javas) >= 4, watch.listeners  # the driver's, the app master's, the executor's
+    wide = watch.wide()
+    assert len(wide) <= 1 and all("RayTrainWorker" in lst.process for lst in wide), wide
+
+
+def _assert_no_secret_was_written(watch: Watch, roots: list[Path], console: str,
+                                  aws_secret: str, tmp_path: Path) -> None:
+    """Neither the Spark application's secret, nor Ray's token, nor the AWS secret key of the
+    environment is in the run's directory (MLflow's store in it), the ETL cache, the console or
+    any process's command line; the secret's credentials file is gone."""
+    (tmp_path / "console.txt").write_text(console)
+    assert len(watch.spark_secrets) == 1, watch.spark_secrets  # the ETL's Spark application
+    needles = {"Spark's secret": watch.spark_secrets.pop(),
+               "Ray's token": (Path.home() / ".ray" / "auth_token").read_text().strip(),
+               "AWS_SECRET_ACCESS_KEY": aws_secret}
+    assert all(len(text) >= 16 for text in needles.values())
+    assert files_holding([*roots, tmp_path / "console.txt"], needles) == []
+    assert [f"{name} in {line}" for line in watch.command_lines
+            for name, text in needles.items() if text in line] == []
+    assert not list(secret_dir().glob("spark-*.creds"))
+
+
 def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp_path):
     """``python -m raydp_llm.train`` as a user runs it, with its embedded Ray's dashboard (the
-    tests' own Ray runs none), watched from outside at the address its console gives."""
+    tests' own Ray runs none), watched from outside at the address its console gives; its
+    ETL in a cache of its own (Spark runs) and its parameters and metrics in MLflow."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    aws_secret = secrets.token_hex(20)  # one the environment holds, as a user's would
     proc = commands.start("raydp_llm.train", f"data.path={corpus_dir}", *WATCHED_RUN,
-                          f"cluster.dashboard_port={port}", f"hydra.run.dir={tmp_path}",
-                          env=EXPORT_EVERY_SECOND)
+                          f"cluster.dashboard_port={port}", f"hydra.run.dir={out}",
+                          f"data.cache_dir={cache}", "tracking=mlflow",
+                          f"tracking.uri=sqlite:///{out}/mlflow.db",
+                          env=EXPORT_EVERY_SECOND | {"AWS_SECRET_ACCESS_KEY": aws_secret})
+    watch = Watch(proc.pid).start()
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     dashboard = wait_for("the dashboard's address on the console", lambda: next(
@@ -163,7 +202,7 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp
     assert dashboard == f"http://127.0.0.1:{port}"
     run = psutil.Process(proc.pid)
     token = _assert_the_dashboard_is_on_the_loopback_behind_its_token(dashboard, run)
-    run_name = _assert_the_run_shows_while_it_trains(dashboard, token, 1, tmp_path)
+    run_name = _assert_the_run_shows_while_it_trains(dashboard, token, 1, out)
     jobs = json.loads(get(f"{dashboard}/api/jobs/", token)[1])
     assert any(job["metadata"].get("raydp_llm_run") == "watched" for job in jobs)  # the driver's
     statuses = []  # the run's, until it shows as finished or the command (and its dashboard) ends
@@ -178,4 +217,7 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp
     wait_for("the finished run", finished, 300, every_s=0.05)
     assert "FINISHED" in statuses, statuses[-5:]
     assert proc.wait(timeout=300) == 0, "".join(lines)[-3000:]
-    _assert_tensorboard_events_and_plots(tmp_path)
+    watch.join()
+    _assert_tensorboard_events_and_plots(out)
+    _assert_it_listened_on_the_loopback_alone(watch)
+    _assert_no_secret_was_written(watch, [out, cache], "".join(lines), aws_secret, tmp_path)

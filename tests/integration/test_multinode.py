@@ -299,3 +299,30 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
     for row in rows:
         assert json.loads((Path(row["output_dir"]) / "summary.json").read_text())["etl"][
             "cache_hit"] is False
+
+
+def test_spark_on_the_cluster_admits_only_clients_with_its_applications_secret(two_nodes):
+    """Spark's driver and an executor on the other node, as a job starts them on the cluster
+    (tests/helpers/spark_probe.py holds the application open): Spark's own client is refused at
+    their block-transfer ports with a wrong secret, and admitted with the application's (which a
+    server without authentication would refuse too: it does not speak the handshake)."""
+    probe = subprocess.Popen([sys.executable, str(ROOT / "tests" / "helpers" / "spark_probe.py"),
+                              two_nodes.address], cwd=ROOT, env=two_nodes.env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    try:
+        ports = json.loads(probe.stdout.readline() or "null")
+        assert ports, "the probe's Spark did not start"
+        assert len(ports["executors"]) == 2
+
+        def knock(host: str, port: int, secret: str) -> str:
+            probe.stdin.write(f"probe {host} {port} {secret}\n")
+            probe.stdin.flush()
+            return probe.stdout.readline().strip()
+
+        for host, port in [ports["driver"], *ports["executors"]]:
+            assert knock(host, port, "wrong").startswith("refused"), (host, port)
+            assert knock(host, port, "right") == "connected", (host, port)
+    finally:
+        probe.stdin.close()
+        probe.wait(timeout=120)

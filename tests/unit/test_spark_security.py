@@ -1,0 +1,61 @@
+"""Spark's protections as settings (raydp_llm/engines/spark_security.py): on by default, off only by
+the user's word with a warning, the secret never among the settings RayDP is given; its credentials
+file. That Spark and Hadoop take them: tests/integration/test_multinode.py (a wrong secret refused)
+and test_monitoring.py (no secret written anywhere)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from helpers.configs import make_config
+from helpers.exposure import is_loopback, spark_secret_of
+from raydp_llm.core.checks import validate
+from raydp_llm.core.config import ClusterSettings
+from raydp_llm.core.errors import InputError
+from raydp_llm.engines import spark_security
+from raydp_llm.engines.spark_security import SECRET, credentials, secret_dir
+from raydp_llm.engines.spark_settings import spark_configs
+
+
+def test_spark_authenticates_and_encrypts_unless_the_user_turns_it_off(tmp_path, caplog):
+    on = spark_configs(ClusterSettings(), tmp_path)
+    assert on["spark.authenticate"] == on["spark.network.crypto.enabled"] == "true"
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING):
+        off = spark_configs(ClusterSettings(spark_conf={"spark.network.crypto.enabled": False,
+                                                        SECRET: "mine"}), tmp_path)
+    assert off["spark.network.crypto.enabled"] == "False" and off["spark.authenticate"] == "true"
+    assert SECRET not in off  # RayDP puts every setting on its app master's command line
+    [warning] = caplog.records
+    assert "spark.network.crypto.enabled=False" in warning.message
+    assert "unencrypted" in warning.message and "docs/security.md" in warning.message
+
+
+def test_the_credentials_file_holds_the_secret_under_sparks_key():
+    secret = "ab" * 32
+    data = credentials(secret)
+    assert data.startswith(b"HDTS\x00\x00\x01\x0bsparkCookie\x40")  # no tokens, one secret key
+    assert spark_secret_of(data) == secret
+    with pytest.raises(ValueError):
+        spark_secret_of(data[:-1])
+    with pytest.raises(ValueError):
+        credentials("x" * 128)  # past one byte's length: not what Hadoop would read
+
+
+def test_the_secrets_directory_is_the_users_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(spark_security.tempfile, "gettempdir", lambda: str(tmp_path))
+    made = secret_dir()
+    assert made.stat().st_mode & 0o777 == 0o700
+    made.chmod(0o755)
+    with pytest.raises(PermissionError, match="remove it"):
+        secret_dir()
+
+
+def test_bind_address_is_an_ip_address():
+    validate(make_config("cluster.bind_address=0.0.0.0"))
+    with pytest.raises(InputError, match="cluster.bind_address=my-laptop .*an IP address"):
+        validate(make_config("cluster.bind_address=my-laptop"))
+    assert is_loopback("::ffff:127.0.0.1") and is_loopback("127.0.0.1") and is_loopback("::1")
+    assert not is_loopback("::") and not is_loopback("0.0.0.0")
