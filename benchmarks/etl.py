@@ -12,6 +12,11 @@ process:
   the usual way: read the file, train the same BPE on a sample,
           tokenizers' encode_batch (all cores), numpy windows, pyarrow Parquet
 and prints MB/s and tokens/s (start-up excluded), the ratios, and each driver's peak RSS.
+
+    python benchmarks/etl.py --security [--sizes 50] [--repeats 2]
+
+measures etl-2 with Spark's authentication and network encryption on (the default: docs/security.md)
+and off (etl-2-open), alternately, and prints each one's ETL and start-up time against off.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_etl(path: Path, executors: int, out: Path) -> dict:
+def measure_etl(path: Path, executors: int, out: Path, protected: bool = True) -> dict:
+    from dataclasses import replace
+
     from hydra import compose, initialize_config_dir
 
     from raydp_llm.cli.inputs import check_inputs, typed_settings
@@ -62,6 +69,9 @@ def measure_etl(path: Path, executors: int, out: Path) -> dict:
             ],
         )
     cfg = typed_settings(cfg)
+    if not protected:
+        cfg = replace(cfg, cluster=replace(cfg.cluster, spark_conf={
+            "spark.authenticate": "false", "spark.network.crypto.enabled": "false"}))
     corpus = check_inputs(cfg)
     with ray_session(cfg.cluster, cfg.name):
         t = time.perf_counter()
@@ -139,21 +149,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--corpus", type=Path, default=ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
     )
-    parser.add_argument("--measure", choices=["etl-1", "etl-2", "single"], help=argparse.SUPPRESS)
+    parser.add_argument("--security", action="store_true",
+                        help="etl-2 with Spark's authentication and encryption on, against off")
+    parser.add_argument("--repeats", type=int, default=2, help="--security: runs of each")
+    parser.add_argument("--measure", choices=["etl-1", "etl-2", "etl-2-open", "single"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
 def measure(kind: str, path: Path, out: Path) -> dict:
-    """One measurement in this (fresh) process: ``single``, or ``etl-N`` with N executors."""
+    """One measurement in this (fresh) process: ``single``, or ``etl-N`` with N executors
+    (``etl-2-open``: without Spark's authentication and encryption)."""
     if kind == "single":
         return measure_single(path, out)
-    return measure_etl(path, int(kind[-1]), out)
+    return measure_etl(path, int(kind[4]), out, protected=not kind.endswith("-open"))
 
 
-def measure_all(corpus: Path, sizes: list[int]) -> list[dict]:
-    """Every pipeline on the corpus repeated to each size, each in a fresh process; one row each."""
+def measure_all(corpus: Path, sizes: list[int], kinds=("single", "etl-1", "etl-2")
+                ) -> list[dict]:
+    """Every pipeline (``kinds``) on the corpus repeated to each size, each in a fresh process;
+    one row each."""
     text = corpus.read_text()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +178,7 @@ def measure_all(corpus: Path, sizes: list[int]) -> list[dict]:
             path = Path(tmp) / f"corpus_{mb}mb.txt"
             path.write_text(text * max(1, round(mb * 1e6 / len(text.encode()))))
             size_mb = path.stat().st_size / 1e6
-            for kind in ("single", "etl-1", "etl-2"):
+            for kind in kinds:
                 r = run_one(kind, path)
                 rows.append({"mb": size_mb, "kind": kind, **r})
                 print(f"  measured {kind:6} on {size_mb:6.1f} MB: {r['etl_s']:6.1f}s "
@@ -202,10 +219,27 @@ def print_table(rows: list[dict]) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+def print_security_table(rows: list[dict]) -> None:
+    """Each run of etl-2 with protection on and off, against the mean of those off."""
+    print("\n| corpus MB | Spark | start-up s | ETL s | vs off |\n|---:|---:|---:|---:|---:|")
+    for mb in sorted({r["mb"] for r in rows}):
+        runs = [r for r in rows if r["mb"] == mb]
+        off = [r["etl_s"] for r in runs if r["kind"] == "etl-2-open"]
+        base = sum(off) / len(off)
+        for r in sorted(runs, key=lambda r: r["kind"]):
+            kind = "open" if r["kind"] == "etl-2-open" else "secret + encryption"
+            print(f"| {mb:.0f} | {kind} | {r['start_s']:.1f} | {r['etl_s']:.1f} | "
+                  f"{r['etl_s'] / base:.3f}× |")
+
+
 def main() -> None:
     args = parse_args()
     if args.measure:  # a child of run_one: print one result as JSON
         print(json.dumps(measure(args.measure, args.path, args.out)))
+        return
+    if args.security:
+        kinds = ("etl-2", "etl-2-open") * args.repeats
+        print_security_table(measure_all(args.corpus, args.sizes, kinds))
         return
     print_table(measure_all(args.corpus, args.sizes))
 
