@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -85,8 +86,10 @@ def spark_secret(cfg: ClusterSettings) -> Iterator[SparkSecret | None]:
     if SECRET in user:
         log.warning("cluster.spark_conf sets %s: it is written in the run's .hydra/config.yaml; "
                     "leave it out and each Spark application gets a secret of its own", SECRET)
+    directory = secret_dir()
+    reap_stale(directory)
     secret = SparkSecret(user.get(SECRET) or secrets.token_hex(32),
-                         secret_dir() / f"spark-{secrets.token_hex(8)}.creds")
+                         directory / f"spark-{os.getpid()}-{secrets.token_hex(8)}.creds")
     try:
         _on_every_node(_write_credentials, secret.file, credentials(secret.value))
         yield secret
@@ -121,6 +124,19 @@ def secret_dir() -> Path:
         raise PermissionError(f"{path} is not this user's alone (mode {st.st_mode & 0o777:o}, "
                               f"owner {st.st_uid}): remove it, and the next run makes it afresh")
     return path
+
+
+def reap_stale(directory: Path) -> list[Path]:
+    """Remove the credentials files of this node's drivers that have ended without removing
+    theirs (killed: their name holds their pid); returns them. A killed driver's files on the
+    cluster's other nodes stay (the secret of an application that is gone)."""
+    stale = []
+    for path in directory.glob("spark-*-*.creds"):
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            path.unlink(missing_ok=True)
+            stale.append(path)
+    return stale
 
 
 def _write_credentials(path: Path, data: bytes) -> None:

@@ -40,6 +40,8 @@ class Watch:
     listeners: dict[tuple[str, int], Listener] = field(default_factory=dict)
     command_lines: set[str] = field(default_factory=set)  # every process's on this machine
     spark_secrets: set[str] = field(default_factory=set)
+    # credentials files there before the command (another command's): not its own
+    earlier: set[Path] = field(default_factory=lambda: set(secret_dir().glob("spark-*.creds")))
     _thread: threading.Thread | None = None
 
     def start(self) -> Watch:
@@ -72,11 +74,15 @@ class Watch:
                 continue
         for proc in psutil.process_iter(["cmdline"]):
             self.command_lines.add(" ".join(proc.info["cmdline"] or []))
-        for creds in secret_dir().glob("spark-*.creds"):
+        for creds in set(secret_dir().glob("spark-*.creds")) - self.earlier:
             try:
                 self.spark_secrets.add(spark_secret_of(creds.read_bytes()))
             except (OSError, ValueError):  # removed meanwhile, or being written
                 continue
+
+    def credentials_left(self) -> list[Path]:
+        """The command's credentials files still there."""
+        return sorted(set(secret_dir().glob("spark-*.creds")) - self.earlier)
 
     def wide(self) -> list[Listener]:
         """The listeners seen on an address other machines can reach."""

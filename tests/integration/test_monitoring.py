@@ -22,7 +22,6 @@ import ray
 from helpers import commands
 from helpers.exposure import Watch, files_holding
 from helpers.processes import command_line, niceness
-from raydp_llm.engines.spark_security import secret_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
@@ -176,7 +175,7 @@ def _assert_no_secret_was_written(watch: Watch, roots: list[Path], console: str,
     assert files_holding([*roots, tmp_path / "console.txt"], needles) == []
     assert [f"{name} in {line}" for line in watch.command_lines
             for name, text in needles.items() if text in line] == []
-    assert not list(secret_dir().glob("spark-*.creds"))
+    assert watch.credentials_left() == []
 
 
 def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp_path):

@@ -6,6 +6,8 @@ and test_monitoring.py (no secret written anywhere)."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 
 import pytest
 
@@ -15,7 +17,7 @@ from raydp_llm.core.checks import validate
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines import spark_security
-from raydp_llm.engines.spark_security import SECRET, credentials, secret_dir
+from raydp_llm.engines.spark_security import SECRET, credentials, reap_stale, secret_dir
 from raydp_llm.engines.spark_settings import spark_configs
 
 
@@ -59,3 +61,14 @@ def test_bind_address_is_an_ip_address():
         validate(make_config("cluster.bind_address=my-laptop"))
     assert is_loopback("::ffff:127.0.0.1") and is_loopback("127.0.0.1") and is_loopback("::1")
     assert not is_loopback("::") and not is_loopback("0.0.0.0")
+
+
+def test_a_killed_drivers_credentials_files_are_reaped_by_the_next(tmp_path):
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dead = tmp_path / f"spark-{ended.pid}-00ff.creds"
+    alive = tmp_path / f"spark-{os.getpid()}-00ff.creds"
+    for path in (dead, alive):
+        path.write_bytes(credentials("ab" * 32))
+    assert reap_stale(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists()
