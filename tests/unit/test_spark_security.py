@@ -17,6 +17,8 @@ from raydp_llm.core.checks import validate
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines import spark_security
+from raydp_llm.engines.ray_cluster import init_options, node_address
+from raydp_llm.engines.raydp_fixes import SINGLE_MACHINE
 from raydp_llm.engines.spark_security import SECRET, credentials, reap_stale, secret_dir
 from raydp_llm.engines.spark_settings import spark_configs
 
@@ -72,3 +74,22 @@ def test_a_killed_drivers_credentials_files_are_reaped_by_the_next(tmp_path):
         path.write_bytes(credentials("ab" * 32))
     assert reap_stale(tmp_path) == [dead]
     assert not dead.exists() and alive.exists()
+
+
+def test_the_embedded_ray_takes_the_bind_address_and_opening_it_says_so(caplog):
+    """127.0.0.1 by default (Ray's single-machine mode while the embedded Ray starts: raydp_fixes,
+    5); another address is the node's, with one warning; a cluster's nodes keep theirs."""
+    assert init_options(ClusterSettings(), "r", 0)["_node_ip_address"] == "127.0.0.1"
+    assert init_options(ClusterSettings(bind_address="10.1.2.3"), "r", 0)[
+        "_node_ip_address"] == "10.1.2.3"
+    assert "_node_ip_address" not in init_options(ClusterSettings(bind_address="0.0.0.0"), "r", 0)
+    assert "_node_ip_address" not in init_options(ClusterSettings(address="auto"), "r", 0)
+    before = os.environ.get(SINGLE_MACHINE)
+    with node_address(ClusterSettings()):
+        assert os.environ[SINGLE_MACHINE] == "0"
+    assert os.environ.get(SINGLE_MACHINE) == before and not caplog.records
+    with caplog.at_level(logging.WARNING), node_address(ClusterSettings(bind_address="0.0.0.0")):
+        assert os.environ.get(SINGLE_MACHINE) == before
+    [warning] = caplog.records
+    assert "cluster.bind_address=0.0.0.0" in warning.message
+    assert "open to the network" in warning.message
