@@ -17,8 +17,10 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    Ray is SIGKILLed, its raylet and GCS die with it, and the raylet's dashboard agent and
    runtime-env agent log that the raylet is dead and exit, but hang in their exit for about 100
    s (measured here: ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, reparented to init).
-   The next embedded Ray's start ends those of a session whose raylet and GCS are gone: a killed
-   sweep's processes do not outlive the command that continues it.
+   The next embedded Ray's start ends those of a session whose raylet and GCS are gone, and the
+   Python workers that were starting (one lived 30-40 s, and named the raylet's socket, which hid
+   the agents from a check by command line): a killed sweep's processes do not outlive the command
+   that continues it.
 4. RayDP's driver and executors name the Spark application differently (``align_app_ids``): the
    driver keeps Spark's own ``spark-application-<ms>`` (RayDP's scheduler backend does not report
    the id its app master gives), the executors are told the app master's ``app-<time>``. With
@@ -82,16 +84,22 @@ def ray_logs_flag() -> str:
 _SESSION = re.compile(r"^(.*/session_[^/]+)/logs/")  # an open log file's session directory
 
 
+WORKER = "ray/_private/workers/default_worker.py"  # a Python worker not yet titled ray::...
+
+
 def reap_orphaned_agents() -> list[int]:
-    """Workaround 3: SIGKILL of the Ray processes (titled ``ray::...``) left to init whose
-    session's raylet and GCS are no longer running (no live raylet's or GCS's command line names
-    the session); returns their pids."""
+    """Workaround 3: SIGKILL of the Ray processes left to init (titled ``ray::...``, or Python
+    workers still starting when the driver died: one lived 30-40 s after its raylet) whose
+    session's raylet and GCS are no longer running (no live raylet or GCS names the session);
+    returns their pids. A raylet or GCS is told by its program, not by its arguments: a worker's
+    name the raylet's socket."""
     engines, orphans = [], []
     for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if "/raylet" in cmdline or "/gcs_server" in cmdline:
+        words = proc.info["cmdline"] or [""]
+        cmdline = " ".join(words)
+        if words[0].endswith(("/raylet", "/gcs_server")):
             engines.append(cmdline)
-        elif proc.info["ppid"] == 1 and cmdline.startswith("ray::"):
+        elif proc.info["ppid"] == 1 and (cmdline.startswith("ray::") or WORKER in cmdline):
             orphans.append(proc)
     reaped = []
     for proc in orphans:
