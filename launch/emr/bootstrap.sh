@@ -4,7 +4,9 @@
 #      or the CUDA one on GPU instances) from a copy of the source on S3 (--source);
 #   2. copies the cluster's Ray token from S3 (--token-uri) to ~/.ray/auth_token (Ray's token auth);
 #   3. returns, leaving a background process that waits until EMR has provisioned the node and then runs
-#      `ray start --head` on the primary node, or `ray start --address <primary>:6379` on core/task nodes.
+#      `ray start --head` on the primary node, or `ray start --address <primary>:6379` on core/task nodes,
+#      through `python -m raydp_llm.node`, which puts a JDK 17 on Ray's PATH first (Spark's executors are
+#      Ray's Java workers).
 # Ray gets the node's CPUs and memory minus a reserve for EMR's own daemons, spills objects to /mnt, and
 # serves its dashboard on 127.0.0.1 only (reach it through an SSH tunnel: launch/tunnel.sh).
 #
@@ -80,7 +82,9 @@ ray_start_words() {
   ray_bytes=$((mem_kb * 1024 * mem_pct / 100))
   store_bytes=$((ray_bytes * 30 / 100))  # the object store's share; it spills to /mnt beyond that
   is_master=$(json_get "$info_dir/instance.json" isMaster)
-  printf '%s\n' "RAY_AUTH_MODE=token" "$venv/bin/ray" start
+  # raydp_llm.node is `ray start` with a JDK 17 on PATH: a raylet started without Java never hosts
+  # Spark's executors (Ray's Java workers); EMR's JDK is not on PATH
+  printf '%s\n' "RAY_AUTH_MODE=token" "$venv/bin/python" -m raydp_llm.node
   if [[ $is_master == true ]]; then
     printf '%s\n' --head "--port=$port" --dashboard-host=127.0.0.1 "--dashboard-port=$dashboard_port" \
       "--num-cpus=$head_cpus"
@@ -127,8 +131,9 @@ case $mode in
       sleep 10
     done
     if [[ $(json_get "$info_dir/instance.json" isMaster) == true ]]; then
+      busy='-m raydp_llm\.(train|prepare|evaluate|generate|export)'  # every command of the project
       while sleep 60; do
-        if pgrep -u "$(id -u)" -f 'raydp_llm\.(train|prepare|evaluate)' >/dev/null; then
+        if pgrep -u "$(id -u)" -f -- "$busy" >/dev/null; then
           sudo touch /emr/metricscollector/isbusy
         fi
       done

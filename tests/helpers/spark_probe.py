@@ -1,9 +1,9 @@
 """A Spark application on a Ray cluster, held open for tests/integration/test_multinode.py to knock
-on its ports: ``python tests/helpers/spark_probe.py ADDRESS``.
+on its ports: ``python tests/helpers/spark_probe.py ADDRESS EXECUTORS``.
 
-It starts Spark as a job does (``spark_session``: two executors spread over the nodes, the
-application's secret), then prints one JSON line, ``{"driver": [host, block port], "executors":
-[[host, block port], ...]}``, and answers commands on stdin:
+It starts Spark as a job does (``spark_session``: EXECUTORS executors of 1 core, each on a node of
+its own, the application's secret), then prints one JSON line, ``{"driver": [host, block port],
+"executors": [[host, block port], ...]}``, and answers commands on stdin:
 
 - ``probe HOST PORT right|wrong``: Spark's own client (a ``TransportContext`` with an
   ``AuthClientBootstrap``, made in this driver's JVM with a configuration of its own) connects to
@@ -57,10 +57,10 @@ def connect(spark, host: str, port: int, secret: str) -> str:
         factory.close()
 
 
-def main(address: str) -> None:
-    cfg = make_config(f"cluster.address={address}", "cluster.executors=2",
+def main(address: str, executors: int) -> None:
+    cfg = make_config(f"cluster.address={address}", f"cluster.executors={executors}",
                       "cluster.executor_cores=1", "cluster.executor_ray_cpus=1",
-                      "cluster.placement=SPREAD", "cluster.keep_spark=false").cluster
+                      "cluster.placement=STRICT_SPREAD", "cluster.keep_spark=false").cluster
     log_dir = Path(tempfile.mkdtemp(prefix="spark_probe_"))
     with ray_session(cfg, "spark-probe"), spark_session(cfg, "spark-probe", log_dir) as spark:
         context = spark.sparkContext._jsc.sc()
@@ -82,4 +82,4 @@ def main(address: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))

@@ -301,19 +301,35 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
             "cache_hit"] is False
 
 
+def _node_without_java(two_nodes) -> subprocess.Popen:
+    """A third node joining the cluster as launch/ scripts start one (``python -m raydp_llm.node``),
+    from an environment with no Java: no JAVA_HOME, nothing but the venv on PATH."""
+    env = {k: v for k, v in two_nodes.env.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)
+    assert shutil.which("java", path=env["PATH"]) is None
+    return subprocess.Popen([sys.executable, "-m", "raydp_llm.node", "--block",
+                             f"--address={two_nodes.address}", "--num-cpus=1",
+                             "--disable-usage-stats"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def test_spark_on_the_cluster_admits_only_clients_with_its_applications_secret(two_nodes):
-    """Spark's driver and an executor on the other node, as a job starts them on the cluster
-    (tests/helpers/spark_probe.py holds the application open): Spark's own client is refused at
-    their block-transfer ports with a wrong secret, and admitted with the application's (which a
-    server without authentication would refuse too: it does not speak the handshake)."""
-    probe = subprocess.Popen([sys.executable, str(ROOT / "tests" / "helpers" / "spark_probe.py"),
-                              two_nodes.address], cwd=ROOT, env=two_nodes.env, text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL)
+    """Spark's driver and three executors, one on each node (STRICT_SPREAD), as a job starts them
+    (tests/helpers/spark_probe.py holds the application open), one node started with no Java:
+    ``raydp_llm.node`` gives its raylet the project's JDK, without which Ray never starts an
+    executor there. Spark's own client is refused at the block-transfer ports with a wrong
+    secret, and admitted with the application's (which a server without authentication would
+    refuse too: it does not speak the handshake)."""
+    third = _node_without_java(two_nodes)
+    probe = None
     try:
+        probe = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "helpers" / "spark_probe.py"),
+             two_nodes.address, "3"], cwd=ROOT, env=two_nodes.env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         ports = json.loads(probe.stdout.readline() or "null")
         assert ports, "the probe's Spark did not start"
-        assert len(ports["executors"]) == 2
+        assert len(ports["executors"]) == 3
 
         def knock(host: str, port: int, secret: str) -> str:
             probe.stdin.write(f"probe {host} {port} {secret}\n")
@@ -324,5 +340,8 @@ def test_spark_on_the_cluster_admits_only_clients_with_its_applications_secret(t
             assert knock(host, port, "wrong").startswith("refused"), (host, port)
             assert knock(host, port, "right") == "connected", (host, port)
     finally:
-        probe.stdin.close()
-        probe.wait(timeout=120)
+        if probe is not None:
+            probe.stdin.close()
+            probe.wait(timeout=120)
+        third.terminate()  # `ray start --block` stops its node
+        third.wait(timeout=120)

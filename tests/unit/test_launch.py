@@ -7,6 +7,7 @@ and `ray` on PATH (the `env` fixture) record any call, and the tests assert ther
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from helpers.launch import BOOTSTRAP, CREATE, SUBMIT, TEARDOWN, TUNNEL, lines, run
-from helpers.paths import LAUNCH
+from helpers.paths import LAUNCH, ROOT
 
 SCRIPTS = [BOOTSTRAP, CREATE, SUBMIT, TUNNEL, TEARDOWN]
 
@@ -244,7 +245,7 @@ TAIL = f"{MEMORY} --object-spilling-directory=/mnt/raydp_llm/spill --disable-usa
 def test_bootstrap_primary_node(env, emr_info):
     emr_info(True, "master")
     assert lines(run(BOOTSTRAP, "--print", env=env)) == [
-        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/ray start --head --port=6379 "
+        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/python -m raydp_llm.node --head --port=6379 "
         f"--dashboard-host=127.0.0.1 --dashboard-port=8265 --num-cpus=0 {TAIL}"]
 
 
@@ -252,7 +253,7 @@ def test_bootstrap_primary_node(env, emr_info):
 def test_bootstrap_core_and_task_nodes(env, emr_info, role):
     emr_info(False, role)
     assert lines(run(BOOTSTRAP, "--print", env=env)) == [
-        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/ray start "
+        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/python -m raydp_llm.node "
         f"--address=ip-10-0-0-12.ec2.internal:6379 --num-cpus=7 {TAIL}"]
 
 
@@ -271,7 +272,7 @@ def test_bootstrap_options(env, emr_info):
             env=env,
         )
     )
-    assert out == ["RAY_AUTH_MODE=token /data/x/venv/bin/ray start "
+    assert out == ["RAY_AUTH_MODE=token /data/x/venv/bin/python -m raydp_llm.node "
                    "--address=ip-10-0-0-12.ec2.internal:6379 --num-cpus=6 --memory=11468800000 "
                    "--object-store-memory=4915200000 --object-spilling-directory=/data/x/spill "
                    "--disable-usage-stats"]
@@ -280,6 +281,18 @@ def test_bootstrap_options(env, emr_info):
         "--head --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265 --num-cpus=2 "
         in run(BOOTSTRAP, "--print", "--head-cpus", "2", env=env).stdout
     )
+
+
+def test_auto_termination_counts_every_command_of_the_project_as_busy():
+    """The primary marks the cluster busy while any entry point runs (Ray jobs are not YARN apps,
+    which EMR's idle check counts): each ``python -m raydp_llm.<entry>`` but ``node`` (Ray)."""
+    busy = re.search(r"busy='([^']+)'", BOOTSTRAP.read_text())[1]
+    entries = [p.stem for p in (ROOT / "raydp_llm").glob("*.py")
+               if "__main__" in p.read_text() and p.stem != "node"]
+    assert len(entries) >= 5
+    for entry in entries:
+        assert re.search(busy, f"/mnt/raydp_llm/venv/bin/python -m raydp_llm.{entry} x=1"), entry
+    assert not re.search(busy, "/mnt/raydp_llm/venv/bin/python -m raydp_llm.node --head")
 
 
 def test_bootstrap_outside_emr(env, tmp_path):
@@ -323,6 +336,9 @@ def test_ray_cluster_yaml_is_valid_for_ray():
         and "RAY_AUTH_MODE=token" in head
         and "RAY_AUTH_MODE=token" in worker
     )
+    # every node starts Ray with a JDK on its PATH (raydp_llm/cli/node.py): Spark's executors
+    assert "python -m raydp_llm.node --head" in head
+    assert "python -m raydp_llm.node --address" in worker
     assert (
         config["file_mounts"]["~/.ray/auth_token"]
         == "~/.ray/raydp_llm/clusters/raydp-llm/auth_token"
