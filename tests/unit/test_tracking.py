@@ -80,3 +80,16 @@ def test_settings_become_flat_parameters():
     assert params["optim.lr"] == "0.001" and params["cluster.spark_conf"] == "{}"
     assert params["required"] == "[]" and params["name"] == "raydp_llm"
     assert json.loads(params["data.path"])[1].endswith("b.txt")
+
+
+def test_the_emr_runs_store_is_one_place_on_the_primary_wherever_the_job_runs(tmp_path,
+                                                                              monkeypatch):
+    """``ray job submit`` runs the driver in a directory of its own: the default store (relative,
+    ``outputs/mlflow.db``) would land there, one per job; the emr experiment fixes it in HOME, as
+    docs/deploy-emr.md says; a server given on the command line still wins."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    emr = ["+experiment=emr", "tracking=mlflow"]
+    assert tracking.store_uri(make_config(*emr).tracking) == (
+        f"sqlite:///{tmp_path}/raydp_llm/outputs/mlflow.db")
+    server = make_config(*emr, "tracking.uri=http://mlflow:5000").tracking
+    assert tracking.store_uri(server) == "http://mlflow:5000"
