@@ -7,7 +7,8 @@
 #      `ray start --head` on the primary node, or `ray start --address <primary>:6379` on core/task nodes,
 #      through `python -m raydp_llm.node`, which puts a JDK 17 on Ray's PATH first (Spark's executors are
 #      Ray's Java workers).
-# Ray gets the node's CPUs and memory minus a reserve for EMR's own daemons, spills objects to /mnt, and
+# Ray gets the node's CPUs and memory minus a reserve for EMR's own daemons, keeps its session (Spark's
+# shuffle and spill files among it), spilled objects and the s3:// models' copies on /mnt (--app-dir), and
 # serves its dashboard on 127.0.0.1 only (reach it through an SSH tunnel: launch/tunnel.sh).
 #
 # Uploaded and wired in by launch/emr/create_cluster.sh. Locally, --print shows the `ray start` command it
@@ -30,16 +31,19 @@ usage: bootstrap.sh --source URI --token-uri S3_URI [options]
   --reserve-cpus N     CPUs left to EMR's daemons on core/task nodes (default 1)
   --memory-percent P   share of the node's memory Ray may use, object store included (default 75)
   --torch KIND         auto | cpu | cuda (default auto: cuda when the node has an NVIDIA device)
-  --app-dir DIR        where the venv, logs and spill files go (default /mnt/raydp_llm)
+  --app-dir DIR        where the venv, Ray's session, spill files and model copies go (default
+                       /mnt/raydp_llm)
+  --min-free-gb N      warn when the volume of --app-dir has less free space (default 50)
   -h, --help           this help
 
 environment (for tests and debugging): EMR_INFO_DIR (instance.json, job-flow.json), EMR_STATE_FILE
-(job-flow-state.txt), NODE_CPUS, NODE_MEM_KB (instead of nproc and /proc/meminfo)
+(job-flow-state.txt), NODE_CPUS, NODE_MEM_KB, NODE_FREE_KB (instead of nproc, /proc/meminfo and df)
 EOF
 }
 die() { echo "$prog: error: $*" >&2; exit 2; }
 
 source_uri="" token_uri="" head_cpus=0 reserve_cpus=1 mem_pct=75 torch=auto app_dir=/mnt/raydp_llm mode=install
+min_free_gb=50
 port=6379 dashboard_port=8265
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -50,6 +54,7 @@ while [[ $# -gt 0 ]]; do
     --memory-percent) mem_pct=${2:?}; shift 2 ;;
     --torch) torch=${2:?}; shift 2 ;;
     --app-dir) app_dir=${2:?}; shift 2 ;;
+    --min-free-gb) min_free_gb=${2:?}; shift 2 ;;
     --print) mode=print; shift ;;
     --check-provisioned) mode=check; shift ;;
     --start-ray) mode=start; shift ;;  # internal: the background part
@@ -58,7 +63,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $torch =~ ^(auto|cpu|cuda)$ ]] || die "--torch must be auto, cpu or cuda, not: $torch"
-for n in "$head_cpus" "$reserve_cpus" "$mem_pct"; do [[ $n =~ ^[0-9]+$ ]] || die "not a whole number: $n"; done
+for n in "$head_cpus" "$reserve_cpus" "$mem_pct" "$min_free_gb"; do [[ $n =~ ^[0-9]+$ ]] || die "not a whole number: $n"; done
 
 info_dir=${EMR_INFO_DIR:-/mnt/var/lib/info}
 state_file=${EMR_STATE_FILE:-/emr/instance-controller/lib/info/job-flow-state.txt}
@@ -84,7 +89,9 @@ ray_start_words() {
   is_master=$(json_get "$info_dir/instance.json" isMaster)
   # raydp_llm.node is `ray start` with a JDK 17 on PATH: a raylet started without Java never hosts
   # Spark's executors (Ray's Java workers); EMR's JDK is not on PATH
-  printf '%s\n' "RAY_AUTH_MODE=token" "$venv/bin/python" -m raydp_llm.node
+  # every process Ray starts (training workers, the job's driver) copies s3:// models to the volume
+  printf '%s\n' "RAY_AUTH_MODE=token" "RAYDP_LLM_MODEL_CACHE=$app_dir/models" \
+    "$venv/bin/python" -m raydp_llm.node
   if [[ $is_master == true ]]; then
     printf '%s\n' --head "--port=$port" --dashboard-host=127.0.0.1 "--dashboard-port=$dashboard_port" \
       "--num-cpus=$head_cpus"
@@ -95,8 +102,23 @@ ray_start_words() {
     cpus=$((cpus > reserve_cpus ? cpus - reserve_cpus : 1))
     printf '%s\n' "--address=$head_dns:$port" "--num-cpus=$cpus"
   fi
+  # Ray's session (logs, and the RayDP executors' working and temp directories: Spark's shuffle and
+  # spill files) and its spilled objects on the volume, not /tmp (a tmpfs, or the 15 GiB root volume)
   printf '%s\n' "--memory=$((ray_bytes - store_bytes))" "--object-store-memory=$store_bytes" \
-    "--object-spilling-directory=$app_dir/spill" --disable-usage-stats
+    "--temp-dir=$app_dir/ray-tmp" "--object-spilling-directory=$app_dir/spill" --disable-usage-stats
+}
+
+# One line on stderr when the volume under --app-dir (Ray's session, Spark's shuffle and spill, spilled
+# objects, model copies) has less than --min-free-gb free.
+space_warning() {
+  local dir=$app_dir free_kb
+  until [[ -d $dir ]]; do dir=$(dirname "$dir"); done
+  free_kb=${NODE_FREE_KB:-$(df -Pk "$dir" | awk 'NR == 2 {print $4}')}
+  if ((free_kb < min_free_gb * 1024 * 1024)); then
+    echo "$prog: warning: $((free_kb / 1024 / 1024)) GiB free for $app_dir, under --min-free-gb" \
+      "$min_free_gb: Spark's shuffle and spill, spilled objects and model copies go there;" \
+      "create the cluster with a larger volume (create_cluster.sh --volume-gb)" >&2
+  fi
 }
 
 # EMR's own provisioning of this node: SUCCESSFUL once Hadoop and the other applications are set up.
@@ -109,6 +131,7 @@ provision_status() {
 
 case $mode in
   print)
+    space_warning
     words=$(ray_start_words)
     echo "${words//$'\n'/ }"
     exit 0 ;;
@@ -121,6 +144,7 @@ case $mode in
     # Background part: wait for EMR, start Ray (workers retry until the head is up), then keep EMR's
     # auto-termination from counting a running training job as idle time (Ray jobs are not YARN apps).
     until [[ $(provision_status) == SUCCESSFUL ]]; do sleep 10; done
+    space_warning
     out=$(ray_start_words)
     mapfile -t words <<<"$out"
     echo "$(date -Is) ${words[*]}"
@@ -145,7 +169,7 @@ esac
 [[ -n $source_uri ]] || die "--source is required (see -h)"
 [[ $token_uri == s3://* ]] || die "--token-uri s3://... is required (see -h)"
 set -x
-sudo mkdir -p "$app_dir/spill" "$app_dir/src"
+sudo mkdir -p "$app_dir/spill" "$app_dir/src" "$app_dir/ray-tmp" "$app_dir/models"
 sudo chown -R "$(id -un):$(id -gn)" "$app_dir"
 command -v python3.11 >/dev/null || sudo dnf install -y python3.11
 python3.11 -m venv "$venv"
@@ -169,5 +193,5 @@ mkdir -p ~/.ray && chmod 700 ~/.ray
 
 cp "$0" "$app_dir/bootstrap.sh" && chmod +x "$app_dir/bootstrap.sh"
 nohup setsid "$app_dir/bootstrap.sh" --start-ray --head-cpus "$head_cpus" --reserve-cpus "$reserve_cpus" \
-  --memory-percent "$mem_pct" --app-dir "$app_dir" </dev/null >>"$app_dir/ray-start.log" 2>&1 &
+  --memory-percent "$mem_pct" --app-dir "$app_dir" --min-free-gb "$min_free_gb" </dev/null >>"$app_dir/ray-start.log" 2>&1 &
 echo "$prog: installed; Ray starts once EMR has provisioned this node (log: $app_dir/ray-start.log)"

@@ -29,6 +29,9 @@ usage: create_cluster.sh --name NAME --bucket BUCKET --key-name KEY [options]
   --core-count N         core nodes (default 2)
   --task-type TYPE       task node instance type (default: the core type)
   --task-count N         task nodes (default 0)
+  --volume-gb N          a gp3 EBS volume of N GiB on each core and task node, which EMR mounts as /mnt:
+                         Ray's session, Spark's shuffle and spill, spilled objects and model copies
+                         (default: EMR's default volume for the instance type)
   --idle-timeout SEC     terminate after SEC idle seconds, 60..604800 (default 7200); a running
                          raydp_llm job counts as busy
   --source S3_URI        the project's source on S3 (default s3://BUCKET/PREFIX/raydp_llm-src.tar.gz)
@@ -45,6 +48,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"  # die, show, run
 
 name="" bucket="" key_name="" prefix=raydp_llm release=emr-7.13.0 region="" subnet=""
 primary_type=m7i.xlarge core_type=m7i.2xlarge core_count=2 task_type="" task_count=0 idle_timeout=7200
+volume_gb=""
 source_uri="" upload_source="" token_file="" dry_run=0 ba_extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -60,6 +64,7 @@ while [[ $# -gt 0 ]]; do
     --core-count) core_count=${2:?}; shift 2 ;;
     --task-type) task_type=${2:?}; shift 2 ;;
     --task-count) task_count=${2:?}; shift 2 ;;
+    --volume-gb) volume_gb=${2:?}; shift 2 ;;
     --idle-timeout) idle_timeout=${2:?}; shift 2 ;;
     --source) source_uri=${2:?}; shift 2 ;;
     --upload-source) upload_source=${2:?}; shift 2 ;;
@@ -76,6 +81,7 @@ done
 [[ $release =~ ^emr-7\.([1-9]|[1-9][0-9])\.[0-9]+$ ]] || die "--release must be emr-7.1.0 or later (Python 3.11), not: $release"
 [[ $core_count =~ ^[1-9][0-9]*$ ]] || die "--core-count must be 1 or more, not: $core_count"
 [[ $task_count =~ ^[0-9]+$ ]] || die "--task-count must be a whole number, not: $task_count"
+[[ -z $volume_gb || $volume_gb =~ ^[1-9][0-9]*$ ]] || die "--volume-gb must be 1 or more, not: $volume_gb"
 if ! [[ $idle_timeout =~ ^[0-9]+$ ]] || ((idle_timeout < 60 || idle_timeout > 604800)); then
   die "--idle-timeout must be 60..604800 seconds, not: $idle_timeout"
 fi
@@ -96,9 +102,12 @@ if [[ $dry_run == 0 ]]; then  # a new token: 256 random bits, as `ray get-auth-t
   echo "$prog: new cluster token in $token_file" >&2
 fi
 
+ebs=""  # the workers' volume (bootstrap.sh puts Ray's scratch on /mnt)
+[[ -n $volume_gb ]] && ebs=",EbsConfiguration={EbsBlockDeviceConfigs=[{VolumeSpecification={VolumeType=gp3,\
+SizeInGB=$volume_gb},VolumesPerInstance=1}]}"
 groups=("InstanceGroupType=MASTER,InstanceCount=1,InstanceType=$primary_type"
-        "InstanceGroupType=CORE,InstanceCount=$core_count,InstanceType=$core_type")
-((task_count > 0)) && groups+=("InstanceGroupType=TASK,InstanceCount=$task_count,InstanceType=${task_type:-$core_type}")
+        "InstanceGroupType=CORE,InstanceCount=$core_count,InstanceType=$core_type$ebs")
+((task_count > 0)) && groups+=("InstanceGroupType=TASK,InstanceCount=$task_count,InstanceType=${task_type:-$core_type}$ebs")
 ec2=KeyName=$key_name
 [[ -n $subnet ]] && ec2+=,SubnetId=$subnet
 ba_args=(--source "$source_uri" --token-uri "$token_uri" ${ba_extra[@]+"${ba_extra[@]}"})

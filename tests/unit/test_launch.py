@@ -139,12 +139,18 @@ ALL_OPTIONS = [
     "--core-count", "4",
     "--task-count", "3",
     "--task-type", "m7i.4xlarge",
+    "--volume-gb", "500",
     "--idle-timeout", "3600",
     "--source", "s3://other/src.whl",
     "--upload-source", "dist/src.whl",
     "--bootstrap-arg", "--head-cpus",
     "--bootstrap-arg", "2",
 ]
+
+
+# --volume-gb: each worker node's volume, mounted as /mnt (where bootstrap.sh puts Ray's scratch)
+EBS = (",EbsConfiguration={EbsBlockDeviceConfigs=[{VolumeSpecification={VolumeType=gp3,"
+       "SizeInGB=500},VolumesPerInstance=1}]}")
 
 
 def test_create_cluster_dry_run_all_options(env):
@@ -158,8 +164,8 @@ def test_create_cluster_dry_run_all_options(env):
         "aws emr create-cluster --name 'big run' --release-label emr-7.10.0 --applications "
         "Name=Hadoop --instance-groups "
         "InstanceGroupType=MASTER,InstanceCount=1,InstanceType=m7i.2xlarge "
-        "InstanceGroupType=CORE,InstanceCount=4,InstanceType=g5.2xlarge "
-        "InstanceGroupType=TASK,InstanceCount=3,InstanceType=m7i.4xlarge --ec2-attributes "
+        f"'InstanceGroupType=CORE,InstanceCount=4,InstanceType=g5.2xlarge{EBS}' "
+        f"'InstanceGroupType=TASK,InstanceCount=3,InstanceType=m7i.4xlarge{EBS}' --ec2-attributes "
         "KeyName=k,SubnetId=subnet-0abc --use-default-roles --log-uri s3://b/p/q/emr-logs/ "
         "--bootstrap-actions "
         "'Path=s3://b/p/q/bootstrap.sh,Name=raydp_llm-ray,Args=[--source,s3://other/src.whl,"
@@ -226,8 +232,8 @@ def emr_info(tmp_path, env):
         '{"jobFlowId": "j-2AXXXXXXGAPLF", "masterPrivateDnsName": "ip-10-0-0-12.ec2.internal", '
         '"instanceGroups": []}')
     env.update(
-        EMR_INFO_DIR=str(info), NODE_CPUS="8", NODE_MEM_KB="32000000"
-    )  # 8 vCPUs, 32,000,000 kB
+        EMR_INFO_DIR=str(info), NODE_CPUS="8", NODE_MEM_KB="32000000", NODE_FREE_KB="104857600"
+    )  # 8 vCPUs, 32,000,000 kB, 100 GiB free
 
     def node(is_master: bool, role: str):
         (info / "instance.json").write_text(
@@ -239,13 +245,17 @@ def emr_info(tmp_path, env):
 # 32,000,000 kB × 1024 × 75 % = 24,576,000,000 bytes for Ray: 30 % object store, the rest task
 # memory.
 MEMORY = "--memory=17203200000 --object-store-memory=7372800000"
-TAIL = f"{MEMORY} --object-spilling-directory=/mnt/raydp_llm/spill --disable-usage-stats"
+TAIL = (f"{MEMORY} --temp-dir=/mnt/raydp_llm/ray-tmp "
+        "--object-spilling-directory=/mnt/raydp_llm/spill --disable-usage-stats")
+# Ray's processes copy s3:// models to the volume; Ray with a JDK on PATH
+HEAD = ("RAY_AUTH_MODE=token RAYDP_LLM_MODEL_CACHE=/mnt/raydp_llm/models "
+        "/mnt/raydp_llm/venv/bin/python -m raydp_llm.node")
 
 
 def test_bootstrap_primary_node(env, emr_info):
     emr_info(True, "master")
     assert lines(run(BOOTSTRAP, "--print", env=env)) == [
-        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/python -m raydp_llm.node --head --port=6379 "
+        f"{HEAD} --head --port=6379 "
         f"--dashboard-host=127.0.0.1 --dashboard-port=8265 --num-cpus=0 {TAIL}"]
 
 
@@ -253,8 +263,7 @@ def test_bootstrap_primary_node(env, emr_info):
 def test_bootstrap_core_and_task_nodes(env, emr_info, role):
     emr_info(False, role)
     assert lines(run(BOOTSTRAP, "--print", env=env)) == [
-        "RAY_AUTH_MODE=token /mnt/raydp_llm/venv/bin/python -m raydp_llm.node "
-        f"--address=ip-10-0-0-12.ec2.internal:6379 --num-cpus=7 {TAIL}"]
+        f"{HEAD} --address=ip-10-0-0-12.ec2.internal:6379 --num-cpus=7 {TAIL}"]
 
 
 def test_bootstrap_options(env, emr_info):
@@ -272,10 +281,11 @@ def test_bootstrap_options(env, emr_info):
             env=env,
         )
     )
-    assert out == ["RAY_AUTH_MODE=token /data/x/venv/bin/python -m raydp_llm.node "
+    assert out == ["RAY_AUTH_MODE=token RAYDP_LLM_MODEL_CACHE=/data/x/models "
+                   "/data/x/venv/bin/python -m raydp_llm.node "
                    "--address=ip-10-0-0-12.ec2.internal:6379 --num-cpus=6 --memory=11468800000 "
-                   "--object-store-memory=4915200000 --object-spilling-directory=/data/x/spill "
-                   "--disable-usage-stats"]
+                   "--object-store-memory=4915200000 --temp-dir=/data/x/ray-tmp "
+                   "--object-spilling-directory=/data/x/spill --disable-usage-stats"]
     emr_info(True, "master")
     assert (
         "--head --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265 --num-cpus=2 "
@@ -293,6 +303,20 @@ def test_auto_termination_counts_every_command_of_the_project_as_busy():
     for entry in entries:
         assert re.search(busy, f"/mnt/raydp_llm/venv/bin/python -m raydp_llm.{entry} x=1"), entry
     assert not re.search(busy, "/mnt/raydp_llm/venv/bin/python -m raydp_llm.node --head")
+
+
+def test_bootstrap_warns_when_the_volume_is_short(env, emr_info):
+    """Ray's session, Spark's shuffle and spill, spilled objects and model copies share the volume
+    of --app-dir: under --min-free-gb free, one line says so and how to get more."""
+    emr_info(False, "core")
+    assert run(BOOTSTRAP, "--print", env=env).stderr == ""  # 100 GiB free
+    env["NODE_FREE_KB"] = str(20 * 1024 * 1024)
+    p = run(BOOTSTRAP, "--print", env=env)
+    assert p.stderr == (
+        "bootstrap.sh: warning: 20 GiB free for /mnt/raydp_llm, under --min-free-gb 50: Spark's "
+        "shuffle and spill, spilled objects and model copies go there; create the cluster with a "
+        "larger volume (create_cluster.sh --volume-gb)\n")
+    assert run(BOOTSTRAP, "--print", "--min-free-gb", "16", env=env).stderr == ""
 
 
 def test_bootstrap_outside_emr(env, tmp_path):
