@@ -360,6 +360,12 @@ def test_ray_cluster_yaml_is_valid_for_ray():
         and "RAY_AUTH_MODE=token" in head
         and "RAY_AUTH_MODE=token" in worker
     )
+    # Ray's AWS provider gives each node its type's resources, over `ray start --num-cpus`: the CPU
+    # left to the system is held back there (the head runs no tasks)
+    types = prepare_config(config)["available_node_types"]
+    assert types["ray.head.default"]["resources"] == {"CPU": 0}
+    assert types["ray.worker.default"]["resources"] == {"CPU": 7}  # m7i.2xlarge: 8 vCPUs - 1
+    assert "--num-cpus" not in worker
     # every node starts Ray with a JDK on its PATH (raydp_llm/cli/node.py): Spark's executors
     assert "python -m raydp_llm.node --head" in head
     assert "python -m raydp_llm.node --address" in worker
