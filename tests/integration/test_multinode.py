@@ -301,11 +301,16 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
             "cache_hit"] is False
 
 
-def _node_without_java(two_nodes) -> subprocess.Popen:
+def _node_without_java(two_nodes, tools: Path) -> subprocess.Popen:
     """A third node joining the cluster as launch/ scripts start one (``python -m raydp_llm.node``),
-    from an environment with no Java: no JAVA_HOME, nothing but the venv on PATH."""
+    from an environment with no Java: no JAVA_HOME, and on PATH the venv and ``tools``, this
+    machine's /usr/bin without what runs from a JDK (Ray's workers need bash and the like)."""
+    tools.mkdir()
+    for program in Path("/usr/bin").iterdir():
+        if "/jvm/" not in str(program.resolve()) and not program.name.startswith("java"):
+            (tools / program.name).symlink_to(program)
     env = {k: v for k, v in two_nodes.env.items() if k != "JAVA_HOME"}
-    env["PATH"] = str(Path(sys.executable).parent)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{tools}"
     assert shutil.which("java", path=env["PATH"]) is None
     return subprocess.Popen([sys.executable, "-m", "raydp_llm.node", "--block",
                              f"--address={two_nodes.address}", "--num-cpus=1",
@@ -313,14 +318,15 @@ def _node_without_java(two_nodes) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def test_spark_on_the_cluster_admits_only_clients_with_its_applications_secret(two_nodes):
+def test_spark_on_the_cluster_admits_only_clients_with_its_applications_secret(two_nodes,
+                                                                               tmp_path):
     """Spark's driver and three executors, one on each node (STRICT_SPREAD), as a job starts them
     (tests/helpers/spark_probe.py holds the application open), one node started with no Java:
     ``raydp_llm.node`` gives its raylet the project's JDK, without which Ray never starts an
     executor there. Spark's own client is refused at the block-transfer ports with a wrong
     secret, and admitted with the application's (which a server without authentication would
     refuse too: it does not speak the handshake)."""
-    third = _node_without_java(two_nodes)
+    third = _node_without_java(two_nodes, tmp_path / "bin")
     probe = None
     try:
         probe = subprocess.Popen(
