@@ -64,11 +64,21 @@ class SparkSecret:
         jvm.java.lang.System.setProperty(SECRET, self.value)
 
 
-def protection_settings(user: dict) -> dict[str, str]:
+def user_settings(cfg: ClusterSettings) -> dict[str, str]:
+    """``cluster.spark_conf`` as Spark's settings: keys and values as strings."""
+    return {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
+
+
+def turned_off(user: dict[str, str], key: str) -> bool:
+    """Whether the user's settings turn the protection ``key`` off (it is on unless they do)."""
+    return user.get(key, "true").lower() != "true"
+
+
+def protection_settings(user: dict[str, str]) -> dict[str, str]:
     """Spark's protections on, with one warning for each that ``cluster.spark_conf`` (``user``)
     turns off."""
     for key, opened in PROTECTIONS.items():
-        if str(user.get(key, "true")).lower() != "true":
+        if turned_off(user, key):
             log.warning("cluster.spark_conf sets %s=%s: %s; remove it to protect Spark again "
                         "(docs/security.md)", key, user[key], opened)
     return dict.fromkeys(PROTECTIONS, "true")
@@ -79,8 +89,8 @@ def spark_secret(cfg: ClusterSettings) -> Iterator[SparkSecret | None]:
     """A new secret for one Spark application (or the one ``cluster.spark_conf`` sets), its
     credentials file on every node of the Ray cluster, removed on exit; None when
     ``cluster.spark_conf`` turns authentication off."""
-    user = {str(k): str(v) for k, v in (cfg.spark_conf or {}).items()}
-    if user.get("spark.authenticate", "true").lower() != "true":
+    user = user_settings(cfg)
+    if turned_off(user, "spark.authenticate"):
         yield None
         return
     if SECRET in user:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from raydp_llm.core.config import ClusterSettings
 from raydp_llm.engines.java import JVM_FLAGS, QUICK_START_FLAGS
-from raydp_llm.engines.spark_security import SECRET, protection_settings
+from raydp_llm.engines.spark_security import SECRET, protection_settings, user_settings
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
         configs |= hive_configs(cfg, log_dir, configs["spark.driver.extraJavaOptions"])
     # the secret is handed to the JVMs otherwise (spark_security.py): RayDP puts every setting on
     # its app master's command line
-    user = {str(k): str(v) for k, v in (cfg.spark_conf or {}).items() if str(k) != SECRET}
+    user = {k: v for k, v in user_settings(cfg).items() if k != SECRET}
     configs |= protection_settings(user)  # authentication and encryption (spark_security.py)
     for key in JAVA_OPTION_KEYS & user.keys():  # added to ours: Spark on JDK 17 needs --add-opens
         user[key] = f"{configs[key]} {user[key]}"
