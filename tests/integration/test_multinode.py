@@ -273,11 +273,16 @@ def test_spark_on_the_cluster_admits_only_clients_with_its_applications_secret(t
             assert knock(host, port, "wrong").startswith("refused"), (host, port)
             assert knock(host, port, "right") == "connected", (host, port)
     finally:
-        if probe is not None:
-            probe.stdin.close()
-            probe.wait(timeout=120)
-        third.terminate()  # `ray start --block` stops its node
-        third.wait(timeout=120)
+        try:
+            if probe is not None:
+                probe.stdin.close()
+                try:
+                    probe.wait(timeout=120)
+                finally:
+                    probe.kill()  # a no-op once it has exited
+        finally:  # the third node goes whatever the probe did
+            third.terminate()  # `ray start --block` stops its node
+            third.wait(timeout=120)
 
 
 def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
