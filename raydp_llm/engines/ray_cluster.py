@@ -61,10 +61,9 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0,
         raydp_fixes.reap_orphaned_agents()
     if not cfg.verbose:
         quiet_python_logs()
-    with node_address(cfg):
+    with node_address(cfg):  # Ray's processes, started now, keep it; this one's children do not
         context = ray.init(**kwargs)
-        up = Span(began, time.time())
-        yield from _serving(cfg, context, up)
+    yield from _serving(cfg, context, Span(began, time.time()))
 
 
 def _serving(cfg: ClusterSettings, context, up: Span) -> Iterator[Span]:
@@ -83,7 +82,9 @@ def _serving(cfg: ClusterSettings, context, up: Span) -> Iterator[Span]:
 def node_address(cfg: ClusterSettings) -> Iterator[None]:
     """While open, the embedded Ray started takes ``cluster.bind_address`` as its node's address:
     127.0.0.1 by default, so that Ray's, Spark's and RayDP's ports listen on this machine alone
-    (``raydp_fixes.loopback_node``). Another address opens them to a network, with a warning."""
+    (``raydp_fixes.loopback_node``). Another address opens them to a network, with a warning.
+    Open for ``ray.init`` alone: Ray's processes inherit the setting then, and the processes this
+    one starts later (``ray start`` of a cluster, a job's command) do not."""
     if cfg.address != "local":
         yield
         return

@@ -34,7 +34,9 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    "127.0.0.1")`` resolves it to the machine's routable address (``resolve_ip_for_localhost``),
    and Ray, RayDP's JVMs and Spark's executors listen there. Ray's single-machine mode
    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the default on macOS), read once at import, keeps
-   the node, and every port of Ray's, Spark's and RayDP's, on 127.0.0.1.
+   the node, and every port of Ray's, Spark's and RayDP's, on 127.0.0.1. Set only while Ray
+   starts: its processes inherit it, and a process this one starts afterwards must not (a ``ray
+   start`` in single-machine mode never joins another cluster: a test's third node did not).
 """
 
 from __future__ import annotations
@@ -146,8 +148,8 @@ SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 @contextlib.contextmanager
 def loopback_node() -> Iterator[None]:
-    """Workaround 5: while open, a Ray started by this process (and the Ray workers it starts)
-    takes 127.0.0.1 as its node's address."""
+    """Workaround 5: while open, a Ray started by this process takes 127.0.0.1 as its node's
+    address; its processes (GCS, raylet, and the workers the raylet starts) inherit the setting."""
     from ray._private import ray_constants
 
     was_cluster, was_set = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(SINGLE_MACHINE)
