@@ -16,6 +16,8 @@ from typing import Iterator
 
 import ray
 
+from raydp_llm.engines.this_node import on_this_node
+
 TURNS = "raydp_llm_spark_turns"
 LEASE_CHECK_S = 1.0  # how often a waiting Spark asks whether the holder's process still lives
 
@@ -55,7 +57,7 @@ class _Turns:
 @contextlib.contextmanager
 def one_at_a_time() -> Iterator[None]:
     """In this block every Spark started in this Ray namespace waits until no other runs."""
-    turns = _Turns.options(name=TURNS).remote()
+    turns = _Turns.options(name=TURNS, scheduling_strategy=on_this_node()).remote()
     try:
         yield
     finally:
@@ -70,7 +72,8 @@ def spark_turn() -> Iterator[None]:
     except ValueError:  # no sweep's
         yield
         return
-    lease, token = _Lease.remote(), secrets.token_hex(8)
+    lease = _Lease.options(scheduling_strategy=on_this_node()).remote()
+    token = secrets.token_hex(8)
     ray.get(turns.take.remote(lease, token))
     try:
         yield

@@ -189,6 +189,10 @@ def _assert_both_nodes_ran_an_executor_and_a_worker(two_nodes: TwoNodes, run_dir
     workers = [a["node"] for a in actors if a["class"] == "RayTrainWorker"]
     assert len(executors) == 2 and set(executors.values()) == nodes, actors
     assert len(workers) == 2 and set(workers) == nodes, actors
+    # the run's hand-off lives on the driver's node, as Ray Train's controller (this_node.py)
+    handoff = {a["node"] for a in actors if a["class"] == "Handoff"}
+    assert len(handoff) == 1 and handoff == {
+        a["node"] for a in actors if a["class"] == "TrainController"}, actors
 
     # Both executors ran Spark tasks (Spark's event log names the executor of every task).
     tasks = Counter()

@@ -14,6 +14,7 @@ from ray import tune
 
 from raydp_llm.cli.sweep import records
 from raydp_llm.cli.sweep.trial import SweepJob, end_process
+from raydp_llm.engines.this_node import on_this_node
 from raydp_llm.training.handoff import SWEEP_GROUPS, free_group
 
 
@@ -35,7 +36,7 @@ class _Groups:
 def trial_groups():
     """The ledger of the trials' placement groups (``handoff.SWEEP_GROUPS``), for
     ``TrialLines`` to free a trial's as it ends."""
-    groups = _Groups.options(name=SWEEP_GROUPS).remote()
+    groups = _Groups.options(name=SWEEP_GROUPS, scheduling_strategy=on_this_node()).remote()
     try:
         yield groups
     finally:

@@ -26,6 +26,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from raydp_llm.core.config import TrainSettings
 from raydp_llm.core.errors import first_line
 from raydp_llm.core.storage import S3Options, resolve
+from raydp_llm.engines.this_node import on_this_node
 from raydp_llm.training.driver.best import Best, best_of, checkpoint_config
 from raydp_llm.training.driver.metrics import (
     Divergence,
@@ -133,7 +134,9 @@ class StartedFit:
         self.launch, self.aborted = launch, False
         # a sweep's trial: its worker groups go to the sweep's ledger too (handoff.post_group)
         sweep_key = str(launch.out_dir) if in_trial() else None
-        self.run = RunContext(run_name, handoff=Handoff.remote(), sweep_key=sweep_key)
+        # the hand-off on the driver's node: a restarted worker group finds it after a node is lost
+        handoff = Handoff.options(scheduling_strategy=on_this_node()).remote()
+        self.run = RunContext(run_name, handoff=handoff, sweep_key=sweep_key)
         self.marks: dict = {}
         self.trainer = torch_trainer(train, s3, self.run, launch)
         self.outcome = None  # fit's Result, or what it raised
