@@ -29,7 +29,7 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl.handoff import to_object_store, to_parquet
+from raydp_llm.data.etl.handoff import held_per_node, to_object_store, to_parquet
 from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan, Manifest
 from raydp_llm.data.etl.run import phase_names, run_etl
@@ -295,6 +295,9 @@ def _after_spark(job: EtlJob, run: _SparkRun, timings: dict, to_ray: bool) -> Pr
         "spark_start_s": round(timings.get("spark_start_s", 0.0), 3),  # 0: Spark was running
         **run.stats,
     }
+    if sources is not None:  # handed to the object store
+        stats["object_store_bytes"] = held_per_node(sources)
+        _report_held(stats["object_store_bytes"])
     write_json(job.out_dir / STATS_FILE, stats)
     entry = cache.commit(run.staged, stats) if run.staged else None
     if to_ray and entry:
@@ -315,6 +318,16 @@ def _report(out: EtlOutput, run_name: str) -> None:
     gauges = RunGauges(run_name)
     gauges.set_tagged("etl_phase_s", "phase", out.phase_s)
     gauges.set_tagged("etl_chunks", "split", {"train": m.chunks_train, "val": m.chunks_val})
+
+
+def _report_held(held: dict[str, int]) -> None:
+    """The hand-off's bytes in each node's object store, on the console."""
+    import ray
+
+    address = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    log.info("hand-off: the object store holds %s", ", ".join(
+        f"{n / 2**20:.1f} MiB on {address.get(node, '?')} ({node[:8]})"
+        for node, n in sorted(held.items(), key=lambda item: -item[1])))
 
 
 def curation_lines(m: dict) -> list[str]:

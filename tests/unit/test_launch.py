@@ -73,6 +73,9 @@ def test_help(script, env):
     (SUBMIT, ["data.path=x"], "Hydra overrides go after --"),
     # not a dry run: no RAY_AUTH_TOKEN, no token file; fails before any ssh
     (SUBMIT, [], "no token"),
+    (SUBMIT, ["--emr-step"], "no cluster recorded"),
+    (SUBMIT, ["--emr-step", "--cluster-id", "j-1", "--head", "h", "--key", "k"],
+     "--emr-step takes no --head"),
     (TUNNEL, ["--key", "k.pem"], "--head is required"),
     (TUNNEL, ["--head", "h"], "--key is required"),
     (TEARDOWN, [], "--cluster-id or --ray-config is required"),

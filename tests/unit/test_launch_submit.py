@@ -5,8 +5,11 @@ record any call, and the tests assert there was none."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import socket
+import subprocess
 from pathlib import Path
 
 from helpers.launch import SUBMIT, TEARDOWN, TUNNEL, lines, run
@@ -59,6 +62,40 @@ def test_submit_dry_run_through_open_tunnel(env):
         "env RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:18265 --submission-id "
         "run-1 --no-wait -- python -m raydp_llm.train +experiment=smoke",
     ]
+
+
+def test_submit_as_an_emr_step_hands_the_run_the_words_typed(env, tmp_path):
+    """--emr-step: one `aws emr add-steps` for the recorded cluster (no ssh, no tunnel, no token
+    here); the step's command, run by bash on a stand-in primary, gives the run's Python exactly
+    the overrides typed, quotes, $(...) and [a,b] among them."""
+    record = Path(env["HOME"]) / ".ray" / "raydp_llm" / "clusters" / "c1"
+    record.mkdir(parents=True)
+    (record / "cluster.env").write_text("CLUSTER_ID=j-1ABC\nTOKEN_URI=s3://b/t\n")
+    typed = ["data.path=s3://b/corpus/", "sample.prompt=To be, or 'not'", "x=$(touch pwned)",
+             "train.x=[a,b]"]
+    app = tmp_path / "app"
+    p = run(SUBMIT, "--emr-step", "--dry-run", "--app-dir", str(app), "--region", "eu-west-1",
+            "--", *typed, env=env)
+    [line] = lines(p)
+    words = shlex.split(line)
+    assert words[:5] == ["aws", "emr", "add-steps", "--cluster-id", "j-1ABC"]
+    assert words[5] == "--steps" and words[7:] == ["--query", "StepIds[0]", "--output", "text",
+                                                   "--region", "eu-west-1"]
+    [step] = json.loads(words[6])
+    assert step["Jar"] == "command-runner.jar" and step["Args"][:2] == ["bash", "-c"]
+
+    # the primary: the venv's python a stand-in that prints its words, HOME the step's directory
+    (app / "venv" / "bin").mkdir(parents=True)
+    python = app / "venv" / "bin" / "python"
+    python.write_text('#!/bin/sh\necho "$RAY_AUTH_MODE"; printf "%s\\n" "$@"\n')
+    python.chmod(0o755)
+    primary = tmp_path / "primary"
+    primary.mkdir()
+    out = subprocess.run(["bash", "-c", step["Args"][2]], env={**env, "HOME": str(primary)},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["token", "-m", "raydp_llm.train", "+experiment=emr", *typed]
+    assert list(primary.iterdir()) == []  # $(touch pwned) stayed a word
 
 
 def test_submit_passes_token_in_environment(env, tmp_path):
