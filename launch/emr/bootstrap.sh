@@ -19,18 +19,22 @@ set -euo pipefail
 prog=bootstrap.sh
 usage() {
   cat <<'EOF'
-usage: bootstrap.sh --source URI --token-uri S3_URI [options]
+usage: bootstrap.sh (--source URI | --wheelhouse S3_URI) --token-uri S3_URI [options]
        bootstrap.sh --print [options]          print the `ray start` command for this node, do nothing
+       bootstrap.sh --print-install [options]  print the install's commands, one a line, do nothing
        bootstrap.sh --check-provisioned        exit 0 when EMR has provisioned this node
 
   --source URI         the project: s3://.../raydp_llm-src.tar.gz (git archive), s3://.../*.whl, or any
                        pip requirement (git+https://..., a PyPI spec)
+  --wheelhouse S3_URI  install from the wheels launch/emr/wheelhouse.sh put there, with no package index:
+                       a node in a private subnet reaches S3 (through its gateway endpoint) and nothing else
   --token-uri S3_URI   the cluster's Ray auth token (one line), copied to ~/.ray/auth_token
   --head-cpus N        Ray CPUs on the primary node (default 0: it runs the driver, Spark's driver, the
                        GCS and the dashboard; training and executors go to core/task nodes)
   --reserve-cpus N     CPUs left to EMR's daemons on core/task nodes (default 1)
   --memory-percent P   share of the node's memory Ray may use, object store included (default 75)
-  --torch KIND         auto | cpu | cuda (default auto: cuda when the node has an NVIDIA device)
+  --torch KIND         auto | cpu | cuda (default auto: cuda when the node has an NVIDIA device); a
+                       wheelhouse holds the build it was made with
   --app-dir DIR        where the venv, Ray's session, spill files and model copies go (default
                        /mnt/raydp_llm)
   --min-free-gb N      warn when the volume of --app-dir has less free space (default 50)
@@ -42,12 +46,13 @@ EOF
 }
 die() { echo "$prog: error: $*" >&2; exit 2; }
 
-source_uri="" token_uri="" head_cpus=0 reserve_cpus=1 mem_pct=75 torch=auto app_dir=/mnt/raydp_llm mode=install
+source_uri="" wheelhouse="" token_uri="" head_cpus=0 reserve_cpus=1 mem_pct=75 torch=auto app_dir=/mnt/raydp_llm mode=install
 min_free_gb=50
 port=6379 dashboard_port=8265
 while [[ $# -gt 0 ]]; do
   case $1 in
     --source) source_uri=${2:?}; shift 2 ;;
+    --wheelhouse) wheelhouse=${2:?}; shift 2 ;;
     --token-uri) token_uri=${2:?}; shift 2 ;;
     --head-cpus) head_cpus=${2:?}; shift 2 ;;
     --reserve-cpus) reserve_cpus=${2:?}; shift 2 ;;
@@ -56,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     --app-dir) app_dir=${2:?}; shift 2 ;;
     --min-free-gb) min_free_gb=${2:?}; shift 2 ;;
     --print) mode=print; shift ;;
+    --print-install) mode=print-install; shift ;;
     --check-provisioned) mode=check; shift ;;
     --start-ray) mode=start; shift ;;  # internal: the background part
     -h|--help) usage; exit 0 ;;
@@ -166,27 +172,38 @@ case $mode in
 esac
 
 # Install (foreground: a failure here fails the cluster's start, with this script's output in the EMR logs).
-[[ -n $source_uri ]] || die "--source is required (see -h)"
-[[ $token_uri == s3://* ]] || die "--token-uri s3://... is required (see -h)"
-set -x
-sudo mkdir -p "$app_dir/spill" "$app_dir/src" "$app_dir/ray-tmp" "$app_dir/models"
-sudo chown -R "$(id -un):$(id -gn)" "$app_dir"
-command -v python3.11 >/dev/null || sudo dnf install -y python3.11
-python3.11 -m venv "$venv"
+[[ -n $source_uri || -n $wheelhouse ]] || die "--source or --wheelhouse is required (see -h)"
+[[ -z $wheelhouse || $wheelhouse == s3://* ]] || die "--wheelhouse takes an s3:// URI, not: $wheelhouse"
+[[ $token_uri == s3://* || $mode == print-install ]] || die "--token-uri s3://... is required (see -h)"
+
+# One step of the install: run, or with --print-install printed.
+step() { if [[ $mode == print-install ]]; then echo "$*"; else "$@"; fi; }
+
+[[ $mode == install ]] && set -x
+step sudo mkdir -p "$app_dir/spill" "$app_dir/src" "$app_dir/ray-tmp" "$app_dir/models"
+step sudo chown -R "$(id -un):$(id -gn)" "$app_dir"
+step sh -c 'command -v python3.11 >/dev/null || sudo dnf install -y python3.11'
+step python3.11 -m venv "$venv"
 export PIP_CACHE_DIR=$app_dir/pip-cache PIP_DISABLE_PIP_VERSION_CHECK=1
-"$venv/bin/pip" install -q --upgrade pip
-if [[ $torch == auto ]]; then
-  torch=cpu
-  grep -qs 0x10de /sys/bus/pci/devices/*/vendor && torch=cuda  # 0x10de: NVIDIA's PCI vendor id
+if [[ -n $wheelhouse ]]; then  # no index: the project and its pinned stack, torch's build among them
+  step aws s3 sync --only-show-errors "$wheelhouse" "$app_dir/wheelhouse"
+  step "$venv/bin/pip" install -q --no-index --find-links "$app_dir/wheelhouse" raydp_llm
+else
+  step "$venv/bin/pip" install -q --upgrade pip
+  if [[ $torch == auto ]]; then
+    torch=cpu
+    grep -qs 0x10de /sys/bus/pci/devices/*/vendor && torch=cuda  # 0x10de: NVIDIA's PCI vendor id
+  fi
+  if [[ $torch == cpu ]]; then  # the pinned version, CPU build (no 3 GB of CUDA libraries)
+    step "$venv/bin/pip" install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  fi
+  if [[ $source_uri == s3://* ]]; then
+    step aws s3 cp --only-show-errors "$source_uri" "$app_dir/src/"
+    source_uri=$app_dir/src/${source_uri##*/}
+  fi
+  step "$venv/bin/pip" install -q "$source_uri"
 fi
-if [[ $torch == cpu ]]; then  # the pinned version, CPU build (no 3 GB of CUDA libraries)
-  "$venv/bin/pip" install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-fi
-if [[ $source_uri == s3://* ]]; then
-  aws s3 cp --only-show-errors "$source_uri" "$app_dir/src/"
-  source_uri=$app_dir/src/${source_uri##*/}
-fi
-"$venv/bin/pip" install -q "$source_uri"
+[[ $mode == print-install ]] && exit 0
 set +x  # no tracing from here on: nothing that follows may print a secret
 mkdir -p ~/.ray && chmod 700 ~/.ray
 (umask 077 && aws s3 cp --only-show-errors "$token_uri" ~/.ray/auth_token)

@@ -36,6 +36,8 @@ usage: create_cluster.sh --name NAME --bucket BUCKET --key-name KEY [options]
                          raydp_llm job counts as busy
   --source S3_URI        the project's source on S3 (default s3://BUCKET/PREFIX/raydp_llm-src.tar.gz)
   --upload-source FILE   upload FILE (e.g. from git archive) to --source first
+  --wheelhouse S3_URI    the nodes install from these wheels (launch/emr/wheelhouse.sh), with no package
+                         index, instead of --source: for a private --subnet with an S3 gateway endpoint
   --token-file FILE      where to write the cluster's new Ray token (default
                          ~/.ray/raydp_llm/clusters/NAME/auth_token); it must not exist yet
   --bootstrap-arg ARG    one more argument for bootstrap.sh (repeat; e.g. --bootstrap-arg --head-cpus
@@ -49,7 +51,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"  # die, show, run
 name="" bucket="" key_name="" prefix=raydp_llm release=emr-7.13.0 region="" subnet=""
 primary_type=m7i.xlarge core_type=m7i.2xlarge core_count=2 task_type="" task_count=0 idle_timeout=7200
 volume_gb=""
-source_uri="" upload_source="" token_file="" dry_run=0 ba_extra=()
+source_uri="" upload_source="" wheelhouse="" token_file="" dry_run=0 ba_extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) name=${2:?}; shift 2 ;;
@@ -68,6 +70,7 @@ while [[ $# -gt 0 ]]; do
     --idle-timeout) idle_timeout=${2:?}; shift 2 ;;
     --source) source_uri=${2:?}; shift 2 ;;
     --upload-source) upload_source=${2:?}; shift 2 ;;
+    --wheelhouse) wheelhouse=${2:?}; shift 2 ;;
     --token-file) token_file=${2:?}; shift 2 ;;
     --bootstrap-arg) ba_extra+=("${2:?}"); shift 2 ;;
     --dry-run) dry_run=1; shift ;;
@@ -90,6 +93,10 @@ fi
 s3=s3://$bucket/$prefix
 source_uri=${source_uri:-$s3/raydp_llm-src.tar.gz}
 [[ $source_uri == *,* ]] && die "--source cannot contain commas: $source_uri"
+if [[ -n $wheelhouse ]]; then
+  [[ $wheelhouse == s3://* && $wheelhouse != *,* ]] || die "--wheelhouse takes an s3:// URI without commas, not: $wheelhouse"
+  [[ -z $upload_source ]] || die "--wheelhouse or --upload-source, not both: with a wheelhouse the nodes install from it"
+fi
 safe_name=${name//[^A-Za-z0-9._-]/_}
 record_dir=$HOME/.ray/raydp_llm/clusters/$safe_name
 token_file=${token_file:-$record_dir/auth_token}
@@ -110,7 +117,9 @@ groups=("InstanceGroupType=MASTER,InstanceCount=1,InstanceType=$primary_type"
 ((task_count > 0)) && groups+=("InstanceGroupType=TASK,InstanceCount=$task_count,InstanceType=${task_type:-$core_type}$ebs")
 ec2=KeyName=$key_name
 [[ -n $subnet ]] && ec2+=,SubnetId=$subnet
-ba_args=(--source "$source_uri" --token-uri "$token_uri" ${ba_extra[@]+"${ba_extra[@]}"})
+ba_args=(--source "$source_uri")
+[[ -n $wheelhouse ]] && ba_args=(--wheelhouse "$wheelhouse")
+ba_args+=(--token-uri "$token_uri" ${ba_extra[@]+"${ba_extra[@]}"})
 ba_list=$(IFS=,; echo "${ba_args[*]}")
 region_opt=()
 [[ -n $region ]] && region_opt=(--region "$region")

@@ -14,6 +14,7 @@ CREATE = LAUNCH / "emr" / "create_cluster.sh"
 SUBMIT = LAUNCH / "submit.sh"
 TUNNEL = LAUNCH / "tunnel.sh"
 TEARDOWN = LAUNCH / "teardown.sh"
+WHEELHOUSE = LAUNCH / "emr" / "wheelhouse.sh"
 
 
 def run(

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.launch import BOOTSTRAP, CREATE, SUBMIT, TEARDOWN, TUNNEL, lines, run
+from helpers.launch import BOOTSTRAP, CREATE, SUBMIT, TEARDOWN, TUNNEL, WHEELHOUSE, lines, run
 from helpers.paths import LAUNCH, ROOT
 
-SCRIPTS = [BOOTSTRAP, CREATE, SUBMIT, TUNNEL, TEARDOWN]
+SCRIPTS = [BOOTSTRAP, CREATE, SUBMIT, TUNNEL, TEARDOWN, WHEELHOUSE]
 
 NAMED = ["--name", "x", "--bucket", "b", "--key-name", "k"]  # create_cluster.sh's required args
 
@@ -81,7 +81,12 @@ def test_help(script, env):
     (TEARDOWN, [], "--cluster-id or --ray-config is required"),
     (TEARDOWN, ["--cluster-id", "j-1", "--ray-config", "c.yaml"], "not both"),
     (TEARDOWN, ["--cluster-id", "cluster-1"], "j-XXXXXXXXXXXXX"),
-    (BOOTSTRAP, ["--token-uri", "s3://b/t"], "--source is required"),
+    (BOOTSTRAP, ["--token-uri", "s3://b/t"], "--source or --wheelhouse is required"),
+    (BOOTSTRAP, ["--wheelhouse", "/w", "--print-install"], "--wheelhouse takes an s3:// URI"),
+    (CREATE, [*NAMED, "--wheelhouse", "https://x/w"], "--wheelhouse takes an s3:// URI"),
+    (CREATE, [*NAMED, "--wheelhouse", "s3://b/w", "--upload-source", "s.whl"], "not both"),
+    (WHEELHOUSE, [], "--bucket is required"),
+    (WHEELHOUSE, ["--bucket", "b", "--torch", "rocm"], "--torch must be cpu or cuda"),
     (BOOTSTRAP, ["--source", "s3://b/s.tar.gz"], "--token-uri s3://... is required"),
     (BOOTSTRAP, ["--torch", "rocm", "--print"], "--torch must be"),
 ])
@@ -320,6 +325,57 @@ def test_bootstrap_warns_when_the_volume_is_short(env, emr_info):
         "shuffle and spill, spilled objects and model copies go there; create the cluster with a "
         "larger volume (create_cluster.sh --volume-gb)\n")
     assert run(BOOTSTRAP, "--print", "--min-free-gb", "16", env=env).stderr == ""
+
+
+def _install_start() -> list[str]:
+    """The install's first steps on every node: the volume's folders, Python 3.11, the venv."""
+    owner = ":".join(subprocess.run(["id", flag], capture_output=True, text=True).stdout.strip()
+                     for flag in ("-un", "-gn"))
+    return ["sudo mkdir -p /mnt/raydp_llm/spill /mnt/raydp_llm/src /mnt/raydp_llm/ray-tmp "
+            "/mnt/raydp_llm/models", f"sudo chown -R {owner} /mnt/raydp_llm",
+            "sh -c command -v python3.11 >/dev/null || sudo dnf install -y python3.11",
+            "python3.11 -m venv /mnt/raydp_llm/venv"]
+
+
+def test_bootstrap_installs_from_a_wheelhouse_with_no_package_index(env):
+    """A private subnet: the wheels come from S3 and pip reads no index (--print-install); without a
+    wheelhouse, the source from S3 and the rest from the package indexes."""
+    p = run(BOOTSTRAP, "--print-install", "--wheelhouse", "s3://b/raydp_llm/wheelhouse/cpu/",
+            env=env)
+    assert lines(p) == [*_install_start(),
+                        "aws s3 sync --only-show-errors s3://b/raydp_llm/wheelhouse/cpu/ "
+                        "/mnt/raydp_llm/wheelhouse",
+                        "/mnt/raydp_llm/venv/bin/pip install -q --no-index --find-links "
+                        "/mnt/raydp_llm/wheelhouse raydp_llm"]
+    assert "http" not in p.stdout
+    p = run(BOOTSTRAP, "--print-install", "--torch", "cpu", "--source", "s3://b/src.tar.gz",
+            env=env)
+    assert lines(p) == [*_install_start(),
+                        "/mnt/raydp_llm/venv/bin/pip install -q --upgrade pip",
+                        "/mnt/raydp_llm/venv/bin/pip install -q torch==2.13.0 --index-url "
+                        "https://download.pytorch.org/whl/cpu",
+                        "aws s3 cp --only-show-errors s3://b/src.tar.gz /mnt/raydp_llm/src/",
+                        "/mnt/raydp_llm/venv/bin/pip install -q /mnt/raydp_llm/src/src.tar.gz"]
+
+
+@pytest.mark.parametrize("torch, index", [
+    ("cpu", "--extra-index-url https://download.pytorch.org/whl/cpu "), ("cuda", "")])
+def test_wheelhouse_builds_every_wheel_here_and_syncs_it_to_s3(env, tmp_path, torch, index):
+    env["TMPDIR"] = str(tmp_path)
+    p = run(WHEELHOUSE, "--dry-run", "--bucket", "b", "--torch", torch, env=env)
+    wheels = tmp_path / f"raydp_llm-wheelhouse-{torch}"
+    assert lines(p) == [
+        f"rm -rf {wheels}",
+        f"python3.11 -m pip wheel -q --wheel-dir {wheels} {index}{ROOT}",
+        f"aws s3 sync --only-show-errors --delete {wheels} s3://b/raydp_llm/wheelhouse/{torch}/"]
+
+
+def test_create_cluster_with_a_wheelhouse_hands_it_to_the_bootstrap(env):
+    p = run(CREATE, "--dry-run", *NAMED, "--subnet", "subnet-1", "--wheelhouse",
+            "s3://b/raydp_llm/wheelhouse/cpu/", "--token-file", "/keys/token", env=env)
+    assert ("Args=[--wheelhouse,s3://b/raydp_llm/wheelhouse/cpu/,--token-uri,"
+            "s3://b/raydp_llm/clusters/x/auth_token]" in lines(p)[-1])
+    assert "--source" not in p.stdout and "KeyName=k,SubnetId=subnet-1" in p.stdout
 
 
 def test_bootstrap_outside_emr(env, tmp_path):
