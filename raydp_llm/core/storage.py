@@ -15,6 +15,7 @@ import fnmatch
 import functools
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -95,8 +96,18 @@ def retried(work: Callable[[], T], s3: S3Options) -> T:
     raise AssertionError("unreachable")  # max_attempts ≥ 1
 
 
+# pyarrow's S3 error for a bucket in another region than the client's (its AWS SDK's HTTP 301):
+# "... Looks like the configured region is 'us-east-1' while the bucket is located in 'eu-west-1'."
+OTHER_REGION = re.compile(r"bucket is located in '([A-Za-z0-9-]+)'")
+
+
 def unreachable(key: str, value, err: OSError) -> InputError:
-    """The one-line error for a setting whose storage could not be read."""
+    """The one-line error for a setting whose storage could not be read: the region to set when
+    the bucket is in another one."""
+    other = OTHER_REGION.search(str(err))
+    if other:
+        return InputError(f"{key}={value}: the bucket is in the region {other[1]}, not the one "
+                          f"this client uses; set s3.region={other[1]} (or AWS_REGION)")
     return InputError(f"{key}={value}: cannot read it ({first_line(err)}); check the URI, "
                       "the AWS credentials (environment, ~/.aws, instance role) and "
                       "s3.endpoint_url")
