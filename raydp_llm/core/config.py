@@ -257,6 +257,12 @@ class ClusterSettings:
                                                   "free one",
                                             check=optional(Check(lambda v: 0 < v < 65536,
                                                                  "a port number, 1-65535")))
+    scratch_dir: Optional[str] = setting(
+        None, "a directory on each node's large volume for the run's scratch: Spark's local "
+              "directories (shuffle, spill), the copies of s3:// models, and on the embedded Ray "
+              "its session and spilled objects; null = /tmp and ~/.cache (on EMR "
+              "launch/emr/bootstrap.sh sets these per node)",
+        check=optional(Check(lambda v: v.startswith("/"), "an absolute local path")))
     spark_ui: bool = setting(False, "start Spark's web UI during the ETL and print its URL")
     verbose: bool = setting(False, "show Ray, Spark and Java logs on the console")
     # One executor of 2 slots rather than 2 of 1: the same parallelism, one JVM fewer to start

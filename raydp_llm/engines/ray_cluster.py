@@ -24,11 +24,13 @@ import ray.data
 from ray.job_config import JobConfig
 
 from raydp_llm.core.config import ClusterSettings
+from raydp_llm.core.errors import InputError
 from raydp_llm.core.timing import Span
 from raydp_llm.engines import raydp_fixes
 from raydp_llm.engines.dashboard import announce_dashboard
 from raydp_llm.engines.java import JVM_FLAGS, ensure_java
 from raydp_llm.engines.spark import stop_kept_spark
+from raydp_llm.models.files import MODEL_CACHE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ def ray_session(cfg: ClusterSettings, run_name: str, waiting_cpus: float = 0,
     secure_token_file()
     ensure_java()  # Ray starts the Java workers that host Spark executors: JAVA_HOME first.
     set_ray_environment(cfg)
+    os.environ.update(scratch_environment(cfg))  # before Ray starts: its processes inherit it
     kwargs = init_options(cfg, run_name, waiting_cpus) | {"namespace": namespace}
     if cfg.address == "local":  # a killed run's agents, before this Ray's (raydp_fixes.py, 3)
         raydp_fixes.reap_orphaned_agents()
@@ -124,6 +127,32 @@ def set_ray_environment(cfg: ClusterSettings) -> None:
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
+# Linux's limit on a Unix socket's path, and what the embedded Ray puts after its temp directory's
+# root: /ray/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store
+SOCKET_PATH_MAX = 107
+SESSION_SOCKET = len("/ray/session_2026-11-29_07-41-21_123456_1234567/sockets/plasma_store")
+
+
+def scratch_environment(cfg: ClusterSettings) -> dict[str, str]:
+    """The environment that puts the run's scratch under ``cluster.scratch_dir``: the copies of
+    s3:// models (this process and, on the embedded Ray, every Ray process, which inherits it),
+    and the embedded Ray's session and spilled objects (``RAY_TMPDIR``); Spark's local
+    directories are its settings (spark_settings.py). A cluster's workers get the model copies'
+    place in the job's runtime environment (``init_options``); Ray's own directories there are
+    ``ray start``'s."""
+    if not cfg.scratch_dir:
+        return {}
+    env = {MODEL_CACHE_ENV: f"{cfg.scratch_dir}/models"}
+    if cfg.address == "local":
+        longest = len(cfg.scratch_dir) + SESSION_SOCKET
+        if longest > SOCKET_PATH_MAX:
+            raise InputError(f"cluster.scratch_dir={cfg.scratch_dir}: Ray's sockets under it would "
+                             f"have paths of {longest} characters, over Linux's {SOCKET_PATH_MAX}; "
+                             f"use a path of at most {SOCKET_PATH_MAX - SESSION_SOCKET}")
+        env["RAY_TMPDIR"] = cfg.scratch_dir
+    return env
+
+
 def init_options(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> dict:
     """``ray.init``'s arguments: the namespace, the JVM flags and the run's name for the job, and
     an embedded Ray's resources and dashboard (or the address of the cluster to join)."""
@@ -136,6 +165,8 @@ def init_options(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> di
         logging_level=logging.INFO if cfg.verbose else logging.ERROR,
     )
     if cfg.address != "local":
+        if cfg.scratch_dir:  # every worker of the job copies s3:// models there
+            kwargs["runtime_env"] = {"env_vars": {MODEL_CACHE_ENV: f"{cfg.scratch_dir}/models"}}
         return kwargs | {"address": cfg.address}
     if cfg.bind_address != "0.0.0.0":  # 0.0.0.0: the address Ray picks
         kwargs["_node_ip_address"] = cfg.bind_address

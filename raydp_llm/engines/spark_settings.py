@@ -75,6 +75,8 @@ def spark_configs(cfg: ClusterSettings, log_dir: Path, hive: bool = False,
         "spark.executorEnv.RAYON_NUM_THREADS": str(cfg.executor_cores),
         "spark.default.parallelism": str(cfg.executors * cfg.executor_cores * 2),
     }
+    if cfg.scratch_dir:  # the driver's and executors' shuffle and spill files
+        configs["spark.local.dir"] = f"{cfg.scratch_dir}/spark"
     if hive:
         configs |= hive_configs(cfg, log_dir, configs["spark.driver.extraJavaOptions"])
     # the secret is handed to the JVMs otherwise (spark_security.py): RayDP puts every setting on

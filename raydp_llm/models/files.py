@@ -25,8 +25,7 @@ from raydp_llm.core.tokenizer import (
 
 WEIGHTS_FILE = "model.safetensors"  # transformers' names, which the model directory shares
 CONFIG_FILE = "config.json"
-MODEL_CACHE = Path(os.environ.get("RAYDP_LLM_MODEL_CACHE",
-                                  Path.home() / ".cache" / "raydp_llm" / "models"))
+MODEL_CACHE_ENV = "RAYDP_LLM_MODEL_CACHE"  # set per node by launch/, or by cluster.scratch_dir
 READY = ".complete"  # marks a finished node-local copy of an s3:// model
 
 
@@ -104,7 +103,7 @@ def _char_vocabulary(tok) -> str | None:
 
 
 def local_copy(path: str, s3: S3Options = S3Options()) -> Path:
-    """``path`` itself when local; an s3:// model copied once per node into ``MODEL_CACHE`` (the
+    """``path`` itself when local; an s3:// model copied once per node into ``model_cache()`` (the
     first worker copies, the others wait on the lock and find it there)."""
     if not storage.is_s3(path):
         return Path(path)
@@ -121,7 +120,13 @@ def local_copy(path: str, s3: S3Options = S3Options()) -> Path:
 
 def _cached(uri: str, suffix: str = "") -> Path:
     """Where this node keeps its copy of the s3:// model ``uri`` (or of part of it)."""
-    return MODEL_CACHE / f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}{suffix}"
+    return model_cache() / f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}{suffix}"
+
+
+def model_cache() -> Path:
+    """This process's directory for the copies of s3:// models (read when used: a run's
+    ``cluster.scratch_dir`` sets it after the imports)."""
+    return Path(os.environ.get(MODEL_CACHE_ENV, Path.home() / ".cache" / "raydp_llm" / "models"))
 
 
 def tokenizer_dir(path: str, s3: S3Options = S3Options()) -> Path:

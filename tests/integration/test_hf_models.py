@@ -47,7 +47,7 @@ def test_a_model_on_s3_loads_once_per_node_and_a_missing_one_is_one_line(s3, hf_
     from raydp_llm.models import files
     from raydp_llm.models.factory import build_model
 
-    monkeypatch.setattr(files, "MODEL_CACHE", tmp_path / "models")
+    monkeypatch.setenv(files.MODEL_CACHE_ENV, str(tmp_path / "models"))
     uri = f"s3://{BUCKET}/models/llama"
     storage.publish(hf_families["llama"], uri, s3)
     settings = make_config("model=hf", f"model.path={uri}", f"s3.endpoint_url={s3.endpoint_url}")

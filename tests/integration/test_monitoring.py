@@ -8,7 +8,9 @@ import http.client
 import json
 import re
 import secrets
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import urllib.error
@@ -178,6 +180,16 @@ def _assert_no_secret_was_written(watch: Watch, roots: list[Path], console: str,
     assert watch.credentials_left() == []
 
 
+def _assert_the_scratch_went_under_its_directory(scratch: Path, out: Path) -> None:
+    """cluster.scratch_dir: the embedded Ray's session (the RayDP executor's working directory in
+    it) and Spark's local directories under it."""
+    [session] = (scratch / "ray").glob("session_2*")
+    assert list(session.glob("app-*")), list(session.iterdir())  # RayDP's executor ran there
+    assert (scratch / "spark").is_dir()  # Spark made its local directories there (gone at stop)
+    events = next((out / "spark-events").iterdir()).read_text()
+    assert f'"spark.local.dir":"{scratch}/spark"' in events
+
+
 def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp_path):
     """``python -m raydp_llm.train`` as a user runs it, with its embedded Ray's dashboard (the
     tests' own Ray runs none), watched from outside at the address its console gives; its
@@ -186,9 +198,12 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     cache, out = tmp_path / "cache", tmp_path / "run"
+    # short: Ray's sockets go under it (cluster.scratch_dir)
+    scratch = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
     aws_secret = secrets.token_hex(20)  # one the environment holds, as a user's would
     proc = commands.start("raydp_llm.train", f"data.path={corpus_dir}", *WATCHED_RUN,
                           f"cluster.dashboard_port={port}", f"hydra.run.dir={out}",
+                          f"cluster.scratch_dir={scratch}",
                           f"data.cache_dir={cache}", "tracking=mlflow",
                           f"tracking.uri=sqlite:///{out}/mlflow.db",
                           env=EXPORT_EVERY_SECOND | {"AWS_SECRET_ACCESS_KEY": aws_secret})
@@ -219,4 +234,7 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp
     watch.join()
     _assert_tensorboard_events_and_plots(out)
     _assert_it_listened_on_the_loopback_alone(watch)
-    _assert_no_secret_was_written(watch, [out, cache], "".join(lines), aws_secret, tmp_path)
+    _assert_the_scratch_went_under_its_directory(scratch, out)
+    _assert_no_secret_was_written(watch, [out, cache, scratch], "".join(lines), aws_secret,
+                                  tmp_path)
+    shutil.rmtree(scratch, ignore_errors=True)
