@@ -37,6 +37,14 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    the node, and every port of Ray's, Spark's and RayDP's, on 127.0.0.1. Set only while Ray
    starts: its processes inherit it, and a process this one starts afterwards must not (a ``ray
    start`` in single-machine mode never joins another cluster: a test's third node did not).
+6. RayDP waits for its app master with no timeout (``start_app_master``): ``SparkCluster.
+   _set_up_master`` creates the master actor and waits on its ``start_up`` in ``ray.get``. Twice
+   (CI's machine, and a CI-like suite here, both right after the test before had stopped a Spark)
+   Ray 2.60 lost the creation: the core worker asked the GCS to create an actor it had not
+   registered (``Failed to create actor. Status: Invalid: Actor may be already destroyed``, 172
+   registrations for 173 creations), no death was ever published, and the wait never returned:
+   the run hung before Spark started. Our copy of the method waits ``MASTER_START_S`` and then
+   starts the master once more; a second miss is one error.
 """
 
 from __future__ import annotations
@@ -163,3 +171,49 @@ def loopback_node() -> Iterator[None]:
             os.environ.pop(SINGLE_MACHINE, None)
         else:
             os.environ[SINGLE_MACHINE] = was_set
+
+
+MASTER_START_S = 120.0  # the master starts in about 5 s on 2 cores, 20 s on CI's slower machines
+
+
+def start_app_master(cluster, resources: dict[str, float],
+                     timeout_s: float = MASTER_START_S) -> None:
+    """Workaround 6: RayDP's ``SparkCluster._set_up_master`` for ``cluster`` (its master actor
+    named after the application, with ``resources`` as RayDP reads them from the settings), with a
+    timeout: a master not started within ``timeout_s`` is ended and started once more."""
+    from raydp.spark.ray_cluster_master import RAYDP_SPARK_MASTER_SUFFIX, RayDPSparkMaster
+
+    name = cluster._app_name + RAYDP_SPARK_MASTER_SUFFIX
+    options: dict = {"name": name}
+    if resources:  # as RayDP: 1 CPU unless the settings say otherwise
+        rest = dict(resources)
+        options |= {"num_cpus": rest.pop("CPU", 1), "memory": rest.pop("memory", None),
+                    "resources": rest}
+    for attempt in (1, 2):
+        master = RayDPSparkMaster.options(**options).remote(cluster._configs)
+        try:
+            ray.get(master.start_up.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            _end_master(master, name)
+            if attempt == 2:
+                raise RuntimeError(f"RayDP's app master ({name}) did not start within "
+                                   f"{timeout_s:.0f}s, twice: see Ray's logs (raydp_fixes.py, "
+                                   "6)") from None
+            continue
+        cluster._spark_master_handle = master
+        return
+
+
+def _end_master(master, name: str, timeout_s: float = 30.0) -> None:
+    """Kill a master that did not start, and wait until its name is free for the next."""
+    import time
+
+    with contextlib.suppress(Exception):  # a creation Ray lost has nothing to kill
+        ray.kill(master)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name)
+        except ValueError:  # no actor of that name: free
+            return
+        time.sleep(0.2)

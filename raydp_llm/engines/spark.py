@@ -24,7 +24,7 @@ from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines.class_archive import ClassArchive
 from raydp_llm.engines.java import ensure_java, remove_ray_java_library_copies
-from raydp_llm.engines.raydp_fixes import align_app_ids, ray_logs_flag
+from raydp_llm.engines.raydp_fixes import align_app_ids, ray_logs_flag, start_app_master
 from raydp_llm.engines.spark_security import SparkSecret, spark_secret
 from raydp_llm.engines.spark_settings import (
     EVENT_LOG_DIR,
@@ -290,11 +290,11 @@ def _driver_jvm_beside_master(pool: ThreadPoolExecutor,
 
     set_up_master = SparkCluster._set_up_master
 
-    def beside(self, *args, **kwargs):
+    def beside(self, resources, kwargs):
         conf = SparkConf(loadDefaults=False).setAll(self._configs.items())
         driver_jvm = pool.submit(SparkContext._ensure_initialized, conf=conf)
         try:
-            set_up_master(self, *args, **kwargs)
+            start_app_master(self, resources)  # RayDP's own, with a timeout (raydp_fixes.py, 6)
         except BaseException:
             wait([driver_jvm])  # started or not, the JVM is known to PySpark: the caller stops it
             raise

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -423,3 +424,21 @@ def test_a_spark_executor_killed_mid_encode_changes_nothing(spark, tmp_path, sha
     )
     assert killed["pid"] and killed["active_stages"], "the executor was killed while a stage ran"
     assert disturbed == undisturbed
+
+
+def test_an_app_master_that_does_not_start_is_started_again_then_one_error(ray_cluster):
+    """raydp_fixes.py, 6: RayDP's wait for its app master has a timeout here. A master Ray cannot
+    place (CPUs no node has) is ended after it, started once more, and the second miss is one
+    error; its name is free again after."""
+    import ray
+
+    from raydp_llm.engines.raydp_fixes import start_app_master
+
+    cluster = SimpleNamespace(_app_name="never-placed", _configs={})
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^RayDP's app master \(never-placed_SPARK_MASTER\) did "
+                                           r"not start within 2s, twice: see Ray's logs"):
+        start_app_master(cluster, {"CPU": 10_000}, timeout_s=2)
+    assert 4 <= time.monotonic() - began < 60 and not hasattr(cluster, "_spark_master_handle")
+    with pytest.raises(ValueError):
+        ray.get_actor("never-placed_SPARK_MASTER")
