@@ -29,7 +29,7 @@ from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer, UnknownCharacters
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
-from raydp_llm.data.etl.handoff import held_per_node, to_object_store, to_parquet
+from raydp_llm.data.etl.handoff import INLINE, held_per_node, to_object_store, to_parquet
 from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan, Manifest
 from raydp_llm.data.etl.run import phase_names, run_etl
@@ -324,9 +324,10 @@ def _report_held(held: dict[str, int]) -> None:
     """The hand-off's bytes in each node's object store, on the console."""
     import ray
 
-    address = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-    log.info("hand-off: the object store holds %s", ", ".join(
-        f"{n / 2**20:.1f} MiB on {address.get(node, '?')} ({node[:8]})"
+    where = {node["NodeID"]: f"on {node['NodeManagerAddress']} ({node['NodeID'][:8]})"
+             for node in ray.nodes()} | {INLINE: "inline in the driver's memory"}
+    log.info("hand-off: the chunks are held %s", ", ".join(
+        f"{n / 2**20:.2f} MiB {where.get(node, node)}"
         for node, n in sorted(held.items(), key=lambda item: -item[1])))
 
 

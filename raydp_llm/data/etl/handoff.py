@@ -84,16 +84,20 @@ def to_object_store(out: EtlOutput) -> dict[str, BlockChunks]:
     return sources
 
 
+INLINE = "inline"  # blocks Ray keeps in their owner's memory (the driver's), not an object store
+
+
 def held_per_node(sources: dict[str, BlockChunks]) -> dict[str, int]:
     """Bytes of the handed-over chunks in each node's object store, by Ray node id (a block held
-    on two nodes counts on both): where a lost node's share must be rebuilt from, and whether the
-    data gathered on one node (docs/deploy-emr.md)."""
+    on two nodes counts on both), and under ``INLINE`` those Ray keeps in the driver's memory
+    (objects under 100 KiB): where a lost node's share must be rebuilt from, and whether the data
+    gathered on one node (docs/deploy-emr.md)."""
     import ray.experimental
 
     refs = [ref for source in sources.values() for ref in source.refs]
     held: dict[str, int] = {}
     for where in ray.experimental.get_object_locations(refs).values():
-        for node in where["node_ids"]:
+        for node in where["node_ids"] or [INLINE]:
             held[node] = held.get(node, 0) + (where["object_size"] or 0)
     return held
 
