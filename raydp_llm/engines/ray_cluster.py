@@ -87,9 +87,11 @@ def node_address(cfg: ClusterSettings) -> Iterator[None]:
     127.0.0.1 by default, so that Ray's, Spark's and RayDP's ports listen on this machine alone
     (``raydp_fixes.loopback_node``). Another address opens them to a network, with a warning.
     Open for ``ray.init`` alone: Ray's processes inherit the setting then, and the processes this
-    one starts later (``ray start`` of a cluster, a job's command) do not."""
-    if cfg.address != "local":
-        yield
+    one starts later (``ray start`` of a cluster, a job's command) do not. A driver joining a Ray
+    on the loopback (another process's embedded one) takes the loopback as its address too."""
+    if cfg.address != "local":  # joining: a Ray on the loopback (an embedded one) takes it too
+        with raydp_fixes.loopback_node() if _on_loopback(cfg.address) else contextlib.nullcontext():
+            yield
         return
     if ipaddress.ip_address(cfg.bind_address).is_loopback:
         with raydp_fixes.loopback_node():
@@ -99,6 +101,17 @@ def node_address(cfg: ClusterSettings) -> Iterator[None]:
                 "network; Ray asks for its token and Spark for its secret (docs/security.md)",
                 cfg.bind_address)
     yield
+
+
+def _on_loopback(address: str) -> bool:
+    """Whether a Ray address (``host:port``, ``ray://host:port``) is on this machine's loopback."""
+    host = address.rsplit("//", 1)[-1].rsplit(":", 1)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, or auto
+        return False
 
 
 def sweep_namespace(sweep_dir: Path) -> str:

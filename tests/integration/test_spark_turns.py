@@ -50,7 +50,8 @@ def test_a_turn_held_by_a_killed_process_is_given_back(ray_cluster):
 
 def test_another_sweeps_spark_does_not_wait_for_this_sweeps_turn(ray_cluster, tmp_path):
     """Two sweeps on one cluster: while this namespace's turn is held, a driver in another sweep's
-    namespace (``ray_cluster.sweep_namespace``) takes its own turn at once."""
+    namespace (``ray_cluster.sweep_namespace``) takes its own turn at once. That driver joins the
+    tests' Ray, which is on the loopback, as ``ray_session`` joins one (on the loopback too)."""
     import subprocess
     import sys
 
@@ -58,13 +59,15 @@ def test_another_sweeps_spark_does_not_wait_for_this_sweeps_turn(ray_cluster, tm
 
     assert sweep_namespace(tmp_path / "a") != sweep_namespace(tmp_path / "b")
     assert sweep_namespace(tmp_path / "a") == sweep_namespace(tmp_path / "a")
-    other = ("import time, ray\n"
+    other = ("import time\n"
+             "from raydp_llm.core.config import ClusterSettings\n"
              "from raydp_llm.engines import spark_turns\n"
-             f"ray.init(address={ray.get_runtime_context().gcs_address!r}, "
-             f"namespace={sweep_namespace(tmp_path / 'b')!r})\n"
-             "began = time.monotonic()\n"
-             "with spark_turns.one_at_a_time(), spark_turns.spark_turn():\n"
-             "    print(f'turn after {time.monotonic() - began:.1f} s')\n")
+             "from raydp_llm.engines.ray_cluster import ray_session\n"
+             f"cluster = ClusterSettings(address={ray.get_runtime_context().gcs_address!r})\n"
+             f"with ray_session(cluster, 'other', namespace={sweep_namespace(tmp_path / 'b')!r}):\n"
+             "    began = time.monotonic()\n"
+             "    with spark_turns.one_at_a_time(), spark_turns.spark_turn():\n"
+             "        print(f'turn after {time.monotonic() - began:.1f} s')\n")
     with spark_turns.one_at_a_time():
         holder = JobHoldingItsTurn.remote()
         ray.get(holder.take.remote())  # this namespace's turn is taken, and kept

@@ -93,3 +93,20 @@ def test_the_embedded_ray_takes_the_bind_address_and_opening_it_says_so(caplog):
     [warning] = caplog.records
     assert "cluster.bind_address=0.0.0.0" in warning.message
     assert "open to the network" in warning.message
+
+
+def test_a_driver_joining_a_ray_on_the_loopback_takes_the_loopback_too():
+    """Another process's embedded Ray listens on 127.0.0.1: a driver joining it enters Ray's
+    single-machine mode for its ``ray.init`` (else Ray gives it the machine's address, where
+    nothing of that Ray listens: tests/integration/test_spark_turns.py)."""
+    from raydp_llm.engines.ray_cluster import _on_loopback, node_address
+
+    assert _on_loopback("127.0.0.1:6379") and _on_loopback("ray://localhost:10001")
+    assert not _on_loopback("10.0.0.5:6379") and not _on_loopback("auto")
+    assert not _on_loopback("head.ec2.internal:6379")
+    before = os.environ.get(SINGLE_MACHINE)
+    with node_address(ClusterSettings(address="127.0.0.1:6379")):
+        assert os.environ[SINGLE_MACHINE] == "0"
+    with node_address(ClusterSettings(address="10.0.0.5:6379")):
+        assert os.environ.get(SINGLE_MACHINE) == before
+    assert os.environ.get(SINGLE_MACHINE) == before
