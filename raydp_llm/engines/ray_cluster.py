@@ -179,7 +179,7 @@ def init_options(cfg: ClusterSettings, run_name: str, waiting_cpus: float) -> di
     )
     if cfg.address != "local":
         if cfg.scratch_dir:  # every worker of the job copies s3:// models there
-            kwargs["runtime_env"] = {"env_vars": {MODEL_CACHE_ENV: f"{cfg.scratch_dir}/models"}}
+            kwargs["runtime_env"] = {"env_vars": scratch_environment(cfg)}
         return kwargs | {"address": cfg.address}
     if cfg.bind_address != "0.0.0.0":  # 0.0.0.0: the address Ray picks
         kwargs["_node_ip_address"] = cfg.bind_address

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from typing import Iterator
 
 import psutil
@@ -206,8 +207,6 @@ def start_app_master(cluster, resources: dict[str, float],
 
 def _end_master(master, name: str, timeout_s: float = 30.0) -> None:
     """Kill a master that did not start, and wait until its name is free for the next."""
-    import time
-
     with contextlib.suppress(Exception):  # a creation Ray lost has nothing to kill
         ray.kill(master)
     deadline = time.monotonic() + timeout_s
