@@ -96,13 +96,13 @@ submit_step() {
   step_json=$(python3 -c 'import json, sys
 print(json.dumps([{"Type": "CUSTOM_JAR", "Name": "raydp_llm train", "ActionOnFailure": "CONTINUE",
                    "Jar": "command-runner.jar", "Args": ["bash", "-c", sys.argv[1]]}]))' "$script")
+  local add=(aws emr add-steps --cluster-id "$cluster_id" --steps "$step_json" --query 'StepIds[0]'
+    --output text ${region_opt[@]+"${region_opt[@]}"})
   if [[ $dry_run == 1 ]]; then
-    show aws emr add-steps --cluster-id "$cluster_id" --steps "$step_json" --query 'StepIds[0]' \
-      --output text ${region_opt[@]+"${region_opt[@]}"}
+    show "${add[@]}"
     return
   fi
-  step_id=$(aws emr add-steps --cluster-id "$cluster_id" --steps "$step_json" --query 'StepIds[0]' \
-    --output text ${region_opt[@]+"${region_opt[@]}"})
+  step_id=$("${add[@]}")
   echo "$prog: step $step_id queued on $cluster_id; follow it: aws emr describe-step --cluster-id" \
     "$cluster_id --step-id $step_id (its output: the cluster's log URI, steps/$step_id/stdout.gz)"
 }
