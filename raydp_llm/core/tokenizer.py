@@ -29,9 +29,9 @@ EOD_TEXT = "\n\n"  # how an end-of-document token reads in generated text
 
 class UnknownCharacters(ValueError):
     """Characters a char tokenizer's vocabulary lacks. The ETL's executors raise it; the driver
-    recognises it by its type in the executor's traceback (``data.prepare.raised_in_executor``) and
-    reads the characters back from its message with ``chars_in``: the message's form lives here
-    alone."""
+    recognises it by its type in the executor's traceback
+    (``data.etl.failures.raised_in_executor``) and reads the characters back from its message with
+    ``chars_in``: the message's form lives here alone."""
 
     PREFIX = "characters not in the vocabulary: "
 
