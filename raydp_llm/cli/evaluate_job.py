@@ -315,7 +315,7 @@ def corpus_windows(settings: EvaluateSettings, data) -> Iterator[Windows]:
     ``eval_batch_size``: every token but a split's first is predicted once
     (``spec.scoring_samplings``)."""
     cut = scoring_samplings(settings)
-    sources = cache.parquet_sources(data.entry, data.index)
+    sources = cache.parquet_sources(data.entry, data.index, S3Options.of(settings.s3))
     for split in ("train", "val"):
         yield from iter_windows(sources[split], data.index[split], cut[split],
                                 data.manifest.token_dtype, settings.eval_batch_size)

@@ -4,12 +4,13 @@ input: Ray, Spark's ETL (or its cache), the manifest, the removed documents, a f
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import textwrap
 from pathlib import Path
 
+from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data import cache
 from raydp_llm.data.corpus import Corpus
@@ -32,7 +33,7 @@ def run_checked(settings: Settings, corpus: Corpus | dict[str, Corpus], out_dir:
             manifest = data.manifest_json() | {"cache_hit": data.cache_hit,
                                                "dataset": str(data.entry)}
             write_json(out_dir / "manifest.json", manifest)
-    removed = removed_documents(data.entry, out_dir)
+    removed = removed_documents(data.entry, out_dir, S3Options.of(settings.s3))
     print(describe(data, manifest))
     if removed:
         print(f"  removed documents: {removed}/ (Parquet: path, doc, bytes, reason, the kept "
@@ -62,15 +63,18 @@ def run_sources(settings: Settings, corpora: dict[str, Corpus], out_dir: Path,
           f"{out_dir / 'sources'}/<name>/")
 
 
-def removed_documents(entry: Path | None, out_dir: Path) -> Path | None:
+def removed_documents(entry: Path | str | None, out_dir: Path, s3: S3Options) -> Path | None:
     """The documents curation removed, into the run directory for a person to inspect: their ids
-    (``removed/``, Parquet) and a few of each reason with their text (``removed_sample.txt``)."""
-    if entry is None or not (entry / cache.REMOVED).is_dir():
+    (``removed/``, Parquet) and a few of each reason with their text (``removed_sample.txt``).
+    ``entry``: the ETL's output, local or on S3."""
+    if entry is None or not storage.exists(f"{entry}/{cache.REMOVED_SAMPLE}", s3):
         return None
     target = out_dir / cache.REMOVED
-    if target.resolve() != (entry / cache.REMOVED).resolve():  # data.cache=false: already there
+    if isinstance(entry, str):  # on S3
+        storage.fetch(f"{entry}/{cache.REMOVED}", target, s3)
+    elif target.resolve() != (entry / cache.REMOVED).resolve():  # cache=false: already there
         shutil.copytree(entry / cache.REMOVED, target, dirs_exist_ok=True)
-    sample = json.loads((entry / cache.REMOVED_SAMPLE).read_text())
+    sample = storage.read_json(f"{entry}/{cache.REMOVED_SAMPLE}", s3)
     with open(out_dir / REMOVED_SAMPLE_TEXT, "w") as f:
         for d in sample:
             copy = f" (a copy of {d['kept_src']} doc {d['kept_doc']})" if d["kept_src"] else ""

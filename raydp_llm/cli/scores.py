@@ -96,6 +96,9 @@ def score_documents(model_dir: str, entry: Path, out_dir: Path, batch_windows: i
     ``out_dir/document_scores.parquet`` (sorted by path and document)."""
     import ray.data
 
+    if not isinstance(entry, Path):
+        raise InputError(f"{entry}: per_document=true scores a local ETL cache entry; set "
+                         "data.cache_dir to a local directory (or data.cache=false)")
     documents = entry / cache.DOCUMENTS
     if not documents.is_dir():
         raise InputError(f"{entry}: this ETL output has no document index ({cache.DOCUMENTS}/); "

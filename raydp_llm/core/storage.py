@@ -65,6 +65,17 @@ class S3Options:
             kwargs["region"] = self.region
         return pafs.S3FileSystem(**kwargs)
 
+    @functools.cache
+    def client(self):
+        """A boto3 S3 client with these settings, for what pyarrow's filesystem cannot ask
+        (``write_new``); imported when first needed."""
+        import boto3
+        from botocore.config import Config
+
+        retries = Config(retries={"max_attempts": self.max_attempts, "mode": "legacy"})
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
+                            config=retries)
+
 
 ENDPOINT_TIMEOUT_S = 5.0
 
@@ -284,3 +295,36 @@ def fetch(source: str, directory: str | Path, s3: S3Options) -> None:
     Path(directory).mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         copy(source, directory, s3)
+
+
+def write_new(uri: str | Path, text: str, s3: S3Options) -> bool:
+    """Write a small file only if there is none yet: True when written, False when one was there.
+    On S3 a conditional PUT (``If-None-Match: *``, which pyarrow's filesystem cannot send: boto3),
+    so that of two writers exactly one wins; locally an exclusive create, then the text."""
+    if not is_s3(str(uri)):
+        try:
+            with open(uri, "x") as f:
+                f.write(text)
+        except FileExistsError:
+            return False
+        return True
+    from botocore.exceptions import ClientError
+
+    bucket, key = resolve(uri, s3)[1].split("/", 1)
+    try:
+        s3.client().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
+    except ClientError as err:  # 412: the object exists; 409: a concurrent conditional write won
+        if err.response["Error"]["Code"] in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return False
+        raise
+    return True
+
+
+def remove(uri: str | Path, s3: S3Options) -> None:
+    """Delete a file or a whole directory (an S3 prefix); nothing there, nothing done."""
+    fs, path = resolve(uri, s3)
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif kind == pafs.FileType.File:
+        fs.delete_file(path)

@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import psutil
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raydp_llm.core import integrity
+from raydp_llm.core import integrity, storage
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import first_line
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import WEIGHT_SUFFIXES, Tokenizer, load_tokenizer
 from raydp_llm.data import stream
 from raydp_llm.data.corpus import Corpus
@@ -94,10 +96,20 @@ def _file_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
+def location(cache_dir: str) -> Path | str:
+    """``data.cache_dir`` as the cache's functions take it: a local directory, or an S3 URI
+    (``s3_cache``)."""
+    return storage.s3_uri(cache_dir) if storage.is_s3(cache_dir) else Path(cache_dir)
+
+
 @contextlib.contextmanager
-def locked(cache_dir: Path, key: str) -> Iterator[None]:
+def locked(cache_dir: Path | str, key: str) -> Iterator[None]:
     """Hold ``key``'s lock: one run at a time checks, builds or replaces its entry. Leftover
-    temporary entries (their writer is gone) are removed once it is held."""
+    temporary entries (their writer is gone) are removed once it is held. A cache on S3 has no
+    lock (``s3_cache``: two runs may build a key at once; one copy is sealed)."""
+    if storage.is_s3(str(cache_dir)):  # S3 has no lock: s3_cache seals by a conditional write
+        yield
+        return
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     with (cache_dir / f".{key}.lock").open("a+") as lock:
@@ -127,19 +139,21 @@ def remove_leftovers(cache_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def entry_problem(entry: Path) -> str | None:
-    """None when ``entry`` is complete: sealed, its files as the seal lists them, and each split's
-    Parquet files holding the manifest's chunks; else what is wrong."""
-    damage = integrity.problem(entry, hashes=False)
+def entry_problem(entry: Path | str, s3: S3Options = S3Options()) -> str | None:
+    """None when ``entry`` (local, or on S3: ``s3_cache``) is complete: sealed, its files as the
+    seal lists them, and each split's Parquet files holding the manifest's chunks; else what is
+    wrong."""
+    damage = integrity.problem(entry, s3, hashes=False)
     if damage:
         return damage
-    manifest = Manifest.from_json(json.loads((entry / MANIFEST).read_text()))
+    manifest = Manifest.from_json(storage.read_json(f"{entry}/{MANIFEST}", s3))
+    fs, root = storage.resolve(entry, s3)
     for split in SPLITS:
+        files = fs.get_file_info(pafs.FileSelector(f"{root}/{split}", allow_not_found=True))
         try:
-            rows = sum(
-                pq.ParquetFile(f).metadata.num_rows
-                for f in sorted((entry / split).glob("*.parquet"))
-            )
+            rows = sum(pq.ParquetFile(f.path, filesystem=fs).metadata.num_rows
+                       for f in sorted(files, key=lambda f: f.path)
+                       if f.path.endswith(".parquet"))
         except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
             return f"{split}/ has an unreadable Parquet file ({first_line(err, 100)})"
         if rows != manifest.chunks(split):
@@ -208,7 +222,8 @@ def read_entry(entry: Path) -> tuple[dict[str, ChunkIndex], Tokenizer, Manifest,
     return stream.read_index(entry), load_tokenizer(entry), manifest, stats
 
 
-def parquet_sources(entry: Path, index: dict[str, ChunkIndex]) -> dict[str, ParquetChunks]:
-    """Where the workers read each split's chunks: the entry's Parquet files, row group by row
-    group."""
-    return {name: ParquetChunks(str(entry / name), index[name]) for name in SPLITS}
+def parquet_sources(entry: Path | str, index: dict[str, ChunkIndex],
+                    s3: S3Options = S3Options()) -> dict[str, ParquetChunks]:
+    """Where the workers read each split's chunks: the entry's Parquet files (local, or on S3),
+    row group by row group."""
+    return {name: ParquetChunks(f"{entry}/{name}", index[name], s3) for name in SPLITS}

@@ -22,12 +22,13 @@ from pyspark.errors import PythonException
 
 from raydp_llm.core.config import ClusterSettings, DataSettings, Settings
 from raydp_llm.core.console import PhaseBar, console_bar
+from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer
-from raydp_llm.data import cache
+from raydp_llm.data import cache, s3_cache
 from raydp_llm.data.corpus import Corpus, check_unchanged
 from raydp_llm.data.etl.failures import input_error, unknown_characters, unreadable_object
-from raydp_llm.data.etl.handoff import INLINE, held_per_node, to_object_store, to_parquet
+from raydp_llm.data.etl.handoff import INLINE, held_per_node, to_object_store, to_parquet, to_s3
 from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan, Manifest
 from raydp_llm.data.etl.run import phase_names, run_etl
@@ -45,7 +46,7 @@ STATS_FILE = cache.STATS_FILE
 class PreparedData:
     tokenizer: Tokenizer
     manifest: Manifest  # what the ETL made (manifest.json)
-    entry: Path | None  # the dataset on disk (Parquet + tokenizer + manifest), if written or found
+    entry: Path | str | None  # the dataset (Parquet + tokenizer + manifest; str: on S3), if any
     cache_hit: bool
     index: dict[str, ChunkIndex]  # each split's chunks
     sources: dict | None = None  # where workers read each split's chunks, when asked for
@@ -77,10 +78,10 @@ def etl_tokenizer(tok):
     return SavedTokenizer(tok.path) if tok.path else tok
 
 
-def dataset_store(data: DataSettings, out_dir: Path) -> Path:
-    """Where an entry point that reads the chunks from disk has the ETL write them: the ETL cache,
-    or ``dataset/`` in the run directory with ``data.cache=false``."""
-    return Path(data.cache_dir) if data.cache else out_dir / "dataset"
+def dataset_store(data: DataSettings, out_dir: Path) -> Path | str:
+    """Where an entry point that reads the chunks from disk has the ETL write them: the ETL cache
+    (a directory, or S3), or ``dataset/`` in the run directory with ``data.cache=false``."""
+    return cache.location(data.cache_dir) if data.cache else out_dir / "dataset"
 
 
 class SharedSpark:
@@ -134,7 +135,8 @@ class SharedSpark:
 
 @contextlib.contextmanager
 def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
-             store: Path | None, spark: SharedSpark | None = None) -> Iterator[PreparedData]:
+             store: Path | str | None, spark: SharedSpark | None = None
+             ) -> Iterator[PreparedData]:
     """Chunks from the ETL cache (``data.cache``) or from a Spark ETL run on the running Ray.
 
     A Spark run writes its dataset to ``store/<key>`` when ``store`` is given; with ``to_ray`` the
@@ -154,9 +156,9 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
                         "time to key it by")
             lock_dir = job.cache_dir or store
             with cache.locked(lock_dir, job.key) if lock_dir else contextlib.nullcontext():
-                entry = cache.lookup(job.cache_dir, job.key) if job.cache_dir else None
+                entry = lookup(job)
                 if entry is not None:
-                    data = _from_cache(entry, out_dir, to_ray)
+                    data = _from_cache(entry, out_dir, to_ray, job.plan.s3)
                 else:
                     data = _spark_etl(job, to_ray, store, kept)
         yield data
@@ -170,16 +172,27 @@ def keyed(job: EtlJob, keyable: bool, why_not: str) -> EtlJob:
     key = cache.cache_key(plan.corpus, data, plan.tokenizer, job.settings.seed, chat_key(plan))
     if data.cache and not keyable:
         log.info("ETL cache not used: %s", why_not)
-    cache_dir = Path(data.cache_dir) if data.cache and keyable else None
+    cache_dir = cache.location(data.cache_dir) if data.cache and keyable else None
     return replace(job, key=key, cache_dir=cache_dir)
 
 
-def _from_cache(entry: Path, out_dir: Path, to_ray: bool,
+def lookup(job: EtlJob) -> Path | str | None:
+    """The complete cache entry of ``job``'s key, local or on S3, or None (also when the job does
+    not use the cache)."""
+    if job.cache_dir is None:
+        return None
+    if isinstance(job.cache_dir, str):
+        return s3_cache.lookup(job.cache_dir, job.key, job.plan.s3)
+    return cache.lookup(job.cache_dir, job.key)
+
+
+def _from_cache(entry: Path | str, out_dir: Path, to_ray: bool, s3: S3Options,
                 note: str = "Spark not started") -> PreparedData:
     clock = Stopwatch()
     log.info("ETL cache hit: %s (%s)", entry, note)
-    index, tokenizer, manifest, stats = cache.read_entry(entry)
-    sources = cache.parquet_sources(entry, index) if to_ray else None
+    read = s3_cache.read_entry(entry, s3) if isinstance(entry, str) else cache.read_entry(entry)
+    index, tokenizer, manifest, stats = read
+    sources = cache.parquet_sources(entry, index, s3) if to_ray else None
     write_json(out_dir / STATS_FILE, stats)
     return PreparedData(tokenizer, manifest, entry, cache_hit=True, index=index,
                         sources=sources, stats=stats, timings={"etl_s": clock.seconds()})
@@ -195,7 +208,7 @@ class EtlJob:
     plan: EtlPlan  # its corpus, its tokenizer settings, its chat template (resolved once)
     key: str | None
     out_dir: Path
-    cache_dir: Path | None = None
+    cache_dir: Path | str | None = None  # str: on S3
     spark: SharedSpark | None = None  # a Spark shared with other ETLs; None: its own
 
     def own_spark(self, scope: contextlib.ExitStack) -> SharedSpark:
@@ -211,14 +224,14 @@ class _SparkRun:
     """What the Spark part of an ETL leaves for after Spark stops."""
 
     out: EtlOutput
-    staged: Path | None
+    staged: Path | s3_cache.Staged | None  # the entry to commit (a cache on S3: Staged)
     sources: dict | None
     etl_clock: Stopwatch
     stats: dict  # Spark's metrics of the ETL's jobs (spark_stats.read_event_log)
 
 
 def _spark_etl(
-    job: EtlJob, to_ray: bool, store: Path | None, kept: contextlib.ExitStack
+    job: EtlJob, to_ray: bool, store: Path | str | None, kept: contextlib.ExitStack
 ) -> PreparedData:
     """Spark's part of ``prepared``: start Spark, run the ETL, stage the cache entry or hand the
     chunks to Ray; then Spark's stats, and the entry committed with them. A query's cache lock is
@@ -233,16 +246,17 @@ def _spark_etl(
             progress.done("spark start", timings.get("spark_start_s", 0.0))
             if job.key is None:
                 job = query_job(spark, job, store, held)
-                entry = cache.lookup(job.cache_dir, job.key) if job.cache_dir else None
+                entry = lookup(job)
                 if entry is not None:  # Spark started only to plan the query
-                    return _from_cache(entry, job.out_dir, to_ray, "the query's ETL skipped")
+                    return _from_cache(entry, job.out_dir, to_ray, job.plan.s3,
+                                       "the query's ETL skipped")
             with shared.job_group(job.key or settings.name) as group:
                 run = _run_in_spark(spark, job, to_ray, store, progress)
             run.stats = shared.stats(group)
         return _after_spark(job, run, timings, to_ray)
 
 
-def _phases(settings: Settings, to_ray: bool, store: Path | None) -> list[str]:
+def _phases(settings: Settings, to_ray: bool, store: Path | str | None) -> list[str]:
     """The progress bar's phases."""
     phases = ["spark start", *phase_names(settings.data)]
     phases += ["write"] if store else []
@@ -250,7 +264,8 @@ def _phases(settings: Settings, to_ray: bool, store: Path | None) -> list[str]:
     return phases
 
 
-def query_job(spark, job: EtlJob, store: Path | None, held: contextlib.ExitStack) -> EtlJob:
+def query_job(spark, job: EtlJob, store: Path | str | None, held: contextlib.ExitStack
+              ) -> EtlJob:
     """A query's job once Spark has planned it: its corpus (the input files' fingerprints), its key,
     and its key's lock taken into ``held``."""
     corpus = query_corpus(spark, job.settings.data)
@@ -263,7 +278,7 @@ def query_job(spark, job: EtlJob, store: Path | None, held: contextlib.ExitStack
     return job
 
 
-def _run_in_spark(spark, job: EtlJob, to_ray: bool, store: Path | None,
+def _run_in_spark(spark, job: EtlJob, to_ray: bool, store: Path | str | None,
                   progress: PhaseBar) -> _SparkRun:
     """The ETL, and its chunks staged in ``store`` or handed to Ray, while Spark runs."""
     etl_clock = Stopwatch()
@@ -273,7 +288,9 @@ def _run_in_spark(spark, job: EtlJob, to_ray: bool, store: Path | None,
     # the cache entry's manifest too, where a cache hit reads it back
     out.manifest.etl_key = job.key
     staged = sources = None
-    if store:
+    if isinstance(store, str):
+        staged = _phase(out, "write", progress, lambda: to_s3(out, store, job.key, plan.s3))
+    elif store:
         staged = _phase(out, "write", progress, lambda: to_parquet(out, store, job.key))
     if to_ray and not store:
         sources = _phase(out, "convert", progress, lambda: to_object_store(out))
@@ -297,9 +314,13 @@ def _after_spark(job: EtlJob, run: _SparkRun, timings: dict, to_ray: bool) -> Pr
         stats["object_store_bytes"] = held_per_node(sources)
         _report_held(stats["object_store_bytes"])
     write_json(job.out_dir / STATS_FILE, stats)
-    entry = cache.commit(run.staged, stats) if run.staged else None
+    entry = None
+    if isinstance(run.staged, s3_cache.Staged):
+        entry = run.staged.commit(stats)
+    elif run.staged:
+        entry = cache.commit(run.staged, stats)
     if to_ray and entry:
-        sources = cache.parquet_sources(entry, out.index)
+        sources = cache.parquet_sources(entry, out.index, job.plan.s3)
     return PreparedData(out.tokenizer, out.manifest, entry, cache_hit=False,
                         index=out.index, sources=sources, stats=stats, timings=timings)
 

@@ -19,6 +19,7 @@ from typing import Callable
 
 import pyarrow.parquet as pq
 
+from raydp_llm.core import storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import first_line
 from raydp_llm.core.integrity import problem
@@ -120,5 +121,9 @@ def _cache_dir(settings: Settings, corpus: Corpus) -> Path | None:
     if data.query is not None or not corpus.fingerprinted:
         log.info("ETL cache not used: the prompts' inputs are a query or files without a size "
                  "and modification time to key them by")
+        return None
+    if storage.is_s3(data.cache_dir):
+        log.info("ETL cache not used for the prompts: their cache is local, data.cache_dir is "
+                 "on S3")
         return None
     return Path(data.cache_dir)

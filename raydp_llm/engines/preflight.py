@@ -17,7 +17,8 @@ from raydp_llm.core.config import ClusterSettings, TrainSettings
 from raydp_llm.core.errors import InputError
 
 
-def preflight(cluster: ClusterSettings, train: TrainSettings | None, store: Path | None) -> None:
+def preflight(cluster: ClusterSettings, train: TrainSettings | None, store: Path | str | None
+              ) -> None:
     """Check the running cluster: its CPUs for the job (the DDP workers only when ``train`` is
     given, as for a training run), each worker's fit on a node, checkpoint storage every node
     reaches, and a dataset directory (``store``) the executors share."""
@@ -25,7 +26,7 @@ def preflight(cluster: ClusterSettings, train: TrainSettings | None, store: Path
         check_cpus(cluster, train)
         check_workers_fit(train)
         check_checkpoint_storage(train)
-    if store is not None:
+    if isinstance(store, Path):  # S3 (a str) is every node's
         check_store_is_shared(store)
 
 
@@ -79,9 +80,9 @@ def check_store_is_shared(store: Path) -> None:
     nodes = working_nodes()
     if nodes > 1:
         raise InputError(f"{store}: Spark's executors would write the dataset to this directory on "
-                         f"each of the cluster's {nodes} nodes; on a cluster set data.cache=false "
-                         "(training then takes the windows from Spark directly), and run prepare "
-                         "and evaluate on one machine")
+                         f"each of the cluster's {nodes} nodes; on a cluster set data.cache_dir=s3://"
+                         "bucket/prefix (or, for training, data.cache=false: the windows then go "
+                         "from Spark to Ray directly)")
 
 
 def check_checkpoint_storage(t: TrainSettings) -> None:

@@ -163,7 +163,7 @@ def _assert_refused_before_spark_starts(job: list, plain: list, runs: str, tmp_p
          "storage"),
         ([*plain, f"train.storage_path={runs}", f"hydra.run.dir={tmp_path / 'refused_too'}"],
          "Spark's executors would write the dataset to this directory on each of the cluster's 2 "
-         "nodes; on a cluster set data.cache=false"),
+         "nodes; on a cluster set data.cache_dir=s3://bucket/prefix"),
     ]
     started = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env)

@@ -1,8 +1,9 @@
 """The ETL's two hand-offs, side by side: its chunks written from the executors as a cache entry's
 Parquet files (``to_parquet``: a row group per chunk, staged under a temporary name for
-``cache.commit`` to seal and put in place), or handed to Ray's object store (``to_object_store``:
-``ray.data.from_spark``, a block per chunk). Either way the chunks are sorted by start and
-counted against the chunk arithmetic before anyone trains on them."""
+``cache.commit`` to seal and put in place; ``to_s3``: a new attempt at an entry on S3), or handed
+to Ray's object store (``to_object_store``: ``ray.data.from_spark``, a block per chunk). Either way
+the chunks are sorted by start and counted against the chunk arithmetic before anyone trains on
+them."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from raydp_llm.data import cache, stream
+from raydp_llm.core import storage
+from raydp_llm.core.storage import S3Options
+from raydp_llm.data import cache, s3_cache, stream
 from raydp_llm.data.etl.records import EtlOutput
 from raydp_llm.data.stream import BlockChunks, ChunkIndex
 from raydp_llm.engines import raydp_fixes
@@ -52,16 +56,63 @@ def to_parquet(out: EtlOutput, cache_dir: Path, key: str) -> Path:
     return tmp
 
 
-def write_documents(out: EtlOutput, entry: Path) -> None:
+def to_s3(out: EtlOutput, cache_dir: str, key: str, s3: S3Options) -> s3_cache.Staged:
+    """``to_parquet`` for a cache on S3 (``s3_cache``): the executors write the chunks straight
+    into a new attempt at ``key``'s entry (``write_from_executors``), the driver the rest into a
+    local directory that ``Staged.commit`` uploads and seals."""
+    staged = s3_cache.new_attempt(cache_dir, key, s3)
+    try:
+        for name, df in out.chunks.items():
+            rows = write_from_executors(sorted_chunks(df, len(out.index[name]), CHUNKS_PER_FILE),
+                                        storage.join(staged.uri, name), s3, rows_per_group=1)
+            check_chunk_count(name, rows, out.index[name])
+        stream.write_index(staged.local, out.index)
+        write_documents(out, staged.local, lambda df, name: write_from_executors(
+            df, storage.join(staged.uri, name), s3))
+        out.tokenizer.save(staged.local)
+        (staged.local / cache.MANIFEST).write_text(json.dumps(out.manifest.to_json(), indent=2))
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
+
+
+def write_from_executors(df: DataFrame, uri: str, s3: S3Options,
+                         rows_per_group: int | None = None) -> int:
+    """Each partition of ``df`` as a Parquet file under ``uri``, written by the executor that holds
+    it through pyarrow (this Spark has no S3 connector for its own writer), ``rows_per_group`` rows
+    to a row group (None: pyarrow's); files named by partition, so in ``df``'s order. Returns the
+    rows written (a task Spark runs again writes its file again, whole)."""
+
+    def write(batches):
+        from pyspark import TaskContext
+
+        batches = [batch for batch in batches if batch.num_rows]
+        if batches:
+            fs, root = storage.resolve(uri, s3)
+            part = TaskContext.get().partitionId()
+            with fs.open_output_stream(f"{root}/part-{part:05d}.parquet") as f:
+                pq.write_table(pa.Table.from_batches(batches), f, row_group_size=rows_per_group)
+        yield pa.RecordBatch.from_pydict({"rows": [sum(batch.num_rows for batch in batches)]})
+
+    return sum(row.rows for row in df.mapInArrow(write, "rows long").collect())
+
+
+def write_documents(out: EtlOutput, entry: Path, write_frame=None) -> None:
     """Each document's place in the token stream (``documents/``: what ``evaluate
     per_document=true`` scores), and what curation removed (``removed/``: path, document, bytes,
-    reason, the kept copy of a duplicate; ``removed_sample.json``: a few, with their text)."""
+    reason, the kept copy of a duplicate; ``removed_sample.json``: a few, with their text).
+    ``write_frame(df, name)``: how the Parquet directories are written (Spark's writer into
+    ``entry`` when None)."""
+    if write_frame is None:
+        def write_frame(df, name):
+            df.write.parquet(str(entry / name))
     if out.documents is not None:
-        out.documents.withColumnRenamed("src", "path").orderBy("start").write.parquet(
-            str(entry / cache.DOCUMENTS))
+        write_frame(out.documents.withColumnRenamed("src", "path").orderBy("start"),
+                    cache.DOCUMENTS)
     if out.removed is not None:
-        out.removed.withColumnRenamed("src", "path").orderBy("path", "doc").write.parquet(
-            str(entry / cache.REMOVED))
+        write_frame(out.removed.withColumnRenamed("src", "path").orderBy("path", "doc"),
+                    cache.REMOVED)
         (entry / cache.REMOVED_SAMPLE).write_text(json.dumps(out.removed_sample, indent=2))
 
 

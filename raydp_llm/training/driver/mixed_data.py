@@ -96,7 +96,9 @@ def each_source(session, settings: Settings, corpora: dict[str, Corpus], out_dir
     ``out_dir/sources/<name>``), stopped after the last source; a source's bad input is one line
     that names it."""
     with session.one_spark(out_dir, held):
-        settings = with_mixture_bpe(session, settings, corpora, session.store or out_dir)
+        # the mixture's tokenizer file is read locally (its hash is in the sources' cache keys)
+        home = session.store if isinstance(session.store, Path) else out_dir
+        settings = with_mixture_bpe(session, settings, corpora, home)
         for source in settings.data.sources:
             logs = out_dir / "sources" / source.name
             logs.mkdir(parents=True, exist_ok=True)

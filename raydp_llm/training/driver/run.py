@@ -16,6 +16,7 @@ from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Span, Started, Stopwatch, in_background, timed
+from raydp_llm.data import cache
 from raydp_llm.data.chat import model_template
 from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.left_out import LeftOut
@@ -100,7 +101,8 @@ class Job:
     # where the outputs are copied beside the checkpoints, <storage>/<run name>; None without
     # train.storage_path (the checkpoints are in the run directory already)
     destination: str | None
-    store: Path | None  # the ETL cache, when on, holds the dataset (else Ray's object store)
+    store: Path | str | None  # the ETL cache (str: on S3), when on, holds the dataset (else Ray's
+    # object store)
     tracker: tracking.NoTracking
     sweep_dir: str | None
 
@@ -111,7 +113,7 @@ class Job:
         run_name = f"{run_prefix(settings, out_dir, sweep_dir)}{record.run_id}"
         storage_path = settings.train.storage_path
         destination = storage.join(storage_path, run_name) if storage_path else None
-        store = Path(settings.data.cache_dir) if settings.data.cache else None
+        store = cache.location(settings.data.cache_dir) if settings.data.cache else None
         return cls(out_dir, record, run_name, storage_path or str(out_dir / "ray_results"),
                    destination, store, tracker, sweep_dir)
 

@@ -25,7 +25,7 @@ class JobSession:
     """A job on a running, checked Ray. ``timings``: the seconds of each phase so far;
     ``ray_up``: when Ray's start began and when it was up."""
 
-    def __init__(self, settings: Settings, store: Path | None, ray_up: Span):
+    def __init__(self, settings: Settings, store: Path | str | None, ray_up: Span):
         self.settings, self.store, self.ray_up = settings, store, ray_up
         self.timings = {"ray_start_s": ray_up.seconds}
         self.spark: SharedSpark | None = None  # within ``one_spark``: the ETLs' Spark
