@@ -297,17 +297,10 @@ def fetch(source: str, directory: str | Path, s3: S3Options) -> None:
         copy(source, directory, s3)
 
 
-def write_new(uri: str | Path, text: str, s3: S3Options) -> bool:
-    """Write a small file only if there is none yet: True when written, False when one was there.
-    On S3 a conditional PUT (``If-None-Match: *``, which pyarrow's filesystem cannot send: boto3),
-    so that of two writers exactly one wins; locally an exclusive create, then the text."""
-    if not is_s3(str(uri)):
-        try:
-            with open(uri, "x") as f:
-                f.write(text)
-        except FileExistsError:
-            return False
-        return True
+def write_new(uri: str, text: str, s3: S3Options) -> bool:
+    """Write a small object on S3 only if there is none yet: True when written, False when one was
+    there. A conditional PUT (``If-None-Match: *``, which pyarrow's filesystem cannot send: boto3),
+    so that of two writers exactly one wins."""
     from botocore.exceptions import ClientError
 
     bucket, key = resolve(uri, s3)[1].split("/", 1)
