@@ -17,12 +17,21 @@ and prints MB/s and tokens/s (start-up excluded), the ratios, and each driver's 
 
 measures etl-2 with Spark's authentication and network encryption on (the default: docs/security.md)
 and off (etl-2-open), alternately, and prints each one's ETL and start-up time against off.
+
+    python benchmarks/etl.py --s3 [--sizes 50] [--repeats 2]
+
+measures etl-2 with the ETL cache on a local S3 stand-in (moto on 127.0.0.1: etl-2-s3, the
+executors writing the chunks through pyarrow, ``data/s3_cache.py``) and in a local directory
+(etl-2), alternately: the write (the ETL's last phase, the seal and the commit) and a read of every
+chunk as the training workers read them, each against local.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -38,7 +47,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_etl(path: Path, executors: int, out: Path, protected: bool = True) -> dict:
+S3_ENV = "RAYDP_LLM_BENCH_S3"  # the S3 stand-in's endpoint, for the measuring children
+
+
+def measure_etl(path: Path, executors: int, out: Path, protected: bool = True,
+                on_s3: bool = False) -> dict:
     from dataclasses import replace
 
     from hydra import compose, initialize_config_dir
@@ -46,7 +59,6 @@ def measure_etl(path: Path, executors: int, out: Path, protected: bool = True) -
     from raydp_llm.cli.inputs import check_inputs, typed_settings
     from raydp_llm.core.registry import register_configs
     from raydp_llm.data import cache
-    from raydp_llm.data.etl.handoff import to_parquet
     from raydp_llm.data.etl.records import EtlPlan
     from raydp_llm.data.etl.run import run_etl
     from raydp_llm.engines.ray_cluster import ray_session
@@ -66,6 +78,7 @@ def measure_etl(path: Path, executors: int, out: Path, protected: bool = True) -
                 "cluster.executor_cores=1",  # etl-1 and etl-2: 1 and 2 cores
                 "cluster.executor_memory=3g",
                 "data.decontaminate=off",  # the ETL's own phases (the check: contamination.py)
+                *([f"s3.endpoint_url={os.environ[S3_ENV]}"] if on_s3 else []),
             ],
         )
     cfg = typed_settings(cfg)
@@ -78,12 +91,19 @@ def measure_etl(path: Path, executors: int, out: Path, protected: bool = True) -
         with spark_session(cfg.cluster, app_name="bench", log_dir=out) as spark:
             start_s = time.perf_counter() - t
             t = time.perf_counter()
-            result = run_etl(spark, EtlPlan.of(cfg, corpus))
+            plan = EtlPlan.of(cfg, corpus)
+            result = run_etl(spark, plan)
             t_write = time.perf_counter()
-            cache.commit(to_parquet(result, out / "cache", "bench"), stats={})
+            entry = write_entry(result, out, plan.s3, on_s3)
             result.phase_s["write"] = time.perf_counter() - t_write
             etl_s = time.perf_counter() - t
+    t = time.perf_counter()
+    sources = cache.parquet_sources(entry, result.index, plan.s3)
+    for split, index in result.index.items():
+        for c, start in enumerate(index.start):
+            sources[split].fetch(c, start)
     return {
+        "read_s": time.perf_counter() - t,
         "start_s": start_s,
         "etl_s": etl_s,
         "tokens": result.manifest.tokens,
@@ -91,6 +111,17 @@ def measure_etl(path: Path, executors: int, out: Path, protected: bool = True) -
         "rss_mb": peak_rss_mb(),
         "phase_s": {k: round(v, 1) for k, v in result.phase_s.items()},
     }
+
+
+def write_entry(result, out: Path, s3, on_s3: bool):
+    """The ETL's chunks written and committed as a cache entry: in ``out/cache``, or on the S3
+    stand-in (a bucket of its own per run)."""
+    from raydp_llm.data import cache
+    from raydp_llm.data.etl.handoff import to_parquet, to_s3
+
+    if not on_s3:
+        return cache.commit(to_parquet(result, out / "cache", "bench"), stats={})
+    return to_s3(result, f"s3://bench/{out.name}", "bench", s3).commit(stats={})
 
 
 def measure_single(path: Path, out: Path) -> dict:
@@ -151,8 +182,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--security", action="store_true",
                         help="etl-2 with Spark's authentication and encryption on, against off")
-    parser.add_argument("--repeats", type=int, default=2, help="--security: runs of each")
-    parser.add_argument("--measure", choices=["etl-1", "etl-2", "etl-2-open", "single"],
+    parser.add_argument("--s3", action="store_true",
+                        help="etl-2 with the ETL cache on an S3 stand-in, against local")
+    parser.add_argument("--repeats", type=int, default=2, help="--security, --s3: runs of each")
+    parser.add_argument("--measure", choices=["etl-1", "etl-2", "etl-2-open", "etl-2-s3",
+                                              "single"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -164,7 +198,8 @@ def measure(kind: str, path: Path, out: Path) -> dict:
     (``etl-2-open``: without Spark's authentication and encryption)."""
     if kind == "single":
         return measure_single(path, out)
-    return measure_etl(path, int(kind[4]), out, protected=not kind.endswith("-open"))
+    return measure_etl(path, int(kind[4]), out, protected=not kind.endswith("-open"),
+                       on_s3=kind.endswith("-s3"))
 
 
 def measure_all(corpus: Path, sizes: list[int], kinds=("single", "etl-1", "etl-2")
@@ -232,10 +267,55 @@ def print_security_table(rows: list[dict]) -> None:
                   f"{r['etl_s'] / base:.3f}× |")
 
 
+def print_s3_table(rows: list[dict]) -> None:
+    """Each run of etl-2 with the cache on S3 and local: the write and the read, against the mean
+    of the local runs."""
+    print("\n| corpus MB | cache | ETL s | write s | write vs local | read s | read vs local |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
+    for mb in sorted({r["mb"] for r in rows}):
+        runs = [r for r in rows if r["mb"] == mb]
+        local = [r for r in runs if r["kind"] == "etl-2"]
+        write = sum(r["phase_s"]["write"] for r in local) / len(local)
+        read = sum(r["read_s"] for r in local) / len(local)
+        for r in sorted(runs, key=lambda r: r["kind"]):
+            where = "S3 stand-in" if r["kind"] == "etl-2-s3" else "local"
+            print(f"| {mb:.0f} | {where} | {r['etl_s']:.1f} | {r['phase_s']['write']:.1f} | "
+                  f"{r['phase_s']['write'] / write:.2f}× | {r['read_s']:.2f} | "
+                  f"{r['read_s'] / read:.2f}× |")
+
+
+@contextlib.contextmanager
+def s3_stand_in():
+    """A moto server on 127.0.0.1 with the bucket ``bench``, its endpoint in ``S3_ENV`` and fake
+    credentials in the environment the measuring children (and their Spark) inherit."""
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"
+                       }.items():
+        os.environ.setdefault(key, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ[S3_ENV] = f"http://{host}:{port}"
+    pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http",
+                      allow_bucket_creation=True).create_dir("bench")
+    try:
+        yield
+    finally:
+        server.stop()
+
+
 def main() -> None:
     args = parse_args()
     if args.measure:  # a child of run_one: print one result as JSON
         print(json.dumps(measure(args.measure, args.path, args.out)))
+        return
+    if args.s3:
+        with s3_stand_in():
+            print_s3_table(measure_all(args.corpus, args.sizes, ("etl-2", "etl-2-s3")
+                                       * args.repeats))
         return
     if args.security:
         kinds = ("etl-2", "etl-2-open") * args.repeats

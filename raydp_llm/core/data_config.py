@@ -192,9 +192,10 @@ class DataSettings:
                                        "it")
     cache: bool = setting(True, "reuse the ETL output of an earlier run with the same inputs and "
                                 "settings (skips Spark)")
-    cache_dir: str = setting("${oc.env:HOME}/.cache/raydp_llm/etl", "where ETL outputs are kept "
-                                                                    "(Parquet + tokenizer + "
-                                                                    "manifest)")
+    cache_dir: str = setting("${oc.env:HOME}/.cache/raydp_llm/etl",
+                             "where ETL outputs are kept (Parquet + tokenizer + manifest): a "
+                             "directory, or s3://bucket/prefix, which every node of a cluster "
+                             "reads")
     format: str = setting(DataFormat.text, f"{DataFormat.listed()}; text, ids and jsonl files may "
                                            "be .gz, .bz2 or .zst", check=one_of(DataFormat))
     text_column: str = setting("text", "parquet, jsonl and sql: the column or field holding the "

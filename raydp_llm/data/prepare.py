@@ -146,6 +146,7 @@ def prepared(settings: Settings, corpus: Corpus, out_dir: Path, to_ray: bool,
     has planned the query: Spark starts first, and a cache hit skips only the ETL. ``spark``: a
     Spark shared with other ETLs (else this ETL's own)."""
     out_dir.mkdir(parents=True, exist_ok=True)  # its logs and stats, also when Spark was kept
+    store = None if store is None else cache.location(str(store))  # a str: on S3
     job = EtlJob(settings, EtlPlan.of(settings, corpus, etl_tokenizer(settings.tokenizer)), None,
               out_dir, spark=spark)
     with contextlib.ExitStack() as kept:  # Spark's lifetime when cluster.keep_executors

@@ -8,6 +8,9 @@ commands on stdin:
 
 - ``actors``: one JSON line, every actor the cluster has had (dead ones too), from the GCS actor
   table: ``[{"id": ..., "class": ..., "name": ..., "node": <node id>, "state": ...}, ...]``
+- ``replace``: the worker node removed without grace (its raylet, object store and workers killed,
+  as when an instance is lost), then a fresh node of the same size added, as EMR replaces a core
+  node; one JSON line, ``{"removed": <node id>, "added": <node id>}``
 - ``stop``, or the end of stdin (the test process is gone): shut both nodes down and exit.
 
 It runs in its own process because a process can be connected to one Ray only (pytest's may hold the
@@ -57,6 +60,11 @@ def main(cpus: int) -> None:
                     ),
                     flush=True,
                 )
+            elif line.strip() == "replace":
+                cluster.remove_node(worker, allow_graceful=False)
+                removed, worker = worker.node_id, cluster.add_node(**NODE, num_cpus=cpus)
+                cluster.wait_for_nodes()
+                print(json.dumps({"removed": removed, "added": worker.node_id}), flush=True)
             elif line.strip() == "stop":
                 break
     finally:

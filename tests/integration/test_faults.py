@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from helpers.configs import CACHE_DIR, NO_CHECK, make_config
 from helpers.etl import prepare
 from helpers.paths import ROOT
 from helpers.processes import kill_tree, ray_actor_pids
+from helpers.progress import has_row, wait_for
 from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
@@ -90,20 +90,6 @@ def assert_same_curve(out_dir: Path, reference: dict, after: int) -> list[dict]:
         assert r["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3), r["step"]
         assert r["train_loss"] == pytest.approx(want["train_loss"], rel=1e-3), r["step"]
     return rows
-
-
-def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.time() + timeout_s
-    while not condition():
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"the run ended before {what}: {proc.communicate()[0][-3000:]}")
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def has_row(out_dir: Path, step: int) -> bool:
-    path = out_dir / "metrics.csv"
-    return path.exists() and any(r["step"] >= step for r in read_metrics(path))
 
 
 def test_a_killed_worker_is_replaced_and_the_run_continues_its_curve(

@@ -28,11 +28,12 @@ import pytest
 from helpers.configs import CACHE_DIR, make_config
 from helpers.etl import prepare
 from helpers.paths import ROOT
+from helpers.progress import has_row, wait_for
 from helpers.s3 import BUCKET
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core import storage
 from raydp_llm.engines.raydp_fixes import SINGLE_MACHINE
-from raydp_llm.training.driver.metrics import read_metrics
+from raydp_llm.training.driver.metrics import read_events, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
@@ -91,6 +92,16 @@ class TwoNodes:
     def nodes(self) -> list[str]:
         """The node ids: head, worker."""
         return self._info["nodes"]
+
+    def replace_worker(self) -> dict:
+        """The worker node removed without grace and a fresh one added (the helper's
+        ``replace``): ``{"removed": <node id>, "added": <node id>}``; ``nodes`` names the fresh
+        one from now on."""
+        self.proc.stdin.write("replace\n")
+        self.proc.stdin.flush()
+        replaced = self._answer(timeout_s=180)
+        self._info["nodes"] = [self.nodes[0], replaced["added"]]
+        return replaced
 
     def actors(self) -> list[dict]:
         """Every actor the cluster has had, dead ones too: class, name, node id, state."""
@@ -203,15 +214,6 @@ def _assert_both_nodes_ran_an_executor_and_a_worker(two_nodes: TwoNodes, run_dir
                 tasks[event["Task Info"]["Executor ID"]] += 1
     assert set(tasks) == set(executors) and min(tasks.values()) > 0, (tasks, executors)
 
-    # The hand-off's bytes in each node's object store, printed by the run and bounded: on the
-    # cluster's nodes or inline in the driver's memory (blocks under 100 KiB, as these chunks of
-    # 2048 tokens), at least the chunks' tokens, and less than two copies of them (one copy and
-    # Arrow's framing of each chunk)
-    held = json.loads((run_dir / "etl_stats.json").read_text())["object_store_bytes"]
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    tokens = manifest["token_bytes_stored"]
-    assert held and set(held) <= nodes | {"inline"}, held
-    assert tokens <= sum(held.values()) < 2 * tokens, (held, tokens)
 
 
 def _assert_the_single_node_dataset_trained_to_the_end(run_dir: Path, single: dict, runs: str,
@@ -338,6 +340,49 @@ def test_the_emr_run_on_two_nodes_and_s3_gives_the_single_node_result(
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     _assert_both_nodes_ran_an_executor_and_a_worker(two_nodes, run_dir, earlier)
     _assert_the_single_node_dataset_trained_to_the_end(run_dir, single, runs, s3)
+    # The ETL's result is sealed on S3 beside the runs (the emr default): one copy of the key
+    (sealed,) = [f for f in storage.list_objects(f"{runs}/etl/", s3)
+                 if f.path.endswith("/sealed.json")]
+    _assert_a_second_run_reads_the_s3_cache_and_survives_a_lost_node(
+        two_nodes, [*train, *EMR, *data, *TINY, f"train.storage_path={runs}"], tmp_path)
+
+
+def _assert_a_second_run_reads_the_s3_cache_and_survives_a_lost_node(two_nodes: TwoNodes,
+                                                                     job: list, tmp_path: Path
+                                                                     ) -> None:
+    """The same data again: no Spark, the chunks read from S3. The worker node is removed without
+    grace after the checkpoint of step 20, and a fresh node added (as EMR replaces a lost core
+    node): Ray Train restarts the worker group on the head and the fresh node from the last
+    checkpoint, each worker reads its chunks from S3 again, and every step is trained once."""
+    run_dir = tmp_path / "again"
+
+    earlier = {a["id"] for a in two_nodes.actors()}
+    proc = subprocess.Popen([*job, "train.max_steps=60", "train.checkpoint_interval=20",
+                             f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=two_nodes.env)
+    output = []
+    reader = threading.Thread(target=lambda: output.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: has_row(run_dir, 20), 300, "the checkpoint of step 20")
+        replaced = two_nodes.replace_worker()
+        proc.wait(timeout=480)
+    finally:
+        proc.kill()  # a no-op once it has exited
+    reader.join(timeout=60)
+    console = "".join(output)
+    assert proc.returncode == 0, console[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["etl"]["cache_hit"] is True and not (run_dir / "spark-events").exists()
+    assert summary["status"] == "finished" and summary["restarts"] == 1, summary
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.csv")] == [10, 20, 30, 40, 50, 60]
+    (event,) = read_events(run_dir)
+    assert event["event"] == "restart" and event["from_step"] >= 20, event
+    assert "restart 1 of at most 3" in console
+    actors = [a for a in two_nodes.actors() if a["id"] not in earlier]
+    assert not [a for a in actors if a["class"] == "org.apache.spark.executor.RayDPExecutor"]
+    workers = {a["node"] for a in actors if a["class"] == "RayTrainWorker"}
+    assert workers == {two_nodes.nodes[0], replaced["removed"], replaced["added"]}, actors
 
 
 def _sweep_command(two_nodes, s3, sweep_dir: Path, *overrides: str) -> list[str]:
@@ -358,14 +403,15 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
     s3, two_nodes, corpus_dir, tmp_path
 ):
     """``-m`` on a Ray cluster: Ray Tune trials by default, two at once (each 2 workers × 1 CPU on
-    a cluster of 6, beside one Spark of 2), their workers on both nodes; each trial's Spark (no
-    cache on a cluster) in its turn, never two RayDP apps of the sweep at once. (A second sweep
+    a cluster of 6, beside one Spark of 2), their workers on both nodes; each trial's Spark
+    (data.cache=false: the windows from Spark to Ray) in its turn, never two RayDP apps of the sweep at once. (A second sweep
     beside it, in its own namespace, was measured once at issue 58 and cut for the suite's
     budget: about 130 s of the two shared cores.)"""
     storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/sweep-corpus", s3)
     sweep_dir = tmp_path / "sweep"
     earlier = {a["id"] for a in two_nodes.actors()}  # the module's other run's
-    out = subprocess.run(_sweep_command(two_nodes, s3, sweep_dir, "optim.lr=1e-3,3e-3"),
+    out = subprocess.run(_sweep_command(two_nodes, s3, sweep_dir, "optim.lr=1e-3,3e-3",
+                                        "data.cache=false"),
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env=two_nodes.env)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
@@ -380,3 +426,16 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
     for row in rows:
         assert json.loads((Path(row["output_dir"]) / "summary.json").read_text())["etl"][
             "cache_hit"] is False
+        _assert_the_hand_off_is_held_where_printed(Path(row["output_dir"]), set(two_nodes.nodes))
+
+
+def _assert_the_hand_off_is_held_where_printed(run_dir: Path, nodes: set[str]) -> None:
+    """With data.cache=false, the hand-off's bytes in each node's object store, printed by the run
+    and bounded: on the cluster's nodes or inline in the driver's memory (blocks under 100 KiB, as
+    these chunks of 2048 tokens), at least the chunks' tokens, and less than two copies of them
+    (one copy and Arrow's framing of each chunk)."""
+    held = json.loads((run_dir / "etl_stats.json").read_text())["object_store_bytes"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    tokens = manifest["token_bytes_stored"]
+    assert held and set(held) <= nodes | {"inline"}, held
+    assert tokens <= sum(held.values()) < 2 * tokens, (held, tokens)
