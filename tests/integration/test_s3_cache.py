@@ -76,3 +76,18 @@ def test_an_s3_entry_is_the_local_one_found_again_sealed_once_and_rebuilt_when_d
     pointer = json.loads(storage.read_text(f"{cache_dir}/{key}/{s3_cache.POINTER}", s3))
     assert rebuilt.entry.endswith(pointer["attempt"])
     assert cache.entry_problem(rebuilt.entry, s3) is None
+
+
+def test_a_key_is_named_once_and_an_unreadable_name_is_dropped(s3, caplog):
+    """The key's pointer: written by one writer of two (S3's conditional PUT), and, unreadable,
+    deleted with one line so that the key is built again."""
+    pointer = f"s3://{BUCKET}/s3cache/named/key/{s3_cache.POINTER}"
+    assert storage.write_new(pointer, '{"attempt": "a"}', s3)
+    assert not storage.write_new(pointer, '{"attempt": "b"}', s3)
+    assert json.loads(storage.read_text(pointer, s3)) == {"attempt": "a"}
+    storage.remove(pointer, s3)
+    storage.write_text(pointer, "{half", s3)
+    with caplog.at_level(logging.WARNING, logger="raydp_llm.data.s3_cache"):
+        assert s3_cache.lookup(f"s3://{BUCKET}/s3cache/named", "key", s3) is None
+    assert "sealed.json is unreadable (JSONDecodeError)" in caplog.text
+    assert not storage.exists(pointer, s3)
