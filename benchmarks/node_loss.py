@@ -10,6 +10,10 @@ It prints, for each loss: the seconds from the node's removal to Ray Train's res
 ``events.jsonl``) and to the first evaluation after it (TensorBoard's wall time: the restart, the
 workers' start on the fresh node, the chunks read from S3 again, the steps since the checkpoint
 trained again), against the undisturbed seconds between two evaluations of the same run.
+
+First, a run with ``data.cache=false`` (the chunks from Spark to Ray's object store, at the default
+chunk size: blocks over Ray's 100 KiB inline limit) prints where the hand-off's bytes are held: by
+node, from its ``etl_stats.json``.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ class Cluster:
             [sys.executable, str(ROOT / "tests" / "helpers" / "two_node_cluster.py"), "3"],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
-        self.address = self._answer()["address"]
+        first = self._answer()
+        self.address, self.nodes = first["address"], first["nodes"]
 
     def _answer(self) -> dict:
         while True:
@@ -102,6 +107,19 @@ def lose_a_node(cluster: Cluster, job: list[str], run_dir: Path) -> dict:
             "between_evals_s": statistics.median(b - a for a, b in zip(before, before[1:]))}
 
 
+def handed_off(cluster: Cluster, job: list[str], run_dir: Path) -> dict:
+    """A data.cache=false run's hand-off: its chunks, and the MiB each node's object store holds
+    (and those inline in the driver's memory)."""
+    subprocess.run([*job, "data.cache=false", "train.max_steps=2", f"hydra.run.dir={run_dir}"],
+                   cwd=ROOT, env=cluster.env, check=True, capture_output=True)
+    held = json.loads((run_dir / "etl_stats.json").read_text())["object_store_bytes"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    head, worker = cluster.nodes
+    return {"chunks": manifest["chunks_train"] + manifest["chunks_val"],
+            "head": held.get(head, 0) / 2**20, "worker": held.get(worker, 0) / 2**20,
+            "inline": held.get("inline", 0) / 2**20}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,9 +141,13 @@ def main() -> None:
                    "train.storage_path=s3://bench/runs"]
             subprocess.run([*job, "train.max_steps=2", f"hydra.run.dir={tmp}/build"], cwd=ROOT,
                            env=cluster.env, check=True, capture_output=True)  # the S3 cache
+            held = handed_off(cluster, job, Path(tmp) / "handoff")
             rows = [lose_a_node(cluster, job, Path(tmp) / f"lost{i}") for i in range(args.repeats)]
         finally:
             cluster.stop()
+    print("\n| hand-off (data.cache=false) | head node MiB | worker node MiB | inline MiB |"
+          f"\n|---:|---:|---:|---:|\n| {held['chunks']} chunks | {held['head']:.2f} | "
+          f"{held['worker']:.2f} | {held['inline']:.2f} |")
     print(f"\n| node lost after step | restart from step | → restart s | → next evaluation s | "
           f"undisturbed {EVAL_EVERY} steps s |\n|---:|---:|---:|---:|---:|")
     for r in rows:
