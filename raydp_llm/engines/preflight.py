@@ -80,9 +80,9 @@ def check_store_is_shared(store: Path) -> None:
     nodes = working_nodes()
     if nodes > 1:
         raise InputError(f"{store}: Spark's executors would write the dataset to this directory on "
-                         f"each of the cluster's {nodes} nodes; on a cluster set data.cache_dir=s3://"
-                         "bucket/prefix (or, for training, data.cache=false: the windows then go "
-                         "from Spark to Ray directly)")
+                         f"each of the cluster's {nodes} nodes; on a cluster set "
+                         "data.cache_dir=s3://bucket/prefix (or, for training, data.cache=false: "
+                         "the windows then go from Spark to Ray directly)")
 
 
 def check_checkpoint_storage(t: TrainSettings) -> None:

@@ -404,9 +404,9 @@ def test_a_sweep_on_the_cluster_runs_its_trials_side_by_side_across_both_nodes(
 ):
     """``-m`` on a Ray cluster: Ray Tune trials by default, two at once (each 2 workers × 1 CPU on
     a cluster of 6, beside one Spark of 2), their workers on both nodes; each trial's Spark
-    (data.cache=false: the windows from Spark to Ray) in its turn, never two RayDP apps of the sweep at once. (A second sweep
-    beside it, in its own namespace, was measured once at issue 58 and cut for the suite's
-    budget: about 130 s of the two shared cores.)"""
+    (data.cache=false: the windows from Spark to Ray) in its turn, never two RayDP apps of the
+    sweep at once. (A second sweep beside it, in its own namespace, was measured once at issue 58
+    and cut for the suite's budget: about 130 s of the two shared cores.)"""
     storage.copy(corpus_dir, f"s3://{BUCKET}/multinode/sweep-corpus", s3)
     sweep_dir = tmp_path / "sweep"
     earlier = {a["id"] for a in two_nodes.actors()}  # the module's other run's
