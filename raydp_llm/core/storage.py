@@ -171,16 +171,17 @@ def list_objects(uri: str, s3: S3Options) -> list[pafs.FileInfo]:
     fs, path = resolve(uri, s3)
     if any(ch in path for ch in "*?["):
         prefix = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
-        found = [f for f in _walk(fs, prefix) if fnmatch.fnmatchcase(f.path, path)]
+        found = [f for f in walk(fs, prefix) if fnmatch.fnmatchcase(f.path, path)]
     else:
         info = fs.get_file_info(path)
-        found = [info] if info.type == pafs.FileType.File else _walk(fs, path)
+        found = [info] if info.type == pafs.FileType.File else walk(fs, path)
     return sorted(
         (f for f in found if not f.base_name.startswith((".", "_"))), key=lambda f: f.path
     )
 
 
-def _walk(fs: pafs.FileSystem, prefix: str) -> list[pafs.FileInfo]:
+def walk(fs: pafs.FileSystem, prefix: str) -> list[pafs.FileInfo]:
+    """Every file under ``prefix`` on ``fs``, at any depth (none when nothing is there)."""
     selector = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
     return [f for f in fs.get_file_info(selector) if f.type == pafs.FileType.File]
 
@@ -192,7 +193,7 @@ def find_files(root: str | Path, name: str, s3: S3Options) -> list[tuple[str, st
     scheme = "s3://" if is_s3(str(root)) else ""
     return [
         (scheme + f.path, f.path[len(path) + 1 :], f)
-        for f in _walk(fs, path)
+        for f in walk(fs, path)
         if f.base_name == name
     ]
 

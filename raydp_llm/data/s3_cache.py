@@ -62,9 +62,8 @@ class Staged:
         try:
             (self.local / cache.STATS_FILE).write_text(json.dumps(stats, indent=2))
             fs, root = storage.resolve(self.uri, self.s3)
-            written = fs.get_file_info(pafs.FileSelector(root, recursive=True))
             files = {info.path.removeprefix(f"{root}/"): {"bytes": info.size}
-                     for info in written if info.type == pafs.FileType.File}
+                     for info in storage.walk(fs, root)}  # the executors' files
             integrity.write_marker(self.local, files | integrity.listing(self.local, False))
             storage.write_tree(self.local, fs, root)  # the seal last
         except BaseException:
