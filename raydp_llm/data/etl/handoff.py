@@ -28,8 +28,8 @@ CHUNKS_PER_FILE = 64  # Parquet files of ~32 MB at the default chunk size
 
 
 def to_parquet(out: EtlOutput, cache_dir: Path, key: str) -> Path:
-    """Write the chunks from the executors (sorted, a row group per chunk), then their index, the
-    tokenizer and the manifest, under a temporary name; ``cache.commit`` puts it in place. Hold
+    """Write the chunks from the executors (sorted, a row group per chunk), then the rest of the
+    entry (``write_the_rest``), under a temporary name; ``cache.commit`` puts it in place. Hold
     ``cache.locked(cache_dir, key)``."""
     tmp = cache.temporary_entry(cache_dir, key)
     row_group = out.manifest.chunk_tokens * np.dtype(out.manifest.token_dtype).itemsize
@@ -46,10 +46,7 @@ def to_parquet(out: EtlOutput, cache_dir: Path, key: str) -> Path:
                 sum(pq.ParquetFile(f).metadata.num_rows for f in (tmp / name).glob("*.parquet")),
                 out.index[name],
             )
-        stream.write_index(tmp, out.index)
-        write_documents(out, tmp)
-        out.tokenizer.save(tmp)
-        (tmp / cache.MANIFEST).write_text(json.dumps(out.manifest.to_json(), indent=2))
+        write_the_rest(out, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -66,11 +63,8 @@ def to_s3(out: EtlOutput, cache_dir: str, key: str, s3: S3Options) -> s3_cache.S
             rows = write_from_executors(sorted_chunks(df, len(out.index[name]), CHUNKS_PER_FILE),
                                         storage.join(staged.uri, name), s3, rows_per_group=1)
             check_chunk_count(name, rows, out.index[name])
-        stream.write_index(staged.local, out.index)
-        write_documents(out, staged.local, lambda df, name: write_from_executors(
+        write_the_rest(out, staged.local, lambda df, name: write_from_executors(
             df, storage.join(staged.uri, name), s3))
-        out.tokenizer.save(staged.local)
-        (staged.local / cache.MANIFEST).write_text(json.dumps(out.manifest.to_json(), indent=2))
     except BaseException:
         staged.discard()
         raise
@@ -98,12 +92,16 @@ def write_from_executors(df: DataFrame, uri: str, s3: S3Options,
     return sum(row.rows for row in df.mapInArrow(write, "rows long").collect())
 
 
-def write_documents(out: EtlOutput, entry: Path, write_frame=None) -> None:
-    """Each document's place in the token stream (``documents/``: what ``evaluate
+def write_the_rest(out: EtlOutput, entry: Path, write_frame=None) -> None:
+    """An entry's files beside its chunks, into ``entry``: the chunks' index, the tokenizer, the
+    manifest; each document's place in the token stream (``documents/``: what ``evaluate
     per_document=true`` scores), and what curation removed (``removed/``: path, document, bytes,
     reason, the kept copy of a duplicate; ``removed_sample.json``: a few, with their text).
     ``write_frame(df, name)``: how the Parquet directories are written (Spark's writer into
     ``entry`` when None)."""
+    stream.write_index(entry, out.index)
+    out.tokenizer.save(entry)
+    (entry / cache.MANIFEST).write_text(json.dumps(out.manifest.to_json(), indent=2))
     if write_frame is None:
         def write_frame(df, name):
             df.write.parquet(str(entry / name))
