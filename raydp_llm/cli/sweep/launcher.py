@@ -34,14 +34,13 @@ from omegaconf import OmegaConf, open_dict, read_write
 from ray import tune
 
 from raydp_llm.cli.inputs import check_inputs, typed_settings
-from raydp_llm.cli.sweep import records
+from raydp_llm.cli.sweep import asha, records
 from raydp_llm.cli.sweep.trial import SweepJob, TrialWork, run_trial
 from raydp_llm.cli.sweep.watch import TrialLines, trial_groups
 from raydp_llm.core.config import SweepSettings, TrainSettings
 from raydp_llm.core.errors import InputError, first_line
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.engines import spark_turns
-from raydp_llm.training.driver import best
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +263,7 @@ def run_trials(trials: Trials, sweep: SweepSettings, at_once: int, sweep_dir: Pa
     log.info("sweep: %d trials, %d at once, in %s", trials.count, at_once, sweep_dir)
     # Tune's own console (its new output prints a header at any verbosity): TrialLines says it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    schedule = asha.scheduler(sweep, work.jobs, trials.pruned, sweep_dir)
     with spark_turns.one_at_a_time(), tune_halts_on_signals(trials.halt), \
             trial_groups() as groups:
         lines.groups = groups
@@ -273,7 +273,7 @@ def run_trials(trials: Trials, sweep: SweepSettings, at_once: int, sweep_dir: Pa
             tune_config=tune.TuneConfig(max_concurrent_trials=at_once, num_samples=samples,
                                         search_alg=trials.search, trial_name_creator=trial_name,
                                         trial_dirname_creator=trial_name,
-                                        scheduler=scheduler(sweep, work.jobs, trials.pruned)),
+                                        scheduler=schedule),
             run_config=tune.RunConfig(name=f"tune-{time.strftime('%Y%m%d-%H%M%S')}",
                                       storage_path=str(sweep_dir), verbose=0, callbacks=[lines],
                                       failure_config=tune.FailureConfig(max_failures=0)),
@@ -333,35 +333,6 @@ def sigterm_as_ctrl_c():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def scheduler(sweep: SweepSettings, jobs: dict[int, SweepJob], pruned: set):
-    """``sweep.scheduler``: Ray Tune's ``ASHAScheduler`` by step on ``sweep.metric``, or none
-    (Tune's FIFO: every trial to its end). ``jobs``: by number, as many as are known (a searcher
-    adds to them); the trials it stops go into ``pruned``."""
-    if sweep.scheduler != "asha":
-        return None
-    from ray.tune.schedulers import ASHAScheduler
-
-    class FinishingASHA(ASHAScheduler):
-        """ASHA that lets a trial at its last step finish: stopping it there saves no step, and
-        loses its export."""
-
-        def on_trial_result(self, tune_controller, trial, result):
-            if result.get("step", 0) >= jobs[trial.config["job"]].settings.train.max_steps:
-                return self.CONTINUE
-            if result.get(sweep.metric) is None:  # an evaluation without it ranks nothing
-                return self.CONTINUE
-            decision = super().on_trial_result(tune_controller, trial, result)
-            if decision == self.STOP:
-                pruned.add(trial.trial_id)
-            return decision
-
-    # rungs past any job's last step are never reached: max_t need not be exact
-    return FinishingASHA(time_attr="step", metric=sweep.metric,
-                         mode=sweep.mode or best.order(sweep.metric),
-                         max_t=2**31, grace_period=sweep.grace_steps,
-                         reduction_factor=sweep.reduction_factor)
 
 
 def job_return(job: SweepJob, row: dict | None) -> JobReturn:
