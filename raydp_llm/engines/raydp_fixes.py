@@ -43,8 +43,12 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    Ray 2.60 lost the creation: the core worker asked the GCS to create an actor it had not
    registered (``Failed to create actor. Status: Invalid: Actor may be already destroyed``, 172
    registrations for 173 creations), no death was ever published, and the wait never returned:
-   the run hung before Spark started. Our copy of the method waits ``MASTER_START_S`` and then
-   starts the master once more; a second miss is one error.
+   the run hung before Spark started. Once more (CI at stop 64, right after a module's Spark and
+   a job's own embedded Ray had stopped) the creation's registration itself timed out
+   (``GetTimeoutError: There was timeout in registering an actor``: the GCS did not answer within
+   Ray's ``gcs_server_request_timeout_seconds``, 60). Our copy of the method waits
+   ``MASTER_START_S`` for the master (or takes the registration's timeout) and then starts it once
+   more; a second miss is one error.
 """
 
 from __future__ import annotations
@@ -191,8 +195,9 @@ def start_app_master(cluster, resources: dict[str, float],
         options |= {"num_cpus": rest.pop("CPU", 1), "memory": rest.pop("memory", None),
                     "resources": rest}
     for attempt in (1, 2):
-        master = RayDPSparkMaster.options(**options).remote(cluster._configs)
-        try:
+        master = None
+        try:  # the creation's registration times out too (a GCS that did not answer)
+            master = RayDPSparkMaster.options(**options).remote(cluster._configs)
             ray.get(master.start_up.remote(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             _end_master(master, name)
@@ -206,9 +211,10 @@ def start_app_master(cluster, resources: dict[str, float],
 
 
 def _end_master(master, name: str, timeout_s: float = 30.0) -> None:
-    """Kill a master that did not start, and wait until its name is free for the next."""
+    """Kill a master that did not start (None: its registration timed out; the GCS may hold it
+    by its name), and wait until its name is free for the next."""
     with contextlib.suppress(Exception):  # a creation Ray lost has nothing to kill
-        ray.kill(master)
+        ray.kill(master if master is not None else ray.get_actor(name))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
