@@ -16,6 +16,7 @@ pytest_plugins = [
     "fixtures.corpora",
     "fixtures.torch",
     "fixtures.launch",
+    "fixtures.two_nodes",  # test_multinode's cluster of two Ray nodes
 ]
 
 

@@ -282,7 +282,12 @@ class ParquetChunks:
 
 class BlockChunks:
     """A split's chunks in Ray's object store, as ``ray.data.from_spark`` left them (Arrow blocks):
-    one block fetched per chunk read. ``where[c]`` = (block, row)."""
+    one block fetched per chunk read. ``where[c]`` = (block, row).
+
+    A block lost with its node cannot be made again by Ray once Spark has stopped (RayDP rebuilds
+    it through its executors). ``on_lost``, set by the driver that can run the ETL again, gives
+    the same chunks from elsewhere (``replacement(error)``: it waits until they are there),
+    which this source reads from then on; without it a lost block is the worker's error."""
 
     def __init__(self, refs: list, index: ChunkIndex):
         import ray  # here, not at the top: Spark's executors import this module for its records
@@ -292,14 +297,30 @@ class BlockChunks:
         for b, block_starts in enumerate(starts):
             ids = np.searchsorted(index.start, block_starts)
             self.where.update({int(c): (b, r) for r, c in enumerate(ids)})
+        self.on_lost, self.instead = None, None
 
     def fetch(self, c: int, start: int) -> bytes:
+        import ray
+
+        if self.instead is not None:
+            return self.instead.fetch(c, start)
+        try:
+            table, r = self._block_of(c)
+        except ray.exceptions.RayError as err:
+            if self.on_lost is None:
+                raise
+            self.instead = self.on_lost.replacement(err)
+            return self.instead.fetch(c, start)
+        return _row(table, r, start, f"object store block {self.where[c][0]}")
+
+    def _block_of(self, c: int) -> tuple[pa.Table, int]:
+        """The block that holds chunk ``c`` (the one open, or fetched now), and its row there."""
         b, r = self.where[c]
         if self._open is None or self._open[0] != b:
             import ray
 
             self._open = (b, ray.get(self.refs[b]))
-        return _row(self._open[1], r, start, f"object store block {b}")
+        return self._open[1], r
 
     def __getstate__(self):
         return self.__dict__ | {"_open": None}

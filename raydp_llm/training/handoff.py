@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import placement_group_table, remove_placement_group
 
+from raydp_llm.core.errors import first_line
 from raydp_llm.core.timing import Stopwatch
 
 # the named actor of a sweep that keeps its trials' placement groups (cli/sweep/launcher.py): a
@@ -71,6 +72,10 @@ class Handoff:
         self.placement_group = None  # the worker group's, the latest
         self.latest: dict = {}
         self.marks: dict = {}
+        # blocks lost with a node (data.cache=false): why a worker could not read one (once
+        # told, the driver makes the data again), and where the workers read it then
+        self.lost, self.why = asyncio.Event(), None
+        self.remade, self.sources = asyncio.Event(), None
 
     async def deliver(self, delivery: list | None) -> None:
         """The first delivery stands: a None after it (the driver aborting) changes nothing for
@@ -103,11 +108,52 @@ class Handoff:
     async def read_marks(self) -> dict:
         return self.marks
 
+    async def blocks_lost(self, why: str) -> list | None:
+        """A worker could not read a block: the driver is told (by the first), and every worker
+        that asks gets the data made again, once there (``[ObjectRef]`` of its sources by slot;
+        None: it could not be made)."""
+        if not self.lost.is_set():
+            self.why = why
+            self.lost.set()
+        await self.remade.wait()
+        return self.sources
+
+    async def wait_lost(self) -> str:
+        """On the driver: until a worker finds blocks lost; why it could not read them."""
+        await self.lost.wait()
+        return self.why
+
+    async def remake(self, sources: list | None) -> None:
+        """The driver's data made again (None: it could not be made)."""
+        self.sources = sources
+        self.remade.set()
+
 
 def delivered(handoff) -> Delivery | None:
     """What the driver delivered through ``handoff``, once it has (None: nothing will come)."""
     box = ray.get(handoff.wait.remote())
     return None if box is None else ray.get(box[0])
+
+
+@dataclass(frozen=True)
+class LostBlocks:
+    """What a worker's ``BlockChunks`` asks when a block cannot be read (``on_lost``): the run's
+    hand-off, and which of the run's block sources it is (its slot)."""
+
+    handoff: object
+    slot: int
+
+    def replacement(self, error: Exception):
+        """Where this source's chunks are read once a block of it was lost (the driver runs the
+        ETL again meanwhile); one line when they could not be made."""
+        # a RayTaskError's first line names the task; its cause is what failed (RayDP's fetch)
+        why = first_line(getattr(error, "cause", None) or error, 300, with_type=True)
+        box = ray.get(self.handoff.blocks_lost.remote(why))
+        if box is None:
+            raise RuntimeError(f"blocks of the hand-off were lost ({why}) and the data could not "
+                               "be made again; see the driver's log (data.cache=true keeps it on "
+                               "storage)")
+        return ray.get(box[0])[self.slot]
 
 
 def post_group(run: RunContext) -> None:

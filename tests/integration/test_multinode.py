@@ -11,14 +11,11 @@ is read back from Ray's own records (the GCS actor table) and from Spark's event
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import os
-import queue
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -30,6 +27,7 @@ from helpers.etl import prepare
 from helpers.paths import ROOT
 from helpers.progress import has_row, wait_for
 from helpers.s3 import BUCKET
+from helpers.two_nodes import CPUS_PER_NODE, TwoNodes
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core import storage
 from raydp_llm.engines.raydp_fixes import SINGLE_MACHINE
@@ -37,7 +35,6 @@ from raydp_llm.training.driver.metrics import read_events, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs
 
-CPUS_PER_NODE = 3  # logical: the machine may have 2 cores
 EMR = [
     "+experiment=emr",
     f"cluster.node_cpus={CPUS_PER_NODE}",  # cluster.worker_nodes=2 is the default
@@ -60,107 +57,6 @@ TINY = [
     "train.resume=never",
     "sample.max_new_tokens=10",
 ]
-
-
-class TwoNodes:
-    """The helper process; its cluster starts in the background, and the first use of ``address`` or
-    ``nodes`` waits until it is up."""
-
-    def __init__(self, proc: subprocess.Popen, log: Path, env: dict):
-        self.proc, self.log = proc, log  # log: the helper's stderr (Ray's start-up messages)
-        self.env = (
-            env  # the environment to run a job with (RAY_TMPDIR: the cluster's short temp dir)
-        )
-        self.lines: queue.Queue[str] = queue.Queue()  # the helper's stdout, "" at its end
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")
-
-    @functools.cached_property
-    def _info(self) -> dict:
-        return self._answer(timeout_s=180)
-
-    @property
-    def address(self) -> str:
-        """The GCS address, host:port."""
-        return self._info["address"]
-
-    @property
-    def nodes(self) -> list[str]:
-        """The node ids: head, worker."""
-        return self._info["nodes"]
-
-    def replace_worker(self) -> dict:
-        """The worker node removed without grace and a fresh one added (the helper's
-        ``replace``): ``{"removed": <node id>, "added": <node id>}``; ``nodes`` names the fresh
-        one from now on."""
-        self.proc.stdin.write("replace\n")
-        self.proc.stdin.flush()
-        replaced = self._answer(timeout_s=180)
-        self._info["nodes"] = [self.nodes[0], replaced["added"]]
-        return replaced
-
-    def actors(self) -> list[dict]:
-        """Every actor the cluster has had, dead ones too: class, name, node id, state."""
-        assert self._info  # the cluster is up
-        self.proc.stdin.write("actors\n")
-        self.proc.stdin.flush()
-        return self._answer(timeout_s=60)
-
-    def _answer(self, timeout_s: float):
-        """The helper's next JSON line."""
-        while True:
-            try:
-                line = self.lines.get(timeout=timeout_s)
-            except queue.Empty:
-                line = ""
-            if not line:
-                raise RuntimeError("the two-node cluster helper did not answer within "
-                                   f"{timeout_s:.0f}s (exit status {self.proc.poll()}); its "
-                                   f"log:\n{self.log.read_text()[-3000:]}")
-            if line.startswith(("{", "[")):
-                return json.loads(line)
-
-
-@pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
-    ray_tmp = tempfile.mkdtemp(
-        prefix="ray", dir="/tmp"
-    )  # short: Ray's Unix sockets; not /tmp/ray's sessions
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SPARK_LOCAL_IP")}
-    env["RAY_TMPDIR"] = ray_tmp
-    log = tmp_path_factory.mktemp("two_nodes") / "helper.log"  # kept after a failure
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "tests" / "helpers" / "two_node_cluster.py"),
-                str(CPUS_PER_NODE),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
-    try:
-        yield TwoNodes(proc, log, env)  # starting while the test computes the single-node result
-    finally:  # always: both nodes down, also when the test fails
-        try:
-            proc.stdin.write("stop\n")
-            proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _assert_refused_before_spark_starts(job: list, plain: list, runs: str, tmp_path: Path,
@@ -355,8 +251,54 @@ def _assert_a_second_run_reads_the_s3_cache_and_survives_a_lost_node(two_nodes: 
     node): Ray Train restarts the worker group on the head and the fresh node from the last
     checkpoint, each worker reads its chunks from S3 again, and every step is trained once."""
     run_dir = tmp_path / "again"
-
     earlier = {a["id"] for a in two_nodes.actors()}
+    console, replaced = _run_losing_the_worker_node(two_nodes, job, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["etl"]["cache_hit"] is True and not (run_dir / "spark-events").exists()
+    assert summary["rebuilds"] == []
+    actors = [a for a in two_nodes.actors() if a["id"] not in earlier]
+    assert not [a for a in actors if a["class"] == "org.apache.spark.executor.RayDPExecutor"]
+    workers = {a["node"] for a in actors if a["class"] == "RayTrainWorker"}
+    assert workers == {two_nodes.nodes[0], replaced["removed"], replaced["added"]}, actors
+
+
+def test_without_the_cache_a_lost_nodes_blocks_are_made_again_and_the_run_goes_on(
+    s3, two_nodes, shakespeare, tmp_path
+):
+    """``data.cache=false``: the windows go from Spark to Ray's object store (blocks of 128 KiB,
+    held by the nodes' object stores, not inline in the driver's memory) and Spark stops. The
+    worker node is removed without grace after the checkpoint of step 20 and a fresh node added:
+    Ray Train restarts the worker group, a worker that cannot read a block lost with the node
+    waits while the driver runs the ETL again into the run's storage (its Spark holds no CPU
+    beside the waiting group), every worker reads its chunks from there on, and every step is
+    trained once."""
+    corpus = f"s3://{BUCKET}/multinode/shakespeare"
+    storage.copy(shakespeare, f"{corpus}/input.txt", s3)
+    run_dir = tmp_path / "run"
+    job = [sys.executable, "-m", "raydp_llm.train", f"cluster.address={two_nodes.address}", *EMR,
+           f"data.path={corpus}/", f"s3.endpoint_url={s3.endpoint_url}", "data.cache=false",
+           "data.chunk_tokens=131072", "model.block_size=32", *TINY,
+           f"train.storage_path=s3://{BUCKET}/multinode/runs"]
+    console, replaced = _run_losing_the_worker_node(two_nodes, job, run_dir)
+    held = json.loads((run_dir / "etl_stats.json").read_text())["object_store_bytes"]
+    assert held.get(replaced["removed"], 0) > 0, held  # blocks were lost with the node
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (rebuild,) = summary["rebuilds"]
+    assert rebuild["made"] and "raydp-executor" in rebuild["why"], rebuild
+    assert "the data made again in" in console
+    assert (run_dir / "remade" / "etl_stats.json").is_file()  # the second ETL's, apart
+    assert json.loads((run_dir / "manifest.json").read_text())["chunks_train"] > 4
+    # the second ETL's chunks went to the run's storage (S3), sealed, and were read from there
+    assert [f for f in storage.list_objects(f"{summary['storage']}/remade_etl/", s3)
+            if f.path.endswith("/sealed.json")]
+
+
+def _run_losing_the_worker_node(two_nodes: TwoNodes, job: list, run_dir: Path
+                                ) -> tuple[str, dict]:
+    """``job`` to 60 steps (a checkpoint each 20), the worker node replaced (removed without
+    grace, a fresh one added) once the evaluation of step 20 is written: the run ends finished,
+    its one restart from step 20 said, each evaluation once. Its console, and which node was
+    replaced by which."""
     proc = subprocess.Popen([*job, "train.max_steps=60", "train.checkpoint_interval=20",
                              f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=two_nodes.env)
@@ -373,16 +315,12 @@ def _assert_a_second_run_reads_the_s3_cache_and_survives_a_lost_node(two_nodes: 
     console = "".join(output)
     assert proc.returncode == 0, console[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["etl"]["cache_hit"] is True and not (run_dir / "spark-events").exists()
     assert summary["status"] == "finished" and summary["restarts"] == 1, summary
     assert [r["step"] for r in read_metrics(run_dir / "metrics.csv")] == [10, 20, 30, 40, 50, 60]
     (event,) = read_events(run_dir)
     assert event["event"] == "restart" and event["from_step"] >= 20, event
     assert "restart 1 of at most 3" in console
-    actors = [a for a in two_nodes.actors() if a["id"] not in earlier]
-    assert not [a for a in actors if a["class"] == "org.apache.spark.executor.RayDPExecutor"]
-    workers = {a["node"] for a in actors if a["class"] == "RayTrainWorker"}
-    assert workers == {two_nodes.nodes[0], replaced["removed"], replaced["added"]}, actors
+    return console, replaced
 
 
 def _sweep_command(two_nodes, s3, sweep_dir: Path, *overrides: str) -> list[str]:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
@@ -28,6 +28,7 @@ from raydp_llm.core.errors import first_line
 from raydp_llm.core.storage import S3Options, resolve
 from raydp_llm.engines.this_node import on_this_node
 from raydp_llm.training.driver.best import Best, best_of, checkpoint_config
+from raydp_llm.training.driver.lost_blocks import BlockRebuilds
 from raydp_llm.training.driver.metrics import (
     Divergence,
     MetricsWriter,
@@ -64,6 +65,8 @@ class FitResult:
     # and handed it over ("delivered"), rank 0 reached each start-up mark, and fit returned
     marks: dict
     best: Best | None = None  # the best checkpoint by train.best_by, if set
+    # each time the hand-off's blocks were made again after a lost node (lost_blocks.py)
+    rebuilds: list = field(default_factory=list)
 
 
 # Each start-up phase of Ray Train's, between two marks (FitResult.marks)
@@ -157,11 +160,15 @@ class StartedFit:
         """That the driver reached ``name`` now (``FitResult.marks``)."""
         self.marks[name] = time.time()
 
-    def train(self, spec: TrainSpec, data: dict, resume_from: str | None = None) -> FitResult:
+    def train(self, spec: TrainSpec, data: dict, resume_from: str | None = None,
+              remake: Callable[[], dict] | None = None) -> FitResult:
         """Train on ``data`` = ``{split: SplitChunks}`` as ``spec`` says (from
         ``resume_from`` if set). The console follows it live (progress.py); ``metrics.csv``,
-        TensorBoard events and the restarts (``events.jsonl``) go to ``launch.out_dir``."""
+        TensorBoard events and the restarts (``events.jsonl``) go to ``launch.out_dir``.
+        ``remake()``: ``data`` made again, should blocks of Ray's object store be lost with a
+        node (lost_blocks.py)."""
         run, launch = self.run, self.launch
+        rebuilds = BlockRebuilds(run.handoff, data, remake)
         self.start()
         self.marks.setdefault("data_ready", time.time())
         self.mark("delivered")
@@ -170,7 +177,7 @@ class StartedFit:
                                     spec.train.max_failures, on_row=launch.on_metrics)
         progress.start()
         try:
-            result = self._result()
+            result = self._result(rebuilds)
             self.marks |= ray.get(run.handoff.read_marks.remote()) | {"fit_end": time.time()}
         finally:
             progress.stop()
@@ -180,12 +187,13 @@ class StartedFit:
                                f"{launch.storage}/{run.run_name}")
         restarts = sum(1 for event in read_events(launch.out_dir) if event["event"] == "restart")
         return FitResult(result.checkpoint, diverged, restarts, resume_from, self.marks,
-                         best_of(result.best_checkpoints, spec.train.best_by))
+                         best_of(result.best_checkpoints, spec.train.best_by), rebuilds.rebuilds)
 
-    def _result(self):
-        """fit's ``Result`` once its thread ends; Ctrl-C meanwhile aborts the run first."""
+    def _result(self, rebuilds: BlockRebuilds):
+        """fit's ``Result`` once its thread ends, lost blocks made again meanwhile; Ctrl-C
+        meanwhile aborts the run first."""
         try:
-            self.thread.join()
+            rebuilds.follow(self.thread)
         except KeyboardInterrupt:
             self.abort()
             raise

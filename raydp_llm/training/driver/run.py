@@ -3,8 +3,10 @@ report), once ``cli/train.py`` has checked its input."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,8 +35,9 @@ from raydp_llm.training.driver.fit import (
     startup_timeline,
 )
 from raydp_llm.training.driver.generation import chat_reply, sample_text
+from raydp_llm.training.driver.lost_blocks import REMADE_DIR, made_again
 from raydp_llm.training.driver.metrics import read_metrics, write_summary
-from raydp_llm.training.driver.mixed_data import MixedData, prepared_sources
+from raydp_llm.training.driver.mixed_data import MixedData
 from raydp_llm.training.driver.plots import plot_loss, plot_throughput
 from raydp_llm.training.driver.session import job_session
 from raydp_llm.training.driver.trial_reports import in_trial
@@ -147,11 +150,13 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
               job_session(settings, job.store, settings.train) as session,
               fit.started(settings.train, S3Options.of(settings.s3), job.run_name, launch,
                           now=early_start(settings)) as group,
-              prepared_data(session, settings, corpus, out_dir) as data):
+              session.training_data(corpus, out_dir) as data):
             group.mark("data_ready")
             spec = specify(settings, data, job)
+            remake = functools.partial(made_again, session, corpus, out_dir / "remade",
+                                       storage.join(job.run_storage, job.run_name, REMADE_DIR))
             with timed(session.timings, "train_s"):
-                outcome = train(spec, data, job, group)
+                outcome = train(spec, data, job, group, remake)
             if outcome.diverged is None:
                 export(outcome, out_dir, spec)
             # the sample is written while Spark, the worker group and Ray stop (no process is
@@ -170,17 +175,6 @@ def early_start(settings: Settings) -> bool:
     not in a sweep's trial, whose cluster other trials share (its workers would hold CPUs that
     another trial's Spark, in its turn, waits for)."""
     return fits_beside_spark(settings.cluster, settings.train) and not in_trial()
-
-
-def prepared_data(session, settings: Settings, corpus: Corpus | dict[str, Corpus],
-                  out_dir: Path):
-    """The run's data, as the workers read it: its ETL (or cache entry), or a mixture's sources'
-    (``corpus``: a corpus per source)."""
-    if settings.data.sources:
-        return prepared_sources(session, settings, corpus, out_dir)
-    if settings.train.objective == "grpo":
-        return session.prompts(corpus, out_dir)
-    return session.prepared(corpus, out_dir, to_ray=True)
 
 
 def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> TrainSpec:
@@ -205,17 +199,18 @@ def left_out_summary(data: PreparedData | MixedData) -> dict:
     return {} if left is None else {"left_out": left.to_json()}
 
 
-def train(spec: TrainSpec, data: PreparedData, job: Job, group: StartedFit) -> FitResult:
+def train(spec: TrainSpec, data: PreparedData, job: Job, group: StartedFit,
+          remake: Callable[[], dict]) -> FitResult:
     """Ray Train's fit on the prepared data by the worker group started beside the ETL, the run's
     record beating beside it (in the run directory and the checkpoints' storage) and closed as
-    finished or diverged."""
+    finished or diverged; ``remake()``: the data again, should blocks of it be lost."""
     keeper = runs.RecordKeeper(
         job.record,
         [str(job.out_dir / runs.RECORD), storage.join(job.run_storage, job.run_name, runs.RECORD)],
         spec.s3,
     )
     with keeper.beating():
-        outcome = group.train(spec, data.splits(), job.record.resumed_from)
+        outcome = group.train(spec, data.splits(), job.record.resumed_from, remake)
         keeper.finish("diverged" if outcome.diverged else "finished")
     return outcome
 
@@ -328,6 +323,7 @@ def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample)
         **sample.sizes,
         resumed_from=outcome.resumed_from,
         restarts=outcome.restarts,
+        rebuilds=outcome.rebuilds,
         diverged=asdict(outcome.diverged) if outcome.diverged else None,
         storage=trained.destination,
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},

@@ -18,6 +18,7 @@ from raydp_llm.data.prompt_cache import prompts_of
 from raydp_llm.data.prompt_set import PromptData, check_train_prompts, run_prompts_etl
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
+from raydp_llm.training.driver.mixed_data import prepared_sources
 from raydp_llm.training.spec import windows_of
 
 
@@ -94,6 +95,15 @@ class JobSession:
             check_train_prompts(data, settings.train.batch_size)
         yield data
         self.timings |= timings
+
+    def training_data(self, corpus: Corpus | dict[str, Corpus], out_dir: Path):
+        """A training run's data, as its workers read it (a context): its ETL (or cache entry),
+        a mixture's sources' (``corpus``: a corpus per source), or GRPO's prompts."""
+        if self.settings.data.sources:
+            return prepared_sources(self, self.settings, corpus, out_dir)
+        if self.settings.train.objective == "grpo":
+            return self.prompts(corpus, out_dir)
+        return self.prepared(corpus, out_dir, to_ray=True)
 
     def prepare(self, corpus: Corpus, out_dir: Path, every_token: bool = False,
                 settings: Settings | None = None) -> PreparedData:
