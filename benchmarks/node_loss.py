@@ -9,7 +9,9 @@ node added at once, as EMR replaces a lost core node.
 It prints, for each loss: the seconds from the node's removal to Ray Train's restart (the run's
 ``events.jsonl``) and to the first evaluation after it (TensorBoard's wall time: the restart, the
 workers' start on the fresh node, the chunks read from S3 again, the steps since the checkpoint
-trained again), against the undisturbed seconds between two evaluations of the same run.
+trained again), against the undisturbed seconds between two evaluations of the same run. Then
+the same loss with ``data.cache=false``: the blocks the lost node held are made again (a second
+ETL into the run's storage while the workers wait: its seconds from ``summary.json``).
 
 First, a run with ``data.cache=false`` (the chunks from Spark to Ray's object store, at the default
 chunk size: blocks over Ray's 100 KiB inline limit) prints where the hand-off's bytes are held: by
@@ -102,8 +104,9 @@ def lose_a_node(cluster: Cluster, job: list[str], run_dir: Path) -> dict:
     seen = evaluations(run_dir)
     before = [t for _, t in seen if t < lost_at]
     after = min(t for _, t in seen if t > lost_at)
+    rebuilds = json.loads((run_dir / "summary.json").read_text())["rebuilds"]
     return {"restart_s": restart["time"] - lost_at, "next_eval_s": after - lost_at,
-            "from_step": restart["from_step"],
+            "from_step": restart["from_step"], "remade_s": sum(r["seconds"] for r in rebuilds),
             "between_evals_s": statistics.median(b - a for a, b in zip(before, before[1:]))}
 
 
@@ -142,17 +145,22 @@ def main() -> None:
             subprocess.run([*job, "train.max_steps=2", f"hydra.run.dir={tmp}/build"], cwd=ROOT,
                            env=cluster.env, check=True, capture_output=True)  # the S3 cache
             held = handed_off(cluster, job, Path(tmp) / "handoff")
-            rows = [lose_a_node(cluster, job, Path(tmp) / f"lost{i}") for i in range(args.repeats)]
+            rows = [("S3 cache", lose_a_node(cluster, job, Path(tmp) / f"lost{i}"))
+                    for i in range(args.repeats)]
+            rows += [("cache=false", lose_a_node(cluster, [*job, "data.cache=false"],
+                                                 Path(tmp) / f"lost_uncached{i}"))
+                     for i in range(args.repeats)]
         finally:
             cluster.stop()
     print("\n| hand-off (data.cache=false) | head node MiB | worker node MiB | inline MiB |"
           f"\n|---:|---:|---:|---:|\n| {held['chunks']} chunks | {held['head']:.2f} | "
           f"{held['worker']:.2f} | {held['inline']:.2f} |")
-    print(f"\n| node lost after step | restart from step | → restart s | → next evaluation s | "
-          f"undisturbed {EVAL_EVERY} steps s |\n|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {LOST_AFTER} | {r['from_step']} | {r['restart_s']:.1f} | {r['next_eval_s']:.1f} "
-              f"| {r['between_evals_s']:.2f} |")
+    print(f"\n| data | node lost after step | restart from step | → restart s | → next evaluation "
+          f"s | data made again s | undisturbed {EVAL_EVERY} steps s |\n|---|---:|---:|---:|---:|"
+          "---:|---:|")
+    for data, r in rows:
+        print(f"| {data} | {LOST_AFTER} | {r['from_step']} | {r['restart_s']:.1f} | "
+              f"{r['next_eval_s']:.1f} | {r['remade_s']:.1f} | {r['between_evals_s']:.2f} |")
 
 
 if __name__ == "__main__":
