@@ -11,7 +11,8 @@ It prints, for each loss: the seconds from the node's removal to Ray Train's res
 workers' start on the fresh node, the chunks read from S3 again, the steps since the checkpoint
 trained again), against the undisturbed seconds between two evaluations of the same run. Then
 the same loss with ``data.cache=false``: the blocks the lost node held are made again (a second
-ETL into the run's storage while the workers wait: its seconds from ``summary.json``).
+ETL into the run's storage while the workers wait: its seconds from ``summary.json``; chunks of
+65,536 tokens, so that the lost node holds blocks no other node has copied).
 
 First, a run with ``data.cache=false`` (the chunks from Spark to Ray's object store, at the default
 chunk size: blocks over Ray's 100 KiB inline limit) prints where the hand-off's bytes are held: by
@@ -147,7 +148,9 @@ def main() -> None:
             held = handed_off(cluster, job, Path(tmp) / "handoff")
             rows = [("S3 cache", lose_a_node(cluster, job, Path(tmp) / f"lost{i}"))
                     for i in range(args.repeats)]
-            rows += [("cache=false", lose_a_node(cluster, [*job, "data.cache=false"],
+            # chunks of 128 KiB: blocks on both nodes, some only on the one lost
+            uncached = [*job, "data.cache=false", "data.chunk_tokens=65536"]
+            rows += [("cache=false", lose_a_node(cluster, uncached,
                                                  Path(tmp) / f"lost_uncached{i}"))
                      for i in range(args.repeats)]
         finally:

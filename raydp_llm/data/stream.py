@@ -291,8 +291,11 @@ class BlockChunks:
 
     def __init__(self, refs: list, index: ChunkIndex):
         import ray  # here, not at the top: Spark's executors import this module for its records
+        import ray.experimental
 
-        starts = ray.get([_block_starts_task().remote(ref) for ref in refs])
+        held = ray.experimental.get_object_locations(refs)
+        starts = ray.get([_block_starts_task().options(scheduling_strategy=_near(held[ref]))
+                          .remote(ref) for ref in refs])
         self.refs, self.where, self._open = refs, {}, None
         for b, block_starts in enumerate(starts):
             ids = np.searchsorted(index.start, block_starts)
@@ -339,6 +342,17 @@ def _row(table: pa.Table, r: int, start: int, where: str) -> bytes:
 def _block_starts(table: pa.Table) -> np.ndarray:
     """A block's chunk starts, read where the block lies."""
     return table.column("start").to_numpy()
+
+
+def _near(held: dict):
+    """Where a task reading a block runs, from the block's locations (``held``: Ray's
+    ``get_object_locations`` of it): on a node that holds it (soft), so that reading it makes no
+    copy elsewhere (the driver's node would get every block); Ray's choice for a block held in
+    its owner's memory."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = held["node_ids"]
+    return NodeAffinitySchedulingStrategy(nodes[0], soft=True) if nodes else "DEFAULT"
 
 
 @functools.cache
