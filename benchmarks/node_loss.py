@@ -158,9 +158,9 @@ def main() -> None:
     print("\n| hand-off (data.cache=false) | head node MiB | worker node MiB | inline MiB |"
           f"\n|---:|---:|---:|---:|\n| {held['chunks']} chunks | {held['head']:.2f} | "
           f"{held['worker']:.2f} | {held['inline']:.2f} |")
-    print(f"\n| data | node lost after step | restart from step | → restart s | → next evaluation "
-          f"s | data made again s | undisturbed {EVAL_EVERY} steps s |\n|---|---:|---:|---:|---:|"
-          "---:|---:|")
+    print("\n| data | node lost after step | restart from step | → restart s | "
+          f"→ next evaluation s | data made again s | undisturbed {EVAL_EVERY} steps s |"
+          "\n|---|---:|---:|---:|---:|---:|---:|")
     for data, r in rows:
         print(f"| {data} | {LOST_AFTER} | {r['from_step']} | {r['restart_s']:.1f} | "
               f"{r['next_eval_s']:.1f} | {r['remade_s']:.1f} | {r['between_evals_s']:.2f} |")

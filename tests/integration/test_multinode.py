@@ -252,7 +252,7 @@ def _assert_a_second_run_reads_the_s3_cache_and_survives_a_lost_node(two_nodes: 
     checkpoint, each worker reads its chunks from S3 again, and every step is trained once."""
     run_dir = tmp_path / "again"
     earlier = {a["id"] for a in two_nodes.actors()}
-    console, replaced = _run_losing_the_worker_node(two_nodes, job, run_dir)
+    _, replaced = _run_losing_the_worker_node(two_nodes, job, run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["etl"]["cache_hit"] is True and not (run_dir / "spark-events").exists()
     assert summary["rebuilds"] == []
