@@ -81,7 +81,6 @@ class BlockRebuilds:
     def __init__(self, handoff, data: dict, remake: Callable[[], dict] | None):
         self.handoff, self.remake = handoff, remake
         self.splits = splits_of(data)
-        self.kept: list = []  # the data made again, held while the run reads it
         self.rebuilds: list[dict] = []  # the remaking: when, why, its seconds, whether it worked
         self.active = remake is not None and any(
             isinstance(s.source, BlockChunks) for s in self.splits)
@@ -106,7 +105,7 @@ class BlockRebuilds:
         try:
             new = splits_of(self.remake())
             check_same_chunks(self.splits, new)
-            self.kept = new
+            # the hand-off holds them (and any object they refer to) while the workers read
             self.handoff.remake.remote([ray.put([s.source for s in new])])
             done = True
         except Exception as err:  # noqa: BLE001 - the workers fail with it, the run ends
@@ -114,10 +113,11 @@ class BlockRebuilds:
                                                                           with_type=True))
             self.handoff.remake.remote(None)
             done = False
-        self.rebuilds.append({"at": time.time(), "why": why, "seconds": round(clock.seconds(), 2),
+        seconds = clock.seconds()
+        self.rebuilds.append({"at": time.time(), "why": why, "seconds": round(seconds, 2),
                               "made": done})
         if done:
-            print(f"the data made again in {clock.seconds():.1f} s; training goes on", flush=True)
+            print(f"the data made again in {seconds:.1f} s; training goes on", flush=True)
 
 
 def check_same_chunks(old: list[SplitChunks], new: list[SplitChunks]) -> None:
