@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import commands
+from helpers import commands, progress
 from helpers.configs import CACHE_DIR, NO_CHECK
 from helpers.processes import alive, kill_driver
 from helpers.terminal import start_like_a_terminal, wait_for
@@ -70,13 +70,15 @@ def sweep(corpus_dir, tmp_path_factory):
     first = commands.start("raydp_llm.train", *command)
     _wait_for_rows(first, sweep_dir, 0)
     started = kill_driver(first)
+    # what the killed sweep started ends by itself; until then a trial's workers may still write
+    # (a stopped trial's last checkpoint, after its row)
+    progress.wait_for(lambda: alive(started) == [], 120, "the killed sweep's processes to end")
     # the rows and files as the kill left them: the trial beside the first may have ended between
     # the first's row and the kill (a row is kept once its trial's process is gone)
     kept_before = _kept_rows(sweep_dir)
     files_before = {row["job"]: _files(Path(row["output_dir"])) for row in kept_before}
     again = commands.run("raydp_llm.train", *command, "sweep.max_concurrent=3", timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert alive(started) == [], "processes of the killed sweep outlived the one continuing it"
     return sweep_dir, kept_before, files_before, again.stdout + again.stderr
 
 

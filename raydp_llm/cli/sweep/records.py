@@ -62,12 +62,17 @@ def finished(out_dir: Path, overrides: list[str]) -> bool:
     """Whether the run of the job of these ``overrides`` finished in ``out_dir`` (its
     ``summary.json`` says so, its ``.hydra/overrides.yaml`` names the job), whether or not its row
     was kept: a sweep killed between the two does not train it again."""
+    return bool(_summary(out_dir)) and ran(out_dir, overrides)
+
+
+def ran(out_dir: Path, overrides: list[str]) -> bool:
+    """Whether ``out_dir`` holds a run of the job of these ``overrides``: its
+    ``.hydra/overrides.yaml`` names the job."""
     import yaml
 
     named = out_dir / ".hydra" / "overrides.yaml"
-    if not named.is_file() or not _summary(out_dir):
-        return False
-    return defining(yaml.safe_load(named.read_text()) or []) == defining(overrides)
+    return named.is_file() and \
+        defining(yaml.safe_load(named.read_text()) or []) == defining(overrides)
 
 
 def span_of(out_dir: Path) -> tuple[float, float]:
