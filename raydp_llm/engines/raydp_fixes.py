@@ -48,7 +48,11 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    (``GetTimeoutError: There was timeout in registering an actor``: the GCS did not answer within
    Ray's ``gcs_server_request_timeout_seconds``, 60). Our copy of the method waits
    ``MASTER_START_S`` for the master (or takes the registration's timeout) and then starts it once
-   more; a second miss is one error.
+   more; a second miss is one error. At the stop after (CI, the same test) both tries missed and
+   the session's Ray placed nothing more (a later training waited 15 minutes for its workers); not
+   seen here in a CI-like suite or the same modules alone. The error now says what Ray said then
+   (``_seen``: the master's state, RayDP's Java master, the CPUs free) to tell a lost creation from
+   a Ray with no CPU left.
 """
 
 from __future__ import annotations
@@ -200,14 +204,37 @@ def start_app_master(cluster, resources: dict[str, float],
             master = RayDPSparkMaster.options(**options).remote(cluster._configs)
             ray.get(master.start_up.remote(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
+            seen = _seen(master)
             _end_master(master, name)
             if attempt == 2:
                 raise RuntimeError(f"RayDP's app master ({name}) did not start within "
-                                   f"{timeout_s:.0f}s, twice: see Ray's logs (raydp_fixes.py, "
-                                   "6)") from None
+                                   f"{timeout_s:.0f}s, twice ({seen}): see Ray's logs "
+                                   "(raydp_fixes.py, 6)") from None
             continue
         cluster._spark_master_handle = master
         return
+
+
+def _seen(master) -> str:
+    """What Ray said of a master that did not start, to tell where it stopped: its state in the
+    GCS's actor table (PENDING_CREATION: not placed, or its worker not started; ALIVE: its JVM or
+    RayDP's Java master did not come up), RayDP's Java master, and the CPUs free (the master needs
+    one to be placed, as a Ray actor by default, though it holds none once started)."""
+    from ray._private import state
+
+    try:
+        found = state.actors(actor_id=master._actor_id.hex()) if master is not None else {}
+        java = [a["State"] for a in state.actors().values() if a["Name"] == "RAY_APP_MASTER"]
+        groups = [g for g in ray.util.placement_group_table().values()
+                  if g["state"] != "REMOVED"]
+        held = sum(b.get("CPU", 0) for g in groups for b in g["bundles"].values())
+        free, total = ray.available_resources(), ray.cluster_resources()
+    except Exception as err:  # noqa: BLE001 - the GCS may not answer either: that is the finding
+        return f"Ray did not say more: {type(err).__name__}"
+    where = f"pid {found['Pid']}" if found.get("Pid") else "no process"
+    return (f"the master {found.get('State', 'not registered')} ({where}); RayDP's Java master "
+            f"{'/'.join(java) or 'none'}; {free.get('CPU', 0):g} of {total.get('CPU', 0):g} "
+            f"CPUs free, {held:g} in {len(groups)} placement groups")
 
 
 def _end_master(master, name: str, timeout_s: float = 30.0) -> None:
