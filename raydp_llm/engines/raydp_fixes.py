@@ -224,7 +224,8 @@ def _seen(master) -> str:
 
     try:
         found = state.actors(actor_id=master._actor_id.hex()) if master is not None else {}
-        java = [a["State"] for a in state.actors().values() if a["Name"] == "RAY_APP_MASTER"]
+        java = sorted({a["State"] for a in state.actors().values()
+                       if a["Name"] == "RAY_APP_MASTER" and a["State"] != "DEAD"})
         groups = [g for g in ray.util.placement_group_table().values()
                   if g["state"] != "REMOVED"]
         held = sum(b.get("CPU", 0) for g in groups for b in g["bundles"].values())
