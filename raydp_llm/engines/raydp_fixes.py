@@ -53,6 +53,15 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    seen here in a CI-like suite or the same modules alone. The error now says what Ray said then
    (``_seen``: the master's state, RayDP's Java master, the CPUs free) to tell a lost creation from
    a Ray with no CPU left.
+7. A long-lived driver stops hearing of its actors (not worked around in raydp_llm; the tests
+   start their Ray afresh between modules once it has run 15 minutes: tests/fixtures/ray.py). Seen
+   in a CI-like suite here, 30 minutes into the tests' Ray, and the likely cause of 6's misses at
+   CI: the GCS held the new actors ALIVE (its actor table), the driver had been told only
+   PENDING_CREATION (its core worker's log: no ALIVE notice after one moment), so every method
+   call the driver made on an actor it created from then on waited forever: RayDP's master's
+   ``start_up`` (6's two misses), a Ray Train controller's ``run`` (the run waited with 3 CPUs
+   free and no placement group asked for). Actors created by other processes went on working. A
+   run is one driver for its length; a sweep's driver is the exposed one.
 """
 
 from __future__ import annotations
