@@ -439,8 +439,8 @@ def test_an_app_master_that_does_not_start_is_started_again_then_one_error(ray_c
     with pytest.raises(RuntimeError, match=r"^RayDP's app master \(never-placed_SPARK_MASTER\) did "
                                            r"not start within 2s, twice \(the master "
                                            r"PENDING_CREATION \(no process\); RayDP's Java "
-                                           r"master none; [\d.]+ of 3 CPUs free, [\d.]+ in \d+ "
-                                           r"placement groups\): see Ray's logs"):
+                                           r"master [A-Za-z_/]+; [\d.]+ of 3 CPUs free, [\d.]+ "
+                                           r"in \d+ placement groups\): see Ray's logs"):
         start_app_master(cluster, {"CPU": 10_000}, timeout_s=2)
     assert 4 <= time.monotonic() - began < 60 and not hasattr(cluster, "_spark_master_handle")
     with pytest.raises(ValueError):
