@@ -81,6 +81,7 @@ def sweep(corpus_dir, tmp_path_factory):
     files_before = {row["job"]: _files(Path(row["output_dir"])) for row in kept_before}
     again = commands.run("raydp_llm.train", *command, "sweep.max_concurrent=3", timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert alive(started) == [], "processes of the killed sweep outlived the one continuing it"
     return sweep_dir, kept_before, files_before, again.stdout + again.stderr
 
 
