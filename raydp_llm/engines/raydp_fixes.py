@@ -49,10 +49,10 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    Ray's ``gcs_server_request_timeout_seconds``, 60). Our copy of the method waits
    ``MASTER_START_S`` for the master (or takes the registration's timeout) and then starts it once
    more; a second miss is one error. At the stop after (CI, the same test) both tries missed and
-   the session's Ray placed nothing more (a later training waited 15 minutes for its workers); not
-   seen here in a CI-like suite or the same modules alone. The error now says what Ray said then
-   (``_seen``: the master's state, RayDP's Java master, the CPUs free) to tell a lost creation from
-   a Ray with no CPU left.
+   the session's Ray placed nothing more (a later training waited 15 minutes for its workers):
+   caught live since in a CI-like suite, it was 7. The error says what Ray said then (``_seen``:
+   the master's state, RayDP's Java master, the CPUs free) to tell a lost creation, a driver that
+   was not told of its master (7), and a Ray with no CPU left apart.
 7. A long-lived driver stops hearing of its actors (not worked around in raydp_llm; the tests
    start their Ray afresh between modules once it has run 15 minutes: tests/fixtures/ray.py). Seen
    in a CI-like suite here, 30 minutes into the tests' Ray, and the likely cause of 6's misses at
