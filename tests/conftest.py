@@ -17,6 +17,7 @@ pytest_plugins = [
     "fixtures.torch",
     "fixtures.launch",
     "fixtures.two_nodes",  # test_multinode's cluster of two Ray nodes
+    "fixtures.budget",  # the suite stops itself, with its report, before CI's limit
 ]
 
 
