@@ -1,7 +1,8 @@
 """``key=value`` arguments for the commands that start no Spark (``generate``, ``export``): the
 keys are a settings dataclass's fields (``s3.*``, ``data.*`` for its nested settings), each value
 converted to its field's type; values are taken verbatim (no YAML parsing: a prompt needs no
-quoting).
+quoting). A boolean reads as Hydra reads one for train's settings (OmegaConf's ``BooleanNode``:
+``true``/``false``, ``yes``/``no``, ``on``/``off``, an integer): ``chat=false`` is False.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def parse_args(schema: type, argv: list[str], required: tuple[str, ...], verbati
             raise UsageError(f"unknown argument {arg!r}")
         try:
             none = value.lower() in NONE and key not in verbatim
-            converted = None if none else types[key](value)
+            converted = None if none else convert(types[key], value)
         except ValueError:
             raise UsageError(f"{key}={value!r} is not a valid {types[key].__name__}") from None
         outer, dot, rest = key.partition(".")
@@ -58,6 +59,20 @@ def parse_args(schema: type, argv: list[str], required: tuple[str, ...], verbati
     if missing:
         raise UsageError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
     return settings
+
+
+def convert(kind: type, value: str):
+    """``value`` as a ``kind``; ValueError when it is none. ``bool(value)`` would take "false" for
+    True: a boolean is read by OmegaConf's own rule, as Hydra reads train's."""
+    if kind is not bool:
+        return kind(value)
+    from omegaconf import ValidationError
+    from omegaconf.nodes import BooleanNode
+
+    try:
+        return BooleanNode(value=value)._value()
+    except ValidationError:
+        raise ValueError(value) from None
 
 
 def help_text(schema: type, usage: str, verbatim=("prompt",)) -> str:
