@@ -39,8 +39,10 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
     settings = OmegaConf.to_object(cfg)
     data, train, tok, model = settings.data, settings.train, settings.tokenizer, settings.model
     changes = {
-        "data": replace(data, path=_absolute_any(data.path), cache_dir=absolute(data.cache_dir),
-                        sources=[replace(s, path=_absolute_any(s.path)) for s in data.sources]),
+        "data": replace(data, path=_absolute_any("data.path", data.path),
+                        cache_dir=absolute(data.cache_dir),
+                        sources=[replace(s, path=_absolute_any(f"data.sources.{i}.path", s.path))
+                                 for i, s in enumerate(data.sources)]),
         "tokenizer": replace(tok, path=tok.path and absolute(tok.path)),
         "model": _absolute_model(model),
         "train": replace(
@@ -162,9 +164,16 @@ def _init_from(model, tokenizer, given: set[str]):
     return replace(model, **shape), replace(tokenizer, path=vocab)
 
 
-def _absolute_any(path: str | list[str] | None) -> str | list[str] | None:
+def _absolute_any(key: str, path: str | list[str] | None) -> str | list[str] | None:
+    """A corpus's path, or list of them, made absolute; an empty one (``data.path=$CORPUS`` with
+    the variable unset) is refused: made absolute, it would read the working directory."""
     if path is None:
         return None
+    paths = [path] if isinstance(path, str) else list(path)
+    if not all(str(p).strip() for p in paths):
+        what = "is empty" if isinstance(path, str) else "holds an empty path"
+        raise InputError(f"{key}={path!r} {what}: give a file, directory, glob or URI, or null "
+                         "for the built-in sample (is a variable in the command unset?)")
     return absolute(path) if isinstance(path, str) else [absolute(p) for p in path]
 
 

@@ -25,6 +25,8 @@ def ray_session_dir() -> str | None:
 
 BAD_INPUT = [
     ("data.path=/no/such/corpus.txt", "data.path=/no/such/corpus.txt: no such file or directory"),
+    # what data.path=$CORPUS gives with the variable unset: it read the working directory
+    ("data.path=", "data.path='' is empty: give a file, directory, glob or URI, or null"),
     ("model.n_head=3", "model.n_embd=128 is not divisible by model.n_head=3"),
     ("train.batch_size=13", "train.batch_size=13 is not divisible by train.num_workers=2"),
     (
