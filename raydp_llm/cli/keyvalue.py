@@ -11,6 +11,8 @@ import dataclasses
 import typing
 
 from raydp_llm.cli.help import field_help
+from raydp_llm.core.errors import InputError
+from raydp_llm.core.schema import check_fields
 
 NONE = ("none", "null")
 
@@ -55,6 +57,10 @@ def parse_args(schema: type, argv: list[str], required: tuple[str, ...], verbati
         else:
             values[key] = converted
     settings = schema(**(values | {name: sub(**values[name]) for name, sub in inner.items()}))
+    try:  # each setting's own check, as train's are checked (max_new_tokens=-5, top_k=0)
+        check_fields(settings)
+    except InputError as err:
+        raise UsageError(str(err)) from None
     missing = [key for key in required if getattr(settings, key) is None]
     if missing:
         raise UsageError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")

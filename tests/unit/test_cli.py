@@ -168,6 +168,14 @@ BAD_GRPO = [
     (f"{GRPO} grpo.rewards=[last_number] grpo.reward_weights=[1,2]",
      "grpo.reward_weights has 2 weights for 1 grpo.rewards"),
 ]
+# generate's own values get the checks train's get (issue 67: these printed nothing, or garbage,
+# and exited 0)
+GENERATE = [
+    (("model_dir=/m", "max_new_tokens=-5"), "max_new_tokens=-5 is not allowed: use a number ≥ 0"),
+    (("model_dir=/m", "temperature=-1"), "temperature=-1.0 is not allowed: use a number ≥ 0"),
+    (("model_dir=/m", "top_k=0"), "top_k=0 is not allowed: use null or a number ≥ 1"),
+    (("model_dir=/m", "chat=maybe"), "chat='maybe' is not a valid bool"),
+]
 EVALUATE = [
     ((), "model_dir is required: give the model/ directory of a finished run"),
     (("model_dir=/no/model",), "model_dir=/no/model: no model.safetensors, config.json, "
@@ -194,6 +202,10 @@ def cli(tmp_path_factory) -> dict:
     cases += [("raydp_llm.train", tuple(o.format(d=files).split())) for o, _ in BAD_GRPO]
     commands = [[m, [*args, f"hydra.run.dir={work / str(i)}"], str(work / f"{i}")]
                 for i, (m, args) in enumerate(cases)]
+    # generate takes key=value arguments, not Hydra's: no run directory
+    cases += [("raydp_llm.generate", args) for args, _ in GENERATE]
+    commands += [["raydp_llm.generate", list(args), str(work / f"generate{i}")]
+                 for i, (args, _) in enumerate(GENERATE)]
     before = ray_session_dir()
     batch = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "cli_batch.py"), "2"],
                            input=json.dumps(commands), cwd=ROOT, capture_output=True, text=True,
@@ -257,6 +269,11 @@ def test_bad_grpo_input_is_one_line_before_any_engine_starts(cli, override, mess
 @pytest.mark.parametrize("args,message", EVALUATE)
 def test_evaluate_without_a_model_dir_is_one_line_before_any_engine_starts(cli, args, message):
     assert_one_line_error_before_any_engine(cli, "raydp_llm.evaluate", args, message)
+
+
+@pytest.mark.parametrize("args,message", GENERATE)
+def test_generates_impossible_values_are_one_line_before_any_engine_starts(cli, args, message):
+    assert_one_line_error_before_any_engine(cli, "raydp_llm.generate", args, message)
 
 
 def test_generate_without_a_model_dir_prints_usage(tmp_path):
