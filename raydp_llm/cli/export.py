@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
+from raydp_llm.cli.keyvalue import UsageError, check_local_model_dir, help_text, parse_args
 from raydp_llm.core import storage
 from raydp_llm.core.config import ExportSettings
 from raydp_llm.core.errors import InputError
@@ -53,11 +53,19 @@ def main(argv: list[str]) -> int:
         print(f"{USAGE}: {err}", file=sys.stderr)
         return 2
     try:
+        check_local_model_dir(settings.model_dir)
+    except InputError as err:  # as evaluate says it, with its exit status
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
         out, with_tokenizer = export(settings)
     except NotExpressible as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as err:  # no such model, S3 out of reach, a damaged model dir
+    except FileNotFoundError as err:  # no model there (on S3): bad input, as evaluate says
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as err:  # S3 out of reach, a damaged model dir
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {out} (GPT2LMHeadModel, safetensors)")

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import sys
 
-from raydp_llm.cli.keyvalue import UsageError, help_text, parse_args
+from raydp_llm.cli.keyvalue import UsageError, check_local_model_dir, help_text, parse_args
 from raydp_llm.core.config import GenerateSettings
+from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 
 USAGE = "usage: python -m raydp_llm.generate model_dir=DIR [key=value ...] (--help: every key)"
@@ -33,6 +34,11 @@ def main(argv: list[str]) -> int:
         print(f"{USAGE}: batch answers need the prompts (data.path, or data.query) and out "
               "(where the answers go)", file=sys.stderr)
         return 2
+    try:
+        check_local_model_dir(s.model_dir)
+    except InputError as err:  # as evaluate says it, with its exit status
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if table is not None:
         return _answer_table(s)
     # torch: seconds to import, after the arguments are known good
@@ -41,7 +47,10 @@ def main(argv: list[str]) -> int:
     try:
         model, tokenizer = load_model_dir(s.model_dir, s3=S3Options.of(s.s3))
         text, top = _generate(model, tokenizer, s)
-    # a missing model (FileNotFoundError), S3 out of reach, a bad prompt
+    except FileNotFoundError as err:  # no model there (on S3): bad input, as evaluate says
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    # S3 out of reach, a bad prompt
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -56,7 +65,6 @@ def main(argv: list[str]) -> int:
 def _answer_table(s: GenerateSettings) -> int:
     """Batch answers (cli/answers.py): every prompt of ``data.path`` into ``out``."""
     from raydp_llm.cli.answers import answer_table
-    from raydp_llm.core.errors import InputError
 
     try:
         done = answer_table(s)

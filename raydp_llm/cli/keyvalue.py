@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 from raydp_llm.cli.help import field_help
 from raydp_llm.core.errors import InputError
@@ -65,6 +66,16 @@ def parse_args(schema: type, argv: list[str], required: tuple[str, ...], verbati
     if missing:
         raise UsageError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
     return settings
+
+
+def check_local_model_dir(model_dir: str) -> None:
+    """A local ``model_dir`` without a model's files: the same one line (InputError) ``evaluate``
+    gives, before torch is imported; an s3:// one is read when loaded."""
+    from raydp_llm.checkpoint.layout import check_model_files
+    from raydp_llm.core import storage
+
+    if not storage.is_s3(model_dir):
+        check_model_files(Path(model_dir), model_dir)
 
 
 def convert(kind: type, value: str):

@@ -38,6 +38,7 @@ def rising(task, tmp_path_factory) -> dict:
     return {"out": out, "summary": summary, "rows": read_metrics(out / "metrics.csv")}
 
 
+@pytest.mark.slow  # an end-to-end run (``rising``: 90 s here, a seventh of make test-fast)
 def test_the_reward_rises_on_two_workers(rising):
     rows, summary = rising["rows"], rising["summary"]
     assert [r["step"] for r in rows] == [10, 20, 30]
@@ -69,6 +70,7 @@ def test_the_reward_rises_on_two_workers(rising):
                      console) and "loss 0.000" not in console
 
 
+@pytest.mark.slow  # the same end-to-end run
 def test_a_hanging_or_raising_reward_costs_its_batches_not_the_step(rising):
     """``flaky`` hung on prompt 3 (ended after grpo.reward_timeout_s=2) and raised on prompt 5,
     each time they came: counted as reward failures; every step ran, its reward None there."""

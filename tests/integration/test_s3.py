@@ -285,7 +285,7 @@ def _assert_generation_from_s3_as_from_disk(tmp_path, run_uri: str, runs: str, s
     remote = generate(f"model_dir={run_uri}/model", f"s3.endpoint_url={s3.endpoint_url}")
     assert remote.returncode == 0 and remote.stdout == local.stdout, remote.stderr
     missing = generate(f"model_dir={runs}/nothing/model", f"s3.endpoint_url={s3.endpoint_url}")
-    assert missing.returncode == 1 and missing.stderr.strip() == (f"error: {runs}/nothing/model: "
+    assert missing.returncode == 2 and missing.stderr.strip() == (f"error: {runs}/nothing/model: "
                                                                   "no model.safetensors; give the "
                                                                   "model/ directory of a finished "
                                                                   "run")

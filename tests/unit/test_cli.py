@@ -168,13 +168,19 @@ BAD_GRPO = [
     (f"{GRPO} grpo.rewards=[last_number] grpo.reward_weights=[1,2]",
      "grpo.reward_weights has 2 weights for 1 grpo.rewards"),
 ]
-# generate's own values get the checks train's get (issue 67: these printed nothing, or garbage,
-# and exited 0)
-GENERATE = [
-    (("model_dir=/m", "max_new_tokens=-5"), "max_new_tokens=-5 is not allowed: use a number ≥ 0"),
-    (("model_dir=/m", "temperature=-1"), "temperature=-1.0 is not allowed: use a number ≥ 0"),
-    (("model_dir=/m", "top_k=0"), "top_k=0 is not allowed: use null or a number ≥ 1"),
-    (("model_dir=/m", "chat=maybe"), "chat='maybe' is not a valid bool"),
+# generate's and export's key=value arguments get the checks train's get, and a model directory
+# without a model the line and exit status evaluate gives (issue 67: the values printed nothing,
+# or garbage, and exited 0; the directory exited 1)
+NO_MODEL = "model_dir=/no/model: no model.safetensors, config.json, tokenizer.json there"
+KEY_VALUE = [
+    ("generate", ("model_dir=/m", "max_new_tokens=-5"),
+     "max_new_tokens=-5 is not allowed: use a number ≥ 0"),
+    ("generate", ("model_dir=/m", "temperature=-1"),
+     "temperature=-1.0 is not allowed: use a number ≥ 0"),
+    ("generate", ("model_dir=/m", "top_k=0"), "top_k=0 is not allowed: use null or a number ≥ 1"),
+    ("generate", ("model_dir=/m", "chat=maybe"), "chat='maybe' is not a valid bool"),
+    ("generate", ("model_dir=/no/model", "prompt=hi"), NO_MODEL),
+    ("export", ("model_dir=/no/model", "out=/no/out"), NO_MODEL),
 ]
 EVALUATE = [
     ((), "model_dir is required: give the model/ directory of a finished run"),
@@ -202,10 +208,10 @@ def cli(tmp_path_factory) -> dict:
     cases += [("raydp_llm.train", tuple(o.format(d=files).split())) for o, _ in BAD_GRPO]
     commands = [[m, [*args, f"hydra.run.dir={work / str(i)}"], str(work / f"{i}")]
                 for i, (m, args) in enumerate(cases)]
-    # generate takes key=value arguments, not Hydra's: no run directory
-    cases += [("raydp_llm.generate", args) for args, _ in GENERATE]
-    commands += [["raydp_llm.generate", list(args), str(work / f"generate{i}")]
-                 for i, (args, _) in enumerate(GENERATE)]
+    # generate and export take key=value arguments, not Hydra's: no run directory
+    cases += [(f"raydp_llm.{entry}", args) for entry, args, _ in KEY_VALUE]
+    commands += [[f"raydp_llm.{entry}", list(args), str(work / f"key_value{i}")]
+                 for i, (entry, args, _) in enumerate(KEY_VALUE)]
     before = ray_session_dir()
     batch = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "cli_batch.py"), "2"],
                            input=json.dumps(commands), cwd=ROOT, capture_output=True, text=True,
@@ -271,15 +277,15 @@ def test_evaluate_without_a_model_dir_is_one_line_before_any_engine_starts(cli, 
     assert_one_line_error_before_any_engine(cli, "raydp_llm.evaluate", args, message)
 
 
-@pytest.mark.parametrize("args,message", GENERATE)
-def test_generates_impossible_values_are_one_line_before_any_engine_starts(cli, args, message):
-    assert_one_line_error_before_any_engine(cli, "raydp_llm.generate", args, message)
+@pytest.mark.parametrize("entry,args,message", KEY_VALUE)
+def test_impossible_key_values_are_one_line_before_any_engine_starts(cli, entry, args, message):
+    assert_one_line_error_before_any_engine(cli, f"raydp_llm.{entry}", args, message)
 
 
 def test_generate_without_a_model_dir_prints_usage(tmp_path):
     out = subprocess.run([sys.executable, "-m", "raydp_llm.generate", f"model_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "no model.safetensors" in out.stderr
+    assert out.returncode == 2 and "no model.safetensors" in out.stderr  # as evaluate
     for args in (
         ["prompt=x"],
         [f"model_dir={tmp_path}", "temperature=hot"],
