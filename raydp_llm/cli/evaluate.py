@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from raydp_llm.checkpoint.layout import check_model_files
 from raydp_llm.cli.common import cli_errors
-from raydp_llm.cli.help import documented_output
+from raydp_llm.cli.help import Usage, documented_output
 from raydp_llm.cli.inputs import given, typed_settings
 from raydp_llm.core import storage
 from raydp_llm.core.config import EvaluateSettings
@@ -41,6 +41,11 @@ def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) ->
     return evaluate_job.run(settings, out_dir, window)
 
 
+USAGE = Usage("python -m raydp_llm.evaluate model_dir=DIR [data.path=...] [key=value ...]: a "
+              "trained model's loss, perplexity and accuracy on a corpus, its task scores or its "
+              "answers", EvaluateSettings)
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
 @cli_errors
 def main(cfg: DictConfig) -> float:
@@ -53,5 +58,5 @@ def main(cfg: DictConfig) -> float:
 def cli() -> None:
     """``python -m raydp_llm.evaluate`` and the ``raydp-llm-evaluate`` console script."""
     register_configs()
-    with documented_output():  # --help, --cfg: each setting with its meaning
+    with documented_output(USAGE):  # --help, --cfg: each setting with its meaning
         main()

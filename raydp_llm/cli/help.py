@@ -76,9 +76,46 @@ def without_schemas(text: str) -> str:
     return "".join(out)
 
 
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """How ``--help`` opens for an entry point that shares train's config: its own usage line in
+    place of train's, and the settings its ``own`` schema adds to train's, first."""
+
+    line: str
+    own: type | None = None
+
+
+def own_settings(schema: type) -> list[str]:
+    """The settings ``schema`` adds to the one it extends, each with its default and meaning."""
+    parent = schema.__mro__[1]
+    base = {f.name for f in fields(parent)} if is_dataclass(parent) else set()
+    return [f"  {f.name}={_shown(f)}  # {f.metadata['help']}"
+            for f in fields(schema) if f.name not in base and "help" in f.metadata]
+
+
+def _shown(f: dataclasses.Field) -> str:
+    value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)  # as YAML writes them
+
+
+GROUPS = "== Configuration groups =="
+
+
+def opened_with(text: str, usage: Usage) -> str:
+    """Hydra's help from its groups on, after ``usage``'s line and the entry point's own
+    settings (train's header is train's usage)."""
+    own = own_settings(usage.own) if usage.own else []
+    title = f"== {usage.line.split()[2]}'s own settings =="
+    opening = [usage.line, "", *([title, *own, ""] if own else [])]
+    return "\n".join(opening) + "\n" + text[text.find(GROUPS):] if GROUPS in text else text
+
+
 @contextlib.contextmanager
-def documented_output() -> Iterator[None]:
-    """With ``--help`` or ``--cfg``, annotate what Hydra prints with each setting's help."""
+def documented_output(usage: Usage | None = None) -> Iterator[None]:
+    """With ``--help`` or ``--cfg``, annotate what Hydra prints with each setting's help; with
+    ``--help`` and a ``usage``, open with it."""
     args = sys.argv[1:]
     if not {"--help", "-h", "--cfg", "-c"} & set(args):
         yield
@@ -89,4 +126,7 @@ def documented_output() -> Iterator[None]:
         with contextlib.redirect_stdout(printed):
             yield
     finally:
-        sys.stdout.write(annotate(without_schemas(printed.getvalue()), field_help(), package))
+        text = annotate(without_schemas(printed.getvalue()), field_help(), package)
+        if usage is not None and {"--help", "-h"} & set(args):
+            text = opened_with(text, usage)
+        sys.stdout.write(text)

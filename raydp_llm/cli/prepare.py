@@ -15,10 +15,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from raydp_llm.cli.common import cli_errors
-from raydp_llm.cli.help import documented_output
+from raydp_llm.cli.help import Usage, documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Stopwatch
+
+USAGE = Usage("python -m raydp_llm.prepare [group=option ...] [key=value ...]: the Spark ETL "
+              "alone, train's data settings: Parquet windows and manifest.json")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -35,5 +38,5 @@ def main(cfg: DictConfig) -> None:
 def cli() -> None:
     """``python -m raydp_llm.prepare`` and the ``raydp-llm-prepare`` console script."""
     register_configs()
-    with documented_output():  # --help, --cfg: each setting with its meaning
+    with documented_output(USAGE):  # --help, --cfg: each setting with its meaning
         main()

@@ -219,6 +219,12 @@ def test_every_entry_point_answers_help(entry):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "model_dir" in done.stdout or "data.path" in done.stdout
+    lines = done.stdout.splitlines()
+    assert f"python -m raydp_llm.{entry} " in lines[0], lines[0]  # its own usage, not train's
+    if entry == "evaluate":  # its own settings first (they were on lines 202-207 of 213)
+        assert lines[2:4] == ["== raydp_llm.evaluate's own settings ==",
+                              "  model_dir=null  # the model/ directory of a finished run "
+                              "(required)"], lines[:5]
 
 
 def test_the_wheel_holds_the_console_scripts_and_the_configuration(tmp_path):
