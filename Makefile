@@ -38,7 +38,7 @@ prepare: $(STAMP) ## the Spark ETL alone: Parquet windows + manifest.json
 test: $(STAMP) ## the test suite (unit + integration on the real engines)
 	$(BIN)/python -m pytest $(ARGS)
 
-test-fast: $(STAMP) ## the tests not marked slow (no end-to-end runs): the edit-test loop (~5 min, 2 cores)
+test-fast: $(STAMP) ## the tests not marked slow (no end-to-end runs): the edit-test loop
 	$(BIN)/python -m pytest -m "not slow" $(ARGS)
 
 lint: $(STAMP) ## ruff: style and import checks
