@@ -277,6 +277,12 @@ def read_hf_config(path: str, key: str, s3: S3Options = S3Options()) -> dict:
         raise InputError(f"{key}={path}: no *.safetensors weights there (pickled .bin files are "
                          f"not read); {fix}")
     kind = config.get("model_type")
+    if kind is None:  # this project's own GPT or LSTM: its config.json names no model_type
+        raise InputError(f"{key}={path}: a raydp_llm model (its {CONFIG_FILE} names no "
+                         "model_type), not a Hugging Face one; export a GPT to one (python -m "
+                         f"raydp_llm.export model_dir={path} out=DIR) and give DIR, or train one "
+                         "with model=llama (+experiment=sums makes the one +experiment=grpo "
+                         "starts from)")
     seq2seq = config.get("is_encoder_decoder", False)
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES \
             or seq2seq:

@@ -160,6 +160,10 @@ BAD_GRPO = [
     (f"{GRPO} grpo.rewards=[{{d}}/rewards.py:wants_solution]",
      "asks for the column 'solution', which the data lacks (it has ['answer', 'id'])"),
     (f"{GRPO} grpo.rewards=[]", "grpo.rewards is empty"),
+    # this project's own GPT where a Hugging Face model is asked for: which command makes one
+    ("+experiment=grpo model.path={d}/own_gpt",
+     "own_gpt: a raydp_llm model (its config.json names no model_type), not a Hugging Face one; "
+     "export a GPT to one (python -m raydp_llm.export model_dir="),
     (f"{GRPO} grpo.rewards=[last_number] data.format=text",
      "train.objective=grpo answers prompts and data.format=text has none"),
     ("data.format=prompts", "data.format=prompts: train.objective=lm does not learn from prompts"),
@@ -234,6 +238,9 @@ def grpo_files(d: Path) -> Path:
     (d / "no_prompt.jsonl").write_text('{"question": "1+1=", "answer": "2"}\n')
     (d / "rewards.py").write_text(REWARDS)
     (d / "tokenizer.json").write_text("{}")
+    (d / "own_gpt").mkdir()  # as this project writes a model/ (no model_type in its config)
+    (d / "own_gpt" / "config.json").write_text('{"kind": "gpt", "n_layer": 2}')
+    (d / "own_gpt" / "model.safetensors").write_bytes(b"")
     return d
 
 
