@@ -87,23 +87,25 @@ def first_call(actor, tally: Tally, bound: float) -> None:
 
 def report_lost(actor, tally: Tally) -> None:
     """A first call past its bound: what the GCS says of the actor, and what the driver heard."""
-    import ray
     from ray.util.state import get_actor
 
-    actor_id = actor._actor_id.hex()
+    actor_id = actor._actor_id.hex()  # Ray 2.60's handle has no public accessor of its id
     state = getattr(get_actor(actor_id), "state", "unknown")
     minute = (time.monotonic() - tally.started) / 60
     tally.lost.append((round(minute, 1), actor_id, state))
     print(f"LOST at {minute:.1f} min: actor {actor_id} is {state} in the GCS; "
           f"the driver's log says:", flush=True)
-    for line in driver_log_lines(ray, actor_id)[-12:]:
+    for line in driver_log_lines(actor_id)[-12:]:
         print("   ", line[:240], flush=True)
 
 
-def driver_log_lines(ray, actor_id: str) -> list[str]:
-    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+def driver_log_lines(actor_id: str) -> list[str]:
+    """This driver's core-worker log lines that name ``actor_id`` (its Ray's session directory is
+    named after this process, as tests/fixtures/ray.py finds the tests' Ray's)."""
     lines = []
-    for log in sorted(session.glob("logs/python-core-driver-*.log")):
+    logs = Path(tempfile.gettempdir(), "ray").glob(
+        f"session_*_{os.getpid()}/logs/python-core-driver-*_{os.getpid()}.log")
+    for log in sorted(logs):
         lines += [line for line in log.read_text(errors="replace").splitlines()
                   if actor_id in line]
     return lines

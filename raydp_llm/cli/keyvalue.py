@@ -83,13 +83,9 @@ def convert(kind: type, value: str):
     True: a boolean is read by OmegaConf's own rule, as Hydra reads train's."""
     if kind is not bool:
         return kind(value)
-    from omegaconf import ValidationError
     from omegaconf.nodes import BooleanNode
 
-    try:
-        return BooleanNode(value=value)._value()
-    except ValidationError:
-        raise ValueError(value) from None
+    return BooleanNode().validate_and_convert(value)  # its ValidationError is a ValueError
 
 
 def help_text(schema: type, usage: str, verbatim=("prompt",)) -> str:
