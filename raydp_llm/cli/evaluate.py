@@ -21,6 +21,7 @@ from raydp_llm.checkpoint.layout import check_model_files
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import Usage, documented_output
 from raydp_llm.cli.inputs import given, typed_settings
+from raydp_llm.cli.preflight import preflight
 from raydp_llm.core import storage
 from raydp_llm.core.config import EvaluateSettings
 from raydp_llm.core.errors import InputError
@@ -59,4 +60,5 @@ def cli() -> None:
     """``python -m raydp_llm.evaluate`` and the ``raydp-llm-evaluate`` console script."""
     register_configs()
     with documented_output(USAGE):  # --help, --cfg: each setting with its meaning
+        preflight("evaluate")  # what Hydra refuses: one line, exit status 2
         main()

@@ -6,7 +6,8 @@ Ray or Spark unless a check needs them (a checkpoint to read): bad input fails i
 
 from __future__ import annotations
 
-from dataclasses import replace
+import difflib
+from dataclasses import FrozenInstanceError, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -36,7 +37,10 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
     """The composed config as its schema's objects (a model config's own checks run here), with
     absolute paths, and the shape and tokenizer of ``model.init_from``. ``overrides``: the command
     line's (Hydra's, when None), which say what the user gave."""
-    settings = OmegaConf.to_object(cfg)
+    try:
+        settings = OmegaConf.to_object(cfg)
+    except FrozenInstanceError as err:  # ``+key=value`` added a key the schema lacks
+        raise InputError(_added_key(cfg, str(err).split("'")[1], overrides)) from None
     data, train, tok, model = settings.data, settings.train, settings.tokenizer, settings.model
     changes = {
         "data": replace(data, path=_absolute_any("data.path", data.path),
@@ -125,6 +129,26 @@ def _pretrained(model, tokenizer, s3: S3Options):
     except ValueError as err:
         raise InputError(f"model.path={model.path}: {err}") from None
     return hf.resolved(model, config, hf_tokenizer), replace(tokenizer, path=str(local))
+
+
+def not_a_setting(key: str, known: Iterable[str]) -> str:
+    """The line for ``key``, which no setting has: the nearest setting's name, and how to list
+    them."""
+    parent, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+    hint = f"; did you mean {parent}.{close[0]}?" if close and parent else ""
+    listing = f"--cfg job --package {parent} lists {parent}'s" if parent else "--cfg job lists the"
+    return (f"{key} is not a setting{hint} ({listing} settings; + adds a key only where free keys "
+            "are taken)")
+
+
+def _added_key(cfg: DictConfig, name: str, overrides: Iterable[str] | None) -> str:
+    """The line for a ``+`` override that added ``name`` to a node of the schema."""
+    keys = [k for k in given(overrides, "") if k == name or k.endswith(f".{name}")]
+    key = keys[0] if keys else name
+    parent = OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else None
+    kind = OmegaConf.get_type(parent) if parent is not None else None
+    return not_a_setting(key, [f.name for f in fields(kind)] if is_dataclass(kind) else [])
 
 
 def given(overrides: Iterable[str] | None, prefix: str) -> set[str]:

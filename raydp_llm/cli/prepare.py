@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import Usage, documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
+from raydp_llm.cli.preflight import preflight
 from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Stopwatch
 
@@ -39,4 +40,5 @@ def cli() -> None:
     """``python -m raydp_llm.prepare`` and the ``raydp-llm-prepare`` console script."""
     register_configs()
     with documented_output(USAGE):  # --help, --cfg: each setting with its meaning
+        preflight("config")  # what Hydra refuses: one line, exit status 2
         main()

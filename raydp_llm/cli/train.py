@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from raydp_llm.cli.common import cli_errors
 from raydp_llm.cli.help import documented_output
 from raydp_llm.cli.inputs import check_inputs, typed_settings
+from raydp_llm.cli.preflight import preflight
 from raydp_llm.cli.sweep import use_plugins
 from raydp_llm.core.config import Settings
 from raydp_llm.core.registry import CONF_DIR, register_configs
@@ -49,6 +50,7 @@ def cli() -> None:
     register_configs()
     use_plugins()  # -m's launcher (hydra/launcher=ray)
     with documented_output():  # --help, --cfg: each setting with its meaning
+        preflight("config")  # what Hydra refuses: one line, exit status 2
         # before Hydra writes its own files into an explicit hydra.run.dir
         runs.refuse_used_run_dir()
         main()

@@ -139,12 +139,38 @@ BAD_SETTINGS = [
     ("data.filters.score_path=/no/scores.parquet data.filters.max_score=3",
      "data.filters.score_path=/no/scores.parquet: no such file"),
 ]
+# what Hydra refuses, as the project's one line and exit status 2 (cli/preflight.py), still saying
+# what Hydra said (issue 67: 4-8 lines and exit 1; following Hydra's hint crashed)
 HYDRA_ERRORS = [
     ("train.max_steps=abc", "Value 'abc' of type 'str' could not be converted to "
                             "Integer"),  # the schema's type
-    ("model.n_heads=3", "Key 'n_heads' not in 'GPTConfig'"),  # a typo
-    ("model=lstm model.n_head=2", "Key 'n_head' not in 'LSTMConfig'"),  # a GPT setting on the LSTM
+    ("model.n_heads=3", "model.n_heads is not a setting; did you mean model.n_head? (--cfg job "
+                        "--package model lists model's settings"),  # a typo
+    ("+model.n_heads=3", "model.n_heads is not a setting; did you mean model.n_head?"),  # its hint
+    ("model=lstm model.n_head=2", "model.n_head is not a setting (--cfg job --package model"),
+    ("+model.n_head=3", "An item is already at 'model.n_head'; Either remove + prefix: "
+                        "'model.n_head=3'"),
+    ("data.path=~/x", "data.path=~/x: Hydra's override grammar refuses it (LexerNoViableAlt"
+                      "Exception: data.path=~/x); quote a value that holds special characters: "
+                      "'data.path=\"~/x\"'"),
+    ("model=gpt_huge", "Could not find 'model/gpt_huge'; the options: base_gpt, base_hf, "),
 ]
+# a sweep none of whose jobs could run is refused before Ray starts, on every launcher (issue 67:
+# Ray and Tune started, every trial failed, exit 0); Optuna's search space's mistakes
+BAD_SWEEPS = [
+    ("-m hydra/launcher=ray sweep.scheduler=ashaa optim.lr=1e-3,2e-3",
+     "sweep.scheduler=ashaa is not allowed: use none | asha (in every job of the sweep: refused "
+     "before Ray starts)"),
+    ("-m model.n_head=3,5 optim.lr=1e-3", "model.n_embd=128 is not divisible by model.n_head=3; "
+                                          "pick a divisor (in every job of the sweep"),
+    ("-m hydra/sweeper=optuna optim.lr=tag(lgo,interval(1e-4,1e-2)) hydra.sweep.dir={d}/optuna",
+     "optim.lr=tag(lgo,interval(1e-4,1e-2)): tag lgo means nothing to the search; "
+     "tag(log,interval(a,b)) samples on a log scale"),
+    ("-m hydra/sweeper=optuna optim.lr=interval(1e-2,1e-4) hydra.sweep.dir={d}/optuna",
+     "the interval's start is not below its end; give interval(0.0001,0.01)"),
+]
+EACH_JOB = ("-m", "optim.lr=1e-3,2e-3", "--cfg", "job", "--package", "optim")
+
 # learning from rewards: each refused at the door ({d}: the fixture's files, grpo_files)
 GRPO = ("train.objective=grpo data.format=prompts tokenizer=bpe tokenizer.path={d}/tokenizer.json "
         "data.path={d}/prompts.jsonl grpo.max_new_tokens=16")
@@ -209,7 +235,9 @@ def cli(tmp_path_factory) -> dict:
     )
     work = tmp_path_factory.mktemp("cli")
     files = grpo_files(work / "grpo")
-    cases += [("raydp_llm.train", tuple(o.format(d=files).split())) for o, _ in BAD_GRPO]
+    cases += [("raydp_llm.train", tuple(o.format(d=files).split()))
+              for o, _ in BAD_GRPO + BAD_SWEEPS]
+    cases.append(("raydp_llm.train", EACH_JOB))
     commands = [[m, [*args, f"hydra.run.dir={work / str(i)}"], str(work / f"{i}")]
                 for i, (m, args) in enumerate(cases)]
     # generate and export take key=value arguments, not Hydra's: no run directory
@@ -264,12 +292,28 @@ def test_bad_training_settings_are_one_line_before_any_engine_starts(cli, overri
 
 
 @pytest.mark.parametrize("override,message", HYDRA_ERRORS)
-def test_wrong_types_and_unknown_keys_get_hydras_error_before_any_engine_starts(
-    cli, override, message
-):
-    out = cli["outputs"][("raydp_llm.train", tuple(override.split()))]
-    assert out.returncode == 1 and message in out.stderr, out.stderr
-    assert not cli["ray_started"], "a Ray session was started for bad input"
+def test_what_hydra_refuses_is_one_line_before_any_engine_starts(cli, override, message):
+    assert_one_line_error_before_any_engine(cli, "raydp_llm.train", override.split(), message)
+
+
+@pytest.mark.parametrize("override,message", BAD_SWEEPS)
+def test_a_sweep_no_job_of_which_could_run_is_one_line_before_any_engine_starts(cli, override,
+                                                                                message):
+    d = cli["grpo_files"]
+    assert_one_line_error_before_any_engine(cli, "raydp_llm.train", override.format(d=d).split(),
+                                            message)
+    assert not (d / "optuna").exists()  # no sweep directory either
+
+
+def test_a_sweeps_cfg_prints_each_jobs_config(cli):
+    """``-m ... --cfg job``: Hydra refuses the two together (a ValueError's traceback); each job's
+    config, under a line naming the job, annotated as a single run's is."""
+    out = cli["outputs"][("raydp_llm.train", EACH_JOB)]
+    assert out.returncode == 0, out.stderr
+    jobs = [line for line in out.stdout.splitlines() if line.startswith("# job ")]
+    assert [j.split()[3] for j in jobs] == ["optim.lr=0.001", "optim.lr=0.002"], out.stdout
+    assert "lr: 0.002  # peak learning rate" in out.stdout and "weight_decay: 0.1" in out.stdout
+    assert "n_layer" not in out.stdout  # --package optim: that part alone
 
 
 @pytest.mark.parametrize("override,message", BAD_GRPO)

@@ -108,10 +108,20 @@ def distribution(override: Override, config: DictConfig):
     """An Optuna distribution of a sweep override: ``interval`` (a float; a whole number for a
     setting that is one, as ``int(interval(...))``, its ends rounded inwards; ``tag(log, ...)``
     samples it on a log scale), ``range`` (whole numbers or floats by its step, its end left out
-    as in Hydra's grammar), ``choice`` (categorical)."""
+    as in Hydra's grammar), ``choice`` (categorical). A tag other than ``log`` (Optuna's sweeper
+    searched ``tag(lgo, ...)`` on a linear scale without a word) and an interval whose start is
+    not below its end (Optuna's traceback) are one line."""
     import optuna.distributions as d
 
     sweep, key = override.value(), override.get_key_element()
+    unknown = sorted(set(getattr(sweep, "tags", ())) - {"log"})
+    if unknown:  # Optuna's sweeper reads "log" alone: any other tag searched on a linear scale
+        raise InputError(f"{override.input_line}: tag {', '.join(unknown)} means nothing to the "
+                         "search; tag(log,interval(a,b)) samples on a log scale")
+    if isinstance(sweep, IntervalSweep) and not sweep.start < sweep.end:
+        raise InputError(f"{override.input_line}: the interval's start is not below its end; "
+                         f"give interval({min(sweep.start, sweep.end)},"
+                         f"{max(sweep.start, sweep.end)})")
     if isinstance(sweep, IntervalSweep):
         log_scale = "log" in sweep.tags
         if _whole(OmegaConf.select(config, key.lstrip("+~"))) or \
