@@ -4,11 +4,14 @@ sweep."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import shutil
 import sys
 import traceback
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -50,6 +53,8 @@ def cli_errors(main):
                     first,
                     f" (full log: {log_file})" if log_file else "",
                 )
+            if isinstance(err, InputError):
+                _remove_refused_run_dir()
             sys.exit(2 if isinstance(err, InputError) else 1)  # bad input: 2, as a usage error
         except KeyboardInterrupt:
             log.error("interrupted: Spark and Ray are stopped")
@@ -80,6 +85,28 @@ KNOWN_CAUSES = {
 def _known_cause(err: BaseException) -> str | None:
     name = type(err).__name__
     return next((cause for key, cause in KNOWN_CAUSES.items() if key in name), None)
+
+
+def _remove_refused_run_dir() -> None:
+    """A command refused at the door leaves no run directory: Hydra made it (its ``.hydra/`` and
+    the log) before the checks ran, and the newest entry under ``outputs/<name>/`` would be no run
+    (issue 67). Hydra's files alone go, and the directory once empty; the line is on the console.
+    A directory that holds anything else stays as it is."""
+    if not HydraConfig.initialized():
+        return
+    hydra = HydraConfig.get()
+    out = Path(hydra.runtime.output_dir)
+    own = {out / f"{hydra.job.name}.log"} | ({out / hydra.output_subdir}
+                                              if hydra.output_subdir else set())
+    if not out.is_dir() or set(out.iterdir()) - own:
+        return
+    for path in own:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()
 
 
 def _in_sweep() -> bool:

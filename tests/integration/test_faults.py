@@ -344,7 +344,7 @@ FAILED_RUN_RECORD = {
 }
 
 
-def _two_runs_started_at_once(tmp_path: Path) -> None:
+def _two_refused_runs_started_at_once(tmp_path: Path) -> list[subprocess.CompletedProcess]:
     both = [
         subprocess.Popen(
             [sys.executable, "-m", "raydp_llm.train", "optim.lr=0", NO_CHECK],
@@ -355,23 +355,29 @@ def _two_runs_started_at_once(tmp_path: Path) -> None:
         )
         for _ in range(2)
     ]
-    for p in both:
-        p.communicate(timeout=120)
+    outputs = [p.communicate(timeout=120)[0] for p in both]
+    return [subprocess.CompletedProcess(p.args, p.returncode, out) for p, out in zip(both, outputs)]
 
 
-def test_two_runs_of_the_same_second_get_their_own_directories(tmp_path):
-    """Two shells start a run at once: two run directories, even within one second (Hydra's ${now:}
-    has second resolution); and a run refuses, before Hydra writes anything, a directory another run
-    wrote to."""
-    _two_runs_started_at_once(tmp_path)
-    dirs = sorted((tmp_path / "outputs" / "raydp_llm").iterdir())
-    assert len(dirs) == 2 and all((d / "train.log").is_file() for d in dirs)
+def test_runs_of_the_same_second_get_their_own_directories_and_refused_ones_leave_none(tmp_path):
+    """Two shells start a run at once, each refused at the door: exit 2, and no run directory left
+    (issue 67: each left Hydra's, so the newest entry under outputs/ was no run). The directories
+    runs of one second would get differ (Hydra's ${now:} has second resolution); and a run refuses,
+    before Hydra writes anything, a directory another run wrote to."""
+    from raydp_llm.cli.preflight import compose
+
+    refused = _two_refused_runs_started_at_once(tmp_path)
+    assert [p.returncode for p in refused] == [2, 2], [p.stdout for p in refused]
+    assert all("optim.lr=0.0 is not allowed" in p.stdout for p in refused)
+    assert not list((tmp_path / "outputs" / "raydp_llm").iterdir())
     # <date>_<time, to the second>_<6 random hex digits>: the tail tells apart runs of the same
     # second
+    dirs = [Path(compose("config", [], with_hydra=True).hydra.run.dir) for _ in range(2)]
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_[0-9a-f]{6}", d.name) for d in dirs), (
         dirs
     )
     assert dirs[0].name[-6:] != dirs[1].name[-6:]
+    assert dirs[0].parent == Path("outputs/raydp_llm")
 
     used = tmp_path / "used"
     (used / ".hydra").mkdir(parents=True)

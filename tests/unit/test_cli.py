@@ -186,6 +186,7 @@ BAD_GRPO = [
     (f"{GRPO} grpo.rewards=[{{d}}/rewards.py:wants_solution]",
      "asks for the column 'solution', which the data lacks (it has ['answer', 'id'])"),
     (f"{GRPO} grpo.rewards=[]", "grpo.rewards is empty"),
+    ("+experiment=grpo", "model.path is missing"),  # grpo.yaml's required: the model that answers
     # this project's own GPT where a Hugging Face model is asked for: which command makes one
     ("+experiment=grpo model.path={d}/own_gpt",
      "own_gpt: a raydp_llm model (its config.json names no model_type), not a Hugging Face one; "
@@ -254,7 +255,9 @@ def cli(tmp_path_factory) -> dict:
                                           Path(f"{prefix}.err").read_text())
         for case, (*command, prefix), status in zip(cases, commands, json.loads(batch.stdout))
     }
-    return {"outputs": outputs, "ray_started": ray_session_dir() != before, "grpo_files": files}
+    left = sorted(p.name for p in work.iterdir() if p.is_dir() and p.name.isdigit())
+    return {"outputs": outputs, "ray_started": ray_session_dir() != before, "grpo_files": files,
+            "run_dirs_left": left}
 
 
 def grpo_files(d: Path) -> Path:
@@ -278,6 +281,14 @@ def assert_one_line_error_before_any_engine(cli: dict, module: str, args, messag
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], lines
     assert not cli["ray_started"], "a Ray session was started for bad input"
+
+
+def test_refused_commands_leave_no_run_directory(cli):
+    """Each command of the batch was refused (or printed its config): none left the run directory
+    it named (issue 67: each left Hydra's .hydra/ and log, so the newest entry under outputs/ was
+    no run)."""
+    assert cli["run_dirs_left"] == []
+    assert {o.returncode for o in cli["outputs"].values()} == {0, 2}
 
 
 @pytest.mark.parametrize("module", ["raydp_llm.train", "raydp_llm.prepare"])
