@@ -7,6 +7,7 @@ Ray or Spark unless a check needs them (a checkpoint to read): bad input fails i
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import FrozenInstanceError, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Iterable
@@ -21,7 +22,7 @@ from raydp_llm.core.config import Settings, source_settings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
-from raydp_llm.data.corpus import Corpus, resolve_corpus
+from raydp_llm.data.corpus import Corpus, check_heads, resolve_corpus
 from raydp_llm.data.sample_chat import sample_chat_corpus
 from raydp_llm.data.sample_preference import sample_preference_corpus
 
@@ -222,6 +223,11 @@ def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
                                                       f"train.resume={t.resume}", s3)
     if t.storage_path and storage.is_s3(t.storage_path):
         storage.check_bucket("train.storage_path", t.storage_path, s3)
+    if t.use_gpu and settings.cluster.address == "local" and not local_gpus():
+        raise InputError("train.use_gpu=true: this machine has no NVIDIA GPU that Ray would count "
+                         "(none in /proc/driver/nvidia/gpus or /dev/nvidia*, or "
+                         "CUDA_VISIBLE_DEVICES names none); set train.use_gpu=false, or run on a "
+                         "cluster with GPUs (cluster.address=...)")
     if settings.tokenizer.path and not Path(settings.tokenizer.path).exists():
         raise InputError(f"tokenizer.path={settings.tokenizer.path}: no such file; give a "
                          "tokenizer.json")
@@ -241,6 +247,19 @@ def check_inputs(settings: Settings) -> Corpus | dict[str, Corpus]:
     if d.format == "prompts":
         check_prompts(settings, corpus)
     return corpus
+
+
+def local_gpus() -> int:
+    """How many NVIDIA GPUs the embedded Ray would count here, without loading torch or Ray: the
+    driver's list (or the device files), cut to ``CUDA_VISIBLE_DEVICES`` when that is set."""
+    listed = Path("/proc/driver/nvidia/gpus")
+    found = len(list(listed.iterdir())) if listed.is_dir() else \
+        len([d for d in Path("/dev").glob("nvidia[0-9]*")])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+        found = min(found, len(names))
+    return found
 
 
 def check_prompts(settings: Settings, corpus: Corpus) -> None:
@@ -279,4 +298,6 @@ def corpus_of(settings: Settings) -> Corpus:
             name=corpus.name,
             fingerprints=corpus.fingerprints[: d.max_files],
         )
+    if d.format in ("text", "ids", "jsonl"):  # the ETL's checks of lines, on a sample's start
+        check_heads(corpus.files, d.skip_binary)
     return corpus

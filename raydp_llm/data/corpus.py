@@ -175,6 +175,34 @@ def local_path(uri: str) -> str:
     return url2pathname(urlparse(uri).path)
 
 
+def utf16_text(src: str, encoding: str) -> str:
+    """The line that refuses UTF-16 text (at the door, or once the ETL's scan found NUL bytes)."""
+    return (f"{src} is {encoding} text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8 FILE > "
+            "FILE.txt) and point data.path at the converted file")
+
+
+def looks_binary(src: str, where: str) -> str:
+    """The line that refuses a binary file (NUL bytes ``where``) unless ``data.skip_binary``."""
+    return (f"{src} looks binary (NUL bytes in {where}): remove it from data.path or set "
+            "data.skip_binary=true")
+
+
+def check_heads(files: list[str], skip_binary: bool, sample: int = 8) -> None:
+    """At the door, before Spark starts: the first bytes of the first ``sample`` local files,
+    uncompressed, through the ETL's own checks of UTF-16 text and binary files (which it makes on
+    every line, after Spark has started)."""
+    from raydp_llm.data.arrow_reader import compressed
+
+    local = [f for f in files if "://" not in f and not compressed(f)]
+    for src in local[:sample]:
+        head = read_head(src, S3Options())
+        encoding = utf16(head)
+        if encoding:
+            raise InputError(utf16_text(src, encoding))
+        if b"\0" in head and not skip_binary:
+            raise InputError(looks_binary(src, f"its first {len(head)} bytes"))
+
+
 def utf16(head: bytes) -> str | None:
     """``UTF-16 LE`` or ``UTF-16 BE`` when a file's first bytes are UTF-16 text (a byte-order mark,
     or NUL bytes in every other position of mostly ASCII text), else None."""

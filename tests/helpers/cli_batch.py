@@ -7,7 +7,8 @@ modules once, then runs each command in a forked child as ``python -m MODULE ARG
 files, and its exit status is the child's. No child shares Hydra's or the logging's state with
 another: each starts from the parent's state after the imports, which no command ran in.
 
-Run as ``python cli_batch.py JOBS``; stdin: a JSON list of ``[module, args, out_prefix]``;
+Run as ``python cli_batch.py JOBS``; stdin: a JSON list of ``[module, args, out_prefix]`` (and
+optionally an environment to add, as a fourth item);
 stdout: a JSON list of exit statuses, in order. Each child writes ``out_prefix.out`` and
 ``out_prefix.err``.
 """
@@ -22,8 +23,10 @@ import sys
 import traceback
 
 
-def child(module: str, args: list[str], prefix: str) -> None:
-    """In the forked child: run the command, then end the process with its status."""
+def child(module: str, args: list[str], prefix: str, env: dict | None = None) -> None:
+    """In the forked child: run the command (with ``env`` added to its environment), then end the
+    process with its status."""
+    os.environ.update(env or {})
     for fd, suffix in ((1, ".out"), (2, ".err")):
         os.dup2(os.open(prefix + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     sys.argv = [module, *args]
@@ -46,18 +49,18 @@ def child(module: str, args: list[str], prefix: str) -> None:
 
 def main() -> None:
     jobs, commands = int(sys.argv[1]), json.load(sys.stdin)
-    for module in sorted({module for module, _, _ in commands}):
+    for module in sorted({command[0] for command in commands}):
         importlib.import_module(module)  # what it imports stays; runpy runs the module itself
         del sys.modules[module]
     running: dict[int, int] = {}  # pid -> index
     statuses: list[int | None] = [None] * len(commands)
-    for index, (module, args, prefix) in enumerate(commands):
+    for index, command in enumerate(commands):
         if len(running) >= jobs:
             pid, status = os.wait()
             statuses[running.pop(pid)] = os.waitstatus_to_exitcode(status)
         pid = os.fork()
         if pid == 0:
-            child(module, args, prefix)
+            child(*command)
         running[pid] = index
     while running:
         pid, status = os.wait()

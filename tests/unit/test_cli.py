@@ -198,7 +198,18 @@ BAD_GRPO = [
      "train.objective=grpo answers with the model's own tokenizer"),
     (f"{GRPO} grpo.rewards=[last_number] grpo.reward_weights=[1,2]",
      "grpo.reward_weights has 2 weights for 1 grpo.rewards"),
+    # a reward file that does not import: its line, not a traceback (issue 67)
+    (f"{GRPO} grpo.rewards=[{{d}}/syntax.py:f]", "syntax.py:1: invalid syntax"),
+    (f"{GRPO} grpo.rewards=[{{d}}/raises.py:f]",
+     "raises.py:f): RuntimeError: no network here"),
+    # what needs no engine is checked before one starts (issue 67: after Ray and Spark had)
+    ("data.path={d}/binary.txt", "binary.txt looks binary (NUL bytes in its first 21 bytes): "
+                                 "remove it from data.path or set data.skip_binary=true"),
+    ("data.path={d}/utf16.txt", "utf16.txt is UTF-16 LE text: convert it to UTF-8"),
 ]
+# a GPU asked for on a machine without one (CUDA_VISIBLE_DEVICES="" hides a GPU the machine has)
+NO_GPU = ("train.use_gpu=true", "train.use_gpu=true: this machine has no NVIDIA GPU that Ray "
+                                "would count")
 # generate's and export's key=value arguments get the checks train's get, and a model directory
 # without a model the line and exit status evaluate gives (issue 67: the values printed nothing,
 # or garbage, and exited 0; the directory exited 1)
@@ -241,6 +252,9 @@ def cli(tmp_path_factory) -> dict:
     cases.append(("raydp_llm.train", EACH_JOB))
     commands = [[m, [*args, f"hydra.run.dir={work / str(i)}"], str(work / f"{i}")]
                 for i, (m, args) in enumerate(cases)]
+    cases.append(("raydp_llm.train", (NO_GPU[0],)))
+    commands.append(["raydp_llm.train", [NO_GPU[0], f"hydra.run.dir={work / 'gpu'}"],
+                     str(work / "gpu"), {"CUDA_VISIBLE_DEVICES": ""}])
     # generate and export take key=value arguments, not Hydra's: no run directory
     cases += [(f"raydp_llm.{entry}", args) for entry, args, _ in KEY_VALUE]
     commands += [[f"raydp_llm.{entry}", list(args), str(work / f"key_value{i}")]
@@ -251,11 +265,14 @@ def cli(tmp_path_factory) -> dict:
                            timeout=600)
     assert batch.returncode == 0, batch.stderr[-3000:]
     outputs = {
-        case: subprocess.CompletedProcess(command[:2], status, Path(f"{prefix}.out").read_text(),
-                                          Path(f"{prefix}.err").read_text())
-        for case, (*command, prefix), status in zip(cases, commands, json.loads(batch.stdout))
+        case: subprocess.CompletedProcess(command[:2], status,
+                                          Path(f"{command[2]}.out").read_text(),
+                                          Path(f"{command[2]}.err").read_text())
+        for case, command, status in zip(cases, commands, json.loads(batch.stdout))
     }
-    left = sorted(p.name for p in work.iterdir() if p.is_dir() and p.name.isdigit())
+    named = [Path(a.split("=", 1)[1]) for c in commands for a in c[1]
+             if a.startswith("hydra.run.dir=")]
+    left = [str(d) for d in named if d.exists()]
     return {"outputs": outputs, "ray_started": ray_session_dir() != before, "grpo_files": files,
             "run_dirs_left": left}
 
@@ -269,6 +286,10 @@ def grpo_files(d: Path) -> Path:
     (d / "no_prompt.jsonl").write_text('{"question": "1+1=", "answer": "2"}\n')
     (d / "rewards.py").write_text(REWARDS)
     (d / "tokenizer.json").write_text("{}")
+    (d / "syntax.py").write_text("def f(:\n")
+    (d / "raises.py").write_text("raise RuntimeError('no network here')\n")
+    (d / "binary.txt").write_bytes(b"hello\0\1 a binary file")
+    (d / "utf16.txt").write_text("To be, or not to be\n" * 50, encoding="utf-16")
     (d / "own_gpt").mkdir()  # as this project writes a model/ (no model_type in its config)
     (d / "own_gpt" / "config.json").write_text('{"kind": "gpt", "n_layer": 2}')
     (d / "own_gpt" / "model.safetensors").write_bytes(b"")
@@ -332,6 +353,10 @@ def test_bad_grpo_input_is_one_line_before_any_engine_starts(cli, override, mess
     d = cli["grpo_files"]
     assert_one_line_error_before_any_engine(cli, "raydp_llm.train", override.format(d=d).split(),
                                             message)
+
+
+def test_a_gpu_asked_for_on_a_machine_without_one_is_one_line_before_any_engine_starts(cli):
+    assert_one_line_error_before_any_engine(cli, "raydp_llm.train", [NO_GPU[0]], NO_GPU[1])
 
 
 @pytest.mark.parametrize("args,message", EVALUATE)

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.data.corpus import read_head, utf16
+from raydp_llm.data.corpus import looks_binary, read_head, utf16, utf16_text
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.records import EtlPlan, FileStats, Scanned
 
@@ -43,12 +43,10 @@ def check_files(files: dict[str, FileStats], data: DataSettings, s3: S3Options) 
     for src in binary:
         encoding = utf16(read_head(src, s3))
         if encoding:
-            raise InputError(f"{src} is {encoding} text: convert it to UTF-8 (iconv -f UTF-16 -t "
-                             "UTF-8 FILE > FILE.txt) and point data.path at the converted file")
+            raise InputError(utf16_text(src, encoding))
     if binary and not data.skip_binary:
         more = f"; {len(binary) - 1} more such files" if len(binary) > 1 else ""
-        raise InputError(f"{binary[0]} looks binary (NUL bytes in {files[binary[0]].nul_lines} "
-                         f"lines{more}): remove it from data.path or set data.skip_binary=true")
+        raise InputError(looks_binary(binary[0], f"{files[binary[0]].nul_lines} lines{more}"))
     for src in binary:
         log.warning("skipping binary file %s (NUL bytes)", src)
     bad = sorted(src for src, f in files.items() if f.replaced and src not in binary)

@@ -92,7 +92,14 @@ def _module(place: str, spec: str):
                              "path of the Python file that defines the reward")
         found = importlib.util.spec_from_file_location(f"raydp_llm_reward_{path.stem}", path)
         module = importlib.util.module_from_spec(found)
-        found.loader.exec_module(module)
+        try:
+            found.loader.exec_module(module)
+        except SyntaxError as err:  # the line that Python could not read, not a traceback
+            raise InputError(f"grpo.rewards: {path}:{err.lineno}: {err.msg} ({spec}): fix the "
+                             "file") from None
+        except Exception as err:  # noqa: BLE001 - the file's own code failed as it was imported
+            raise InputError(f"grpo.rewards: importing {path} failed ({spec}): "
+                             f"{first_line(err, with_type=True)}") from err
         return module
     try:
         return importlib.import_module(place)
