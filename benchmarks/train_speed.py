@@ -3,7 +3,8 @@ machine.
 
     python benchmarks/train_speed.py [--steps 1000] [--repeats 3] [--corpus
     ../shared/data/tinyshakespeare.txt]
-                                     [--kinds bare,trainer-1,trainer-2] [--models gpt llama]
+                                     [--kinds bare,trainer-1,trainer-2,nanogpt] [--nanogpt DIR]
+                                     [--models gpt llama]
                                      [--set cluster.dashboard=false ...]
 
 The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers, 4 heads, n_embd
@@ -13,6 +14,8 @@ The model is nanoGPT's CPU "baby GPT" (char-level, block 64, batch 12, 4 layers,
   trainer-1  this trainer (Ray Train; windows at random offsets, cut from the ETL cache's chunks by
              the worker) with 1 worker holding all cores
   trainer-2  the same with 2 DDP workers of 1 core each
+  nanogpt    nanoGPT's own train.py (a checkout given by ``--nanogpt DIR``; its README's CPU
+             command for the baby GPT, ``--compile=False``), its per-iteration times
 Tokens/s are steady-state training throughput: start-up, ETL and evaluations excluded (the trainer's
 figure is its metrics.csv ``tokens_per_s`` after the first report). Each measurement runs in a fresh
 process; the three are taken in turn ``--repeats`` times, so that a slow spell of a shared machine
@@ -42,6 +45,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bare_loop import BATCH, MODEL, train_bare  # noqa: E402
 
 EXPERIMENTS = {"gpt": "shakespeare_char", "llama": "shakespeare_llama"}
+# nanoGPT README's "baby GPT" on a CPU, the same shape and batch as bare_loop.MODEL and BATCH
+NANOGPT_FLAGS = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
+                 "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
+                 "--n_layer=4", "--n_head=4", "--n_embd=128", "--dropout=0.0"]
 
 
 def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: list[str],
@@ -81,9 +88,33 @@ def measure_trainer(corpus: Path, steps: int, workers: int, out: Path, extra: li
     }
 
 
+def measure_nanogpt(checkout: Path, corpus: Path, steps: int) -> dict:
+    """nanoGPT's train.py for ``steps`` iterations, its data prepared from ``corpus`` (its
+    prepare.py, 90/10 as here); tokens/s from the mean time of its iterations after the first 10%,
+    those that held an evaluation left out (as the trainer's figure leaves them out)."""
+    import re
+
+    data = checkout / "data" / "shakespeare_char"
+    if not (data / "train.bin").is_file():
+        (data / "input.txt").write_bytes(corpus.read_bytes())
+        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+    every = max(steps // 2, 1)
+    proc = subprocess.run([sys.executable, "train.py", *NANOGPT_FLAGS, f"--max_iters={steps}",
+                           f"--lr_decay_iters={steps}", f"--eval_interval={every}"],
+                          cwd=checkout, capture_output=True, text=True, check=True)
+    times = [float(ms) for it, ms in re.findall(r"iter (\d+): loss \S+, time ([\d.]+)ms",
+                                                proc.stdout)
+             if int(it) >= steps // 10 and int(it) % every]
+    return {"tokens_per_s": BATCH * MODEL.block_size * 1000 / statistics.mean(times)}
+
+
 def run_one(kind: str, corpus: Path, steps: int, extra: list[str], model: str = "gpt",
-            cache: Path | None = None) -> dict:
+            cache: Path | None = None, nanogpt: Path | None = None) -> dict:
     shared = ["--cache", str(cache)] if cache else []
+    if kind == "nanogpt":
+        if nanogpt is None:
+            raise SystemExit("error: --kinds nanogpt needs --nanogpt DIR (a nanoGPT checkout)")
+        return measure_nanogpt(nanogpt, corpus, steps)
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run([sys.executable, __file__, "--measure", kind, "--corpus", str(corpus),
                                "--steps", str(steps), "--out", tmp, "--model", model, *shared,
@@ -110,6 +141,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override for the trainer runs, e.g. --set "
                              "cluster.dashboard=false")
+    parser.add_argument("--nanogpt", type=Path, metavar="DIR",
+                        help="a nanoGPT checkout, for --kinds ...,nanogpt")
     parser.add_argument(
         "--measure", choices=["bare", "trainer-1", "trainer-2"], help=argparse.SUPPRESS
     )
@@ -144,12 +177,13 @@ def main() -> None:
         return
 
     kinds = args.kinds.split(",")
-    runs = {("gpt", "bare"): []} if "bare" in kinds else {}
-    runs.update({(m, k): [] for k in kinds if k != "bare" for m in args.models})
+    runs = {("gpt", k): [] for k in ("bare", "nanogpt") if k in kinds}
+    runs.update({(m, k): [] for k in kinds if k not in ("bare", "nanogpt") for m in args.models})
     with tempfile.TemporaryDirectory() as cache:
         for repeat in range(args.repeats):
             for (model, kind), results in runs.items():
-                r = run_one(kind, args.corpus, args.steps, args.set, model, Path(cache))
+                r = run_one(kind, args.corpus, args.steps, args.set, model, Path(cache),
+                            args.nanogpt)
                 results.append(r["tokens_per_s"])
                 print(f"  round {repeat + 1}: {kind:9} {model:5} {results[-1]:,.0f} "
                       "tokens/s", file=sys.stderr, flush=True)
