@@ -22,7 +22,7 @@ install: $(STAMP) ## create .venv and install the project with its pinned depend
 train: $(STAMP) ## the main job on an embedded Ray + Spark with the sample corpus
 	$(BIN)/python -m raydp_llm.train $(ARGS)
 
-smoke: $(STAMP) ## a tiny end-to-end run (~2 minutes)
+smoke: $(STAMP) ## a tiny end-to-end run (about a minute on 2 cores)
 	$(BIN)/python -m raydp_llm.train +experiment=smoke $(ARGS)
 
 sweep: $(STAMP) ## 4 smoke jobs as Ray Tune trials, 2 at once, ASHA: sweep_summary.csv, sweep.png

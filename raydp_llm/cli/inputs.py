@@ -119,7 +119,8 @@ def _pretrained(model, tokenizer, s3: S3Options):
 
     if not model.path:
         raise InputError("model.path is missing: model=hf trains a Hugging Face directory; add "
-                         "model.path=<local directory or s3:// prefix>")
+                         "model.path=<local directory or s3:// prefix> (+experiment=sums makes a "
+                         "small one, outputs/sums/<run>/model)")
     if tokenizer.path:
         raise InputError(f"model=hf brings its tokenizer but tokenizer.path={tokenizer.path} was "
                          "given; drop tokenizer.path")

@@ -186,7 +186,7 @@ BAD_GRPO = [
     (f"{GRPO} grpo.rewards=[{{d}}/rewards.py:wants_solution]",
      "asks for the column 'solution', which the data lacks (it has ['answer', 'id'])"),
     (f"{GRPO} grpo.rewards=[]", "grpo.rewards is empty"),
-    ("+experiment=grpo", "model.path is missing"),  # grpo.yaml's required: the model that answers
+    ("+experiment=grpo", "model.path is missing: model=hf trains a Hugging Face directory"),
     # this project's own GPT where a Hugging Face model is asked for: which command makes one
     ("+experiment=grpo model.path={d}/own_gpt",
      "own_gpt: a raydp_llm model (its config.json names no model_type), not a Hugging Face one; "
