@@ -44,7 +44,13 @@ def run(settings: EvaluateSettings, out_dir: Path, window: int | None = None) ->
 
 USAGE = Usage("python -m raydp_llm.evaluate model_dir=DIR [data.path=...] [key=value ...]: a "
               "trained model's loss, perplexity and accuracy on a corpus, its task scores or its "
-              "answers", EvaluateSettings)
+              "answers", EvaluateSettings,
+              examples=("  python -m raydp_llm.evaluate model_dir=outputs/raydp_llm/<run>/model",
+                        "  python -m raydp_llm.evaluate model_dir=DIR data.path=/data/held_out.txt",
+                        "  python -m raydp_llm.evaluate model_dir=DIR tasks=[hellaswag] limit=100",
+                        "  python -m raydp_llm.evaluate model_dir=DIR data.format=preference "
+                        "data.path=pairs.jsonl",
+                        "docs/evaluation.md: every kind of evaluation and its output."))
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from raydp_llm.cli.help import as_invoked
 from raydp_llm.cli.keyvalue import UsageError, check_local_model_dir, help_text, parse_args
 from raydp_llm.core import storage
 from raydp_llm.core.config import ExportSettings
@@ -16,8 +17,8 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.models.files import NotExpressible
 
-USAGE = ("usage: python -m raydp_llm.export model_dir=DIR out=DIR [key=value ...] (--help: every "
-         "key)")
+USAGE = as_invoked("usage: python -m raydp_llm.export model_dir=DIR out=DIR [key=value ...] "
+                   "(--help: every key)")  # a console script says its own name
 LOAD_HINT = """load it with:
   from transformers import AutoModelForCausalLM, AutoTokenizer
   model = AutoModelForCausalLM.from_pretrained("{out}")

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sys
 
+from raydp_llm.cli.help import as_invoked
 from raydp_llm.cli.keyvalue import UsageError, check_local_model_dir, help_text, parse_args
 from raydp_llm.core.config import GenerateSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 
-USAGE = "usage: python -m raydp_llm.generate model_dir=DIR [key=value ...] (--help: every key)"
+USAGE = as_invoked("usage: python -m raydp_llm.generate model_dir=DIR [key=value ...] (--help: "
+                   "every key)")  # a console script says its own name
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ import re
 import sys
 import typing
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Iterator
 
 from raydp_llm.core.registry import SCHEMAS
@@ -83,6 +84,7 @@ class Usage:
 
     line: str
     own: type | None = None
+    examples: tuple[str, ...] = ()  # in place of train's (the footer's "Examples:")
 
 
 def own_settings(schema: type) -> list[str]:
@@ -109,7 +111,24 @@ def opened_with(text: str, usage: Usage) -> str:
     own = own_settings(usage.own) if usage.own else []
     title = f"== {usage.line.split()[2]}'s own settings =="
     opening = [usage.line, "", *([title, *own, ""] if own else [])]
-    return "\n".join(opening) + "\n" + text[text.find(GROUPS):] if GROUPS in text else text
+    if GROUPS not in text:
+        return text
+    text = "\n".join(opening) + "\n" + text[text.find(GROUPS):]
+    if usage.examples and EXAMPLES in text:
+        text = text[:text.find(EXAMPLES)] + "\n".join([EXAMPLES, *usage.examples]) + "\n"
+    return text
+
+
+EXAMPLES = "Examples:"
+
+
+def as_invoked(text: str) -> str:
+    """``text`` with ``python -m raydp_llm.<entry>`` as the command was typed: a console script
+    (``raydp-llm-train``) says its own name."""
+    program = Path(sys.argv[0]).name
+    if not program.startswith("raydp-llm-"):
+        return text
+    return text.replace(f"python -m raydp_llm.{program.removeprefix('raydp-llm-')}", program)
 
 
 @contextlib.contextmanager
@@ -129,4 +148,4 @@ def documented_output(usage: Usage | None = None) -> Iterator[None]:
         text = annotate(without_schemas(printed.getvalue()), field_help(), package)
         if usage is not None and {"--help", "-h"} & set(args):
             text = opened_with(text, usage)
-        sys.stdout.write(text)
+        sys.stdout.write(as_invoked(text))

@@ -22,7 +22,14 @@ from raydp_llm.core.registry import CONF_DIR, register_configs
 from raydp_llm.core.timing import Stopwatch
 
 USAGE = Usage("python -m raydp_llm.prepare [group=option ...] [key=value ...]: the Spark ETL "
-              "alone, train's data settings: Parquet windows and manifest.json")
+              "alone, train's data settings: Parquet windows and manifest.json",
+              examples=("  python -m raydp_llm.prepare data.path=/data/corpus/",
+                        "  python -m raydp_llm.prepare +experiment=shakespeare_bpe "
+                        "data.path=/path/to/tinyshakespeare.txt",
+                        "  python -m raydp_llm.prepare data.format=sql "
+                        "data.query=\"SELECT text FROM docs WHERE lang = 'en'\"",
+                        "--cfg job prints the composed config; docs/configuration.md, the data "
+                        "settings."))
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

@@ -215,12 +215,22 @@ def test_the_entry_points_doors_load_neither_torch_nor_ray():
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_every_entry_point_answers_help(entry):
-    done = subprocess.run([sys.executable, "-m", f"raydp_llm.{entry}", "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    """Its console script's --help (``python -m``'s: test_config.py): its own usage line, its own
+    name throughout (it said ``python -m ...``), its own examples (prepare's and evaluate's were
+    train's)."""
+    script = Path(sys.executable).with_name(f"raydp-llm-{entry}")
+    done = subprocess.run([str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "model_dir" in done.stdout or "data.path" in done.stdout
     lines = done.stdout.splitlines()
-    assert f"python -m raydp_llm.{entry} " in lines[0], lines[0]  # its own usage, not train's
+    assert lines[0].startswith((f"raydp-llm-{entry} ", f"usage: raydp-llm-{entry} ")), lines[0]
+    assert "python -m raydp_llm." not in done.stdout
+    if entry != "train":
+        assert "raydp-llm-train" not in done.stdout
+    if "Examples:" in done.stdout:
+        examples = done.stdout[done.stdout.index("Examples:"):].splitlines()[1:]
+        assert examples[0].startswith(f"  raydp-llm-{entry} "), examples
     if entry == "evaluate":  # its own settings first (they were on lines 202-207 of 213)
         assert lines[2:4] == ["== raydp_llm.evaluate's own settings ==",
                               "  model_dir=null  # the model/ directory of a finished run "
