@@ -38,6 +38,7 @@ from raydp_llm.engines.spark_turns import spark_turn
 log = logging.getLogger(__name__)
 
 USER_SPARK_LOCAL_IP = os.environ.get("SPARK_LOCAL_IP")
+INTERRUPTED_START_S = 60.0  # an interrupted Spark start ends within this, or its caller goes on
 
 
 @dataclass
@@ -266,12 +267,23 @@ def _init_spark(
     import raydp
 
     quiet = contextlib.nullcontext() if verbose else _output_to(log_dir / "spark-driver.log")
-    with quiet, ThreadPoolExecutor(2) as pool, _driver_jvm_beside_master(pool, secret):
-        # Spark starts off the main thread so that PySpark installs no SIGINT handler: its handler
-        # calls py4j from inside the handler, on the connection the interrupted call is using; py4j
-        # retries and the KeyboardInterrupt is lost. Python's own handler stays, and the caller
-        # stops Spark. The driver JVM starts here and keeps the stdout and stderr it inherits.
-        return pool.submit(raydp.init_spark, **init).result()
+    pool, started = ThreadPoolExecutor(2), None
+    try:
+        with quiet, _driver_jvm_beside_master(pool, secret):
+            # Spark starts off the main thread so that PySpark installs no SIGINT handler: its
+            # handler calls py4j from inside the handler, on the connection the interrupted call
+            # is using; py4j retries and the KeyboardInterrupt is lost. Python's own handler stays,
+            # and the caller stops Spark. The driver JVM starts here and keeps the stdout and
+            # stderr it inherits.
+            started = pool.submit(raydp.init_spark, **init)
+            return started.result()
+    finally:
+        # An interrupted start (Ctrl-C, a time-out) ends first, so that the caller stops all it
+        # started; but not forever: its thread may be in a Ray call that never returns
+        # (docs/reliability.md, 2026-12-02), and joining it hung the caller for good.
+        if started is not None:
+            wait([started], timeout=INTERRUPTED_START_S)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 @contextlib.contextmanager
