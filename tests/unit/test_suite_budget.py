@@ -10,16 +10,20 @@ import time
 from helpers.paths import ROOT
 
 
+def _pytest(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """A real pytest of ``tmp_path``'s tests with the budget plugin alone and ``env`` set."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "fixtures.budget", "-p", "no:cacheprovider",
+         "-c", "/dev/null", *args, str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin", **env})
+
+
 def test_past_its_limit_the_suite_stops_after_the_running_test_with_its_report(tmp_path):
     (tmp_path / "test_three.py").write_text(
         "def test_one():\n    pass\n\n\ndef test_two():\n    pass\n\n\ndef test_three():\n"
         "    pass\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "fixtures.budget", "-p", "no:cacheprovider",
-         "-rA", "--durations=5", "-c", "/dev/null", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(ROOT / "tests"), "RAYDP_LLM_SUITE_LIMIT_MIN": "0",
-             "PATH": "/usr/bin:/bin"})
+    done = _pytest(tmp_path, "-rA", "--durations=5", RAYDP_LLM_SUITE_LIMIT_MIN="0")
     out = done.stdout + done.stderr
     assert done.returncode == 2, out  # pytest's "interrupted": CI reads it as failed
     ran = [line for line in out.splitlines() if line.startswith("PASSED ")]
@@ -38,12 +42,7 @@ def test_a_test_whose_clean_up_hangs_after_its_time_out_ends_the_suite_with_ever
         "import threading, time\n\n\ndef test_hangs():\n    try:\n        time.sleep(30)\n"
         "    finally:\n        threading.Event().wait()  # the clean-up that never ends\n")
     began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "fixtures.budget", "-p", "no:cacheprovider",
-         "-c", "/dev/null", "-o", "timeout=1", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(ROOT / "tests"), "RAYDP_LLM_HUNG_GRACE_S": "2",
-             "PATH": "/usr/bin:/bin"})
+    done = _pytest(tmp_path, "-o", "timeout=1", RAYDP_LLM_HUNG_GRACE_S="2")
     out = done.stdout + done.stderr
     assert done.returncode == 1 and time.monotonic() - began < 60, out
     assert "[budget] test_hangs.py::test_hangs has run 3 s: its time-out passed and its " \
