@@ -30,6 +30,7 @@ from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data import arrow_reader
+from raydp_llm.data.corpus import resolve_corpus
 from raydp_llm.data.etl.read import read_lines
 from raydp_llm.data.etl.records import EtlPlan, Manifest
 from raydp_llm.data.etl.run import run_etl
@@ -188,7 +189,9 @@ def _prompts_as_parquet_also_on_s3(tmp_path, s3) -> list[dict]:
 
 def _prompt_rows(spark, cfg, path: str) -> list[dict]:
     """What the prompts' reader makes of the Parquet under ``path``: each row a JSON object."""
-    corpus = check_inputs(replace(cfg, data=replace(cfg.data, path=path)))
+    # its files listed as the door lists them (check_inputs would check them as the default
+    # format's, text, and refuse the Parquet as binary, as the ETL does)
+    corpus = resolve_corpus(path, s3=S3Options.of(cfg.s3))
     data = replace(cfg.data, path=path, format="prompts")
     lines = read_lines(spark, corpus, data, S3Options.of(cfg.s3))
     return sorted((json.loads(bytes(r.text)) for r in lines.collect()), key=lambda r: r["id"])
