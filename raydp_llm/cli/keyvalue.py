@@ -11,7 +11,7 @@ import dataclasses
 import typing
 from pathlib import Path
 
-from raydp_llm.cli.help import as_invoked, field_help
+from raydp_llm.cli.help import field_help
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.schema import check_fields
 
@@ -101,4 +101,4 @@ def help_text(schema: type, usage: str, verbatim=("prompt",)) -> str:
         return repr(value) if key in verbatim else str(value)
 
     lines = [f"  {key}={shown(key)}  # {docs.get(key, '')}" for key in keys(schema)]
-    return as_invoked("\n".join([usage, "", *lines]))
+    return "\n".join([usage, "", *lines])

@@ -134,10 +134,11 @@ def check_jobs(config_name: str, grid: list[list[str]]) -> None:
             return
         except (InputError, *HYDRA_ERRORS) as err:
             first = first or err
-    if first is not None and not isinstance(first, InputError):
+    if first is None:  # no job to check
+        return
+    if not isinstance(first, InputError):
         raise first
-    if first is not None:
-        raise InputError(f"{first} (in every job of the sweep: refused before Ray starts)")
+    raise InputError(f"{first} (in every job of the sweep: refused before Ray starts)")
 
 
 def print_jobs(config_name: str, grid: list[list[str]], part: str = "job", package: str = "",
