@@ -88,23 +88,22 @@ def _refuse(line: str) -> None:
 
 
 def jobs(overrides: list[str]) -> list[list[str]]:
-    """The grid's jobs as Hydra's basic sweeper makes them (each sweep's values in turn, the last
-    key fastest), its first ``MAX_JOBS``; a sweep no grid takes (Optuna's ``interval``) left at
-    its default."""
+    """The grid's jobs as Hydra 1.3.8's basic sweeper makes them (``BasicSweeper.split_arguments``:
+    one list of values per key, the last given winning, in the keys' first order; their product),
+    its first ``MAX_JOBS``; a sweep no grid takes (Optuna's ``interval``) left at its default."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parser, choices = OverridesParser.create(), []
+    parser, by_key = OverridesParser.create(), {}
     for text in overrides:
         override = parser.parse_override(text)  # a grammar error names this one
-        if not override.is_sweep_override():
-            choices.append([text])
-            continue
         key = override.get_key_element()
-        try:
-            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
-        except Exception:  # noqa: BLE001 - Hydra: an interval has no values to list
-            continue
-    return [list(job) for job in itertools.islice(itertools.product(*choices), MAX_JOBS)]
+        if not override.is_sweep_override():
+            by_key[key] = [text]
+        elif override.is_discrete_sweep():
+            by_key[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:  # Optuna's sweeper samples it
+            by_key.pop(key, None)
+    return [list(job) for job in itertools.islice(itertools.product(*by_key.values()), MAX_JOBS)]
 
 
 def compose(config_name: str, overrides: list[str], with_hydra: bool = False) -> DictConfig:

@@ -467,3 +467,18 @@ def test_a_sweep_refused_for_its_own_settings_is_one_line_before_ray(tmp_path, a
     assert out.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith(message), lines
     assert ray_session_dir() == before
+
+
+def test_the_preflights_grid_is_hydras_basic_sweepers():
+    """cli/preflight.jobs against Hydra's own BasicSweeper.split_arguments (hydra-core 1.3.8), on
+    sweeps, a key given twice (the last wins) and a fixed key between them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from raydp_llm.cli.preflight import jobs
+
+    given = ["optim.lr=1e-3,2e-3", "train.max_steps=10", "model.n_head=1,2,4", "+x=a,'b c'",
+             "train.max_steps=20"]
+    (hydras,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given),
+                                             None)
+    assert jobs(given) == hydras and len(hydras) == 12
