@@ -53,8 +53,10 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    caught live since in a CI-like suite, it was 7. The error says what Ray said then (``_seen``:
    the master's state, RayDP's Java master, the CPUs free) to tell a lost creation, a driver that
    was not told of its master (7), and a Ray with no CPU left apart.
-7. A long-lived driver stops hearing of its actors (not worked around in raydp_llm; the tests
-   start their Ray afresh between modules once it has run 15 minutes: tests/fixtures/ray.py). Seen
+7. A long-lived driver stops hearing of its actors (not worked around in raydp_llm; `make test`
+   runs pytest as a relay of processes of about 12 minutes, tests/suite.py: stopping and starting
+   the tests' Ray in one process, the workaround before it, hung as well, a GCS request of a new
+   Spark's start unanswered 6 minutes after the restart, docs/reliability.md). Seen
    in a CI-like suite here, 30 minutes into the tests' Ray, and the likely cause of 6's misses at
    CI: the GCS held the new actors ALIVE (its actor table), the driver had been told only
    PENDING_CREATION (its core worker's log: no ALIVE notice after one moment), so every method
