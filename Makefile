@@ -36,10 +36,10 @@ prepare: $(STAMP) ## the Spark ETL alone: Parquet windows + manifest.json
 	$(BIN)/python -m raydp_llm.prepare $(ARGS)
 
 test: $(STAMP) ## the test suite (unit + integration on the real engines)
-	$(BIN)/python tests/suite.py $(ARGS)
+	$(BIN)/python -m pytest $(ARGS)
 
 test-fast: $(STAMP) ## the tests not marked slow (no end-to-end runs): the edit-test loop
-	$(BIN)/python tests/suite.py -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
 
 lint: $(STAMP) ## ruff: style and import checks
 	$(BIN)/ruff check raydp_llm tests benchmarks

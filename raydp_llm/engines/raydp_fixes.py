@@ -53,17 +53,23 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    caught live since in a CI-like suite, it was 7. The error says what Ray said then (``_seen``:
    the master's state, RayDP's Java master, the CPUs free) to tell a lost creation, a driver that
    was not told of its master (7), and a Ray with no CPU left apart.
-7. A long-lived driver stops hearing of its actors (not worked around in raydp_llm; `make test`
-   runs pytest as a relay of processes of about 12 minutes, tests/suite.py: stopping and starting
-   the tests' Ray in one process, the workaround before it, hung as well, a GCS request of a new
-   Spark's start unanswered 6 minutes after the restart, docs/reliability.md). Seen
-   in a CI-like suite here, 30 minutes into the tests' Ray, and the likely cause of 6's misses at
-   CI: the GCS held the new actors ALIVE (its actor table), the driver had been told only
-   PENDING_CREATION (its core worker's log: no ALIVE notice after one moment), so every method
-   call the driver made on an actor it created from then on waited forever: RayDP's master's
-   ``start_up`` (6's two misses), a Ray Train controller's ``run`` (the run waited with 3 CPUs
-   free and no placement group asked for). Actors created by other processes went on working. A
-   run is one driver for its length; a sweep's driver is the exposed one.
+7. PySpark forks the Ray driver and runs Python in the child (``gateway_without_preexec``):
+   PySpark 3.5.7's ``launch_gateway`` starts the driver's JVM with ``Popen(preexec_fn=...)`` (to
+   ignore SIGINT), so between fork and exec the child, a copy of the driver with its core worker
+   and its gRPC connections, runs Python. A garbage collection there finalizes what the driver
+   left for its collector (a finished Ray Train run's actor handles): the child's core worker
+   then acts on the driver's connections (its debug log, in the driver's file under the JVM's
+   pid: ``Replying to HandleWaitForActorRefDeleted`` for the run's controller, which the GCS then
+   destroyed). The driver's next GCS request was never answered (``InternalKVAccessor::Put`` of
+   RayDP's master class, both sides idle on a live connection) and, before, the ALIVE notice of
+   an actor it created never came. Reproduced at will on 2026-12-02 (a Ray Train fit in the
+   driver, then a Spark start: tests/integration/test_gradients.py then test_hf_models.py, one
+   process: it hung both times); the suite had hung there three times. While Spark starts, the
+   JVM is launched with no Python in the child: in a process group of its own (``Popen``'s
+   ``process_group``, set by the C code of the fork), which a terminal's Ctrl-C does not reach,
+   as PySpark's ignored SIGINT did not; the driver stops the JVM (engines/spark.py). RayDP's app
+   master launches its own JVM the same way, but in its actor's process, which holds no handles
+   of the run's.
 """
 
 from __future__ import annotations
@@ -194,6 +200,25 @@ def loopback_node() -> Iterator[None]:
 
 
 MASTER_START_S = 120.0  # the master starts in about 5 s on 2 cores, 20 s on CI's slower machines
+
+
+@contextlib.contextmanager
+def gateway_without_preexec() -> Iterator[None]:
+    """Workaround 7: while open, PySpark launches its gateway JVM with no Python run in the forked
+    driver (its ``preexec_fn`` dropped), in a process group of its own."""
+    from pyspark import java_gateway
+
+    popen = java_gateway.Popen
+
+    def launch(command, **kwargs):
+        kwargs.pop("preexec_fn", None)
+        return popen(command, process_group=0, **kwargs)
+
+    java_gateway.Popen = launch
+    try:
+        yield
+    finally:
+        java_gateway.Popen = popen
 
 
 def start_app_master(cluster, resources: dict[str, float],

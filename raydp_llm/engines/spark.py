@@ -24,7 +24,12 @@ from raydp_llm.core.config import ClusterSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.engines.class_archive import ClassArchive
 from raydp_llm.engines.java import ensure_java, remove_ray_java_library_copies
-from raydp_llm.engines.raydp_fixes import align_app_ids, ray_logs_flag, start_app_master
+from raydp_llm.engines.raydp_fixes import (
+    align_app_ids,
+    gateway_without_preexec,
+    ray_logs_flag,
+    start_app_master,
+)
 from raydp_llm.engines.spark_security import SparkSecret, spark_secret
 from raydp_llm.engines.spark_settings import (
     EVENT_LOG_DIR,
@@ -269,7 +274,8 @@ def _init_spark(
     quiet = contextlib.nullcontext() if verbose else _output_to(log_dir / "spark-driver.log")
     pool, started = ThreadPoolExecutor(2), None
     try:
-        with quiet, _driver_jvm_beside_master(pool, secret):
+        # the JVM launched with no Python run in the forked driver (raydp_fixes.py, 7)
+        with quiet, gateway_without_preexec(), _driver_jvm_beside_master(pool, secret):
             # Spark starts off the main thread so that PySpark installs no SIGINT handler: its
             # handler calls py4j from inside the handler, on the connection the interrupted call
             # is using; py4j retries and the KeyboardInterrupt is lost. Python's own handler stays,

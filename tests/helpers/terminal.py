@@ -15,10 +15,18 @@ from helpers.paths import ROOT
 def start_like_a_terminal(module: str, *args: str) -> subprocess.Popen:
     """``python -m module args`` with SIGINT at its default, as a terminal's Ctrl-C would find it (a
     runner started in the background, ``cmd &``, ignores SIGINT, and the child would inherit
-    that)."""
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    that). Not with a ``preexec_fn``: Python run in a fork of this process, a Ray driver, can act
+    on its Ray connections (raydp_fixes.py, 7); a handled SIGINT is reset to its default by exec
+    itself, so while the child starts this process handles SIGINT (from its main thread)."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def wait_for(proc: subprocess.Popen, ready: Callable[[], bool], what: str,

@@ -1,5 +1,6 @@
 """The Spark engine as the ETL starts it (Ray + RayDP Spark): the driver on the loopback only, C1
-and the module flags on every JVM, unknown Spark settings warned about."""
+and the module flags on every JVM, the driver's JVM launched with no Python run in the fork of
+this Ray driver, unknown Spark settings warned about."""
 
 from __future__ import annotations
 
@@ -64,3 +65,15 @@ def test_every_spark_jvm_starts_with_c1_and_the_module_flags(spark):
     for args in [driver, *executors]:
         assert "-XX:TieredStopAtLevel=1" in args
         assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in args
+
+
+def test_the_driver_jvm_was_launched_with_no_python_run_in_the_fork(spark):
+    """raydp_fixes.py, 7: PySpark's own launch runs Python in the fork of this process, a Ray
+    driver, and a garbage collection there acted on its Ray connections (the suite hung). Launched
+    as the workaround launches it, the JVM has a process group of its own."""
+    import os
+
+    from pyspark import SparkContext
+
+    jvm = SparkContext._gateway.proc.pid
+    assert os.getpgid(jvm) == jvm != os.getpgid(0)
