@@ -64,7 +64,8 @@ again then). The only module of raydp_llm that reaches into Ray's private module
    RayDP's master class, both sides idle on a live connection) and, before, the ALIVE notice of
    an actor it created never came. Reproduced at will on 2026-12-02 (a Ray Train fit in the
    driver, then a Spark start: tests/integration/test_gradients.py then test_hf_models.py, one
-   process: it hung both times); the suite had hung there three times. While Spark starts, the
+   process: it hung 3 times of 3, and passed 2 of 2 with the fix); the suite had hung
+   there three times. While Spark starts, the
    JVM is launched with no Python in the child: in a process group of its own (``Popen``'s
    ``process_group``, set by the C code of the fork), which a terminal's Ctrl-C does not reach,
    as PySpark's ignored SIGINT did not; the driver stops the JVM (engines/spark.py). RayDP's app

@@ -157,9 +157,9 @@ def _assert_it_listened_on_the_loopback_alone(watch: Watch) -> None:
     TCPStore, the DDP rendezvous of Ray Train's rank 0 (torch 2.13 binds it to ``::``, whatever
     MASTER_ADDR says: docs/security.md)."""
     assert len(watch.listeners) >= 15, watch.listeners  # Ray's, Spark's, the dashboard's
-    # a process seen as it ended has no command line
+    # a process seen as it ended has no command line: its first word is ""
     javas = [lst for lst in watch.listeners.values()
-             if lst.process.split()[:1] and lst.process.split()[0].endswith("java")]
+             if lst.process.partition(" ")[0].endswith("java")]
     assert len(javas) >= 4, watch.listeners  # the driver's, the app master's, the executor's
     wide = watch.wide()
     assert len(wide) <= 1 and all("RayTrainWorker" in lst.process for lst in wide), wide
