@@ -127,7 +127,10 @@ def set_ray_environment(cfg: ClusterSettings) -> None:
     """The environment Ray and Ray Train read when they start (a value already set is kept)."""
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     # Ray Train's run-state API: the dashboard's Train page and /api/train/v2/runs/v1 list the run.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
+    # An embedded Ray without its dashboard has no one to show it to: its state actor (one more
+    # process a run, about 1.5 s of CPU on these 2 cores) is left out.
+    if cfg.dashboard or cfg.address != "local":
+        os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     # Ray Train's controller polls its workers every 2 s by default, and each of its steps (the
     # group started, running, ended; a lost worker) waits for the next poll: 0.5 s took 4 s off a
     # run's stop on 2 cores, 0.2 s about 0.6 s more off a 2-worker run's start and stop (a poll is

@@ -21,13 +21,25 @@ from helpers.paths import ROOT
 # Taken as the tests are collected, before any engine starts; the S3 stand-in's fake credentials
 # (fixtures/s3.py, set as the plugins load) are in it, as a user's AWS credentials would be.
 USER_ENV = dict(os.environ)
+# The entry points that start an embedded Ray. The tests' runs of them start it without its
+# dashboard unless a test gives cluster.dashboard: 4-5 s of each run's start and its processes'
+# CPU beside the run (docs/benchmarks.md, "The test suite's time (issue 66)"); the dashboard is
+# tested where it is watched (test_monitoring.py).
+WITH_RAY = {"raydp_llm.train", "raydp_llm.evaluate", "raydp_llm.prepare"}
+
+
+def _args(module: str, args: tuple[str, ...]) -> list[str]:
+    """``args``, with cluster.dashboard=false last where ``module`` starts a Ray (last: Hydra's
+    flags may come anywhere before it) and the test did not set it."""
+    given = any(a.startswith(("cluster.dashboard=", "cluster.address=")) for a in args)
+    return [*args] if module not in WITH_RAY or given else [*args, "cluster.dashboard=false"]
 
 
 def start(module: str, *args: str, cwd: Path = ROOT, env: dict | None = None
           ) -> subprocess.Popen:
     """``python -m module args`` started in its own session (a test can kill it and all it
     started), its output (stdout and stderr together) piped; ``env`` is added to the user's."""
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", module, *_args(module, args)], cwd=cwd,
                             env=USER_ENV | (env or {}),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -36,7 +48,8 @@ def start(module: str, *args: str, cwd: Path = ROOT, env: dict | None = None
 def run(module: str, *args: str, cwd: Path = ROOT, timeout: float = 900
         ) -> subprocess.CompletedProcess:
     """``python -m module args`` to its end; its output captured."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=USER_ENV,
+    return subprocess.run([sys.executable, "-m", module, *_args(module, args)], cwd=cwd,
+                          env=USER_ENV,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -204,7 +204,8 @@ def test_dashboard_metrics_and_tensorboard_follow_a_training_run(corpus_dir, tmp
     scratch = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
     aws_secret = secrets.token_hex(20)  # one the environment holds, as a user's would
     proc = commands.start("raydp_llm.train", f"data.path={corpus_dir}", *WATCHED_RUN,
-                          f"cluster.dashboard_port={port}", f"hydra.run.dir={out}",
+                          "cluster.dashboard=true", f"cluster.dashboard_port={port}",
+                          f"hydra.run.dir={out}",
                           f"cluster.scratch_dir={scratch}",
                           f"data.cache_dir={cache}", "tracking=mlflow",
                           f"tracking.uri=sqlite:///{out}/mlflow.db",
