@@ -38,8 +38,8 @@ prepare: $(STAMP) ## the Spark ETL alone: Parquet windows + manifest.json
 test: $(STAMP) ## the test suite (unit + integration on the real engines)
 	$(BIN)/python -m pytest $(ARGS)
 
-test-fast: $(STAMP) ## the tests not marked slow (no end-to-end runs): the edit-test loop
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+test-fast: $(STAMP) ## the unit tests not marked slow (no engines, no worker groups): the edit-test loop
+	$(BIN)/python -m pytest tests/unit -m "not slow" $(ARGS)
 
 lint: $(STAMP) ## ruff: style and import checks
 	$(BIN)/ruff check raydp_llm tests benchmarks

@@ -34,6 +34,9 @@ from raydp_llm.training.driver import runs
 from raydp_llm.training.worker.loop import TrainLoop
 from raydp_llm.training.worker.worker import Worker
 
+# two gloo worker processes per layout (helpers/gloo.py): 25-50 s of module set-up on 2 cores
+pytestmark = pytest.mark.slow
+
 STEPS = 40
 TOLERANCE = 2e-3  # the issue's: curves of equal runs on other layouts agree within it
 

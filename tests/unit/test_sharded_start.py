@@ -33,6 +33,9 @@ from raydp_llm.training.worker import sharded_start
 from raydp_llm.training.worker.starting import starting_model
 from raydp_llm.training.worker.worker import Worker
 
+# two gloo worker processes per layout (helpers/gloo.py): 25-50 s of module set-up on 2 cores
+pytestmark = pytest.mark.slow
+
 FAMILIES = ("llama", "llama_untied", "qwen2", "gpt2")
 TEXTS = ["Romeo, Romeo, wherefore art thou Romeo?", "A rose by any other name."] * 20
 WORLD = 2
