@@ -128,7 +128,7 @@ def set_ray_environment(cfg: ClusterSettings) -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     # Ray Train's run-state API: the dashboard's Train page and /api/train/v2/runs/v1 list the run.
     # An embedded Ray without its dashboard has no one to show it to: its state actor (one more
-    # process a run, about 1.5 s of CPU on these 2 cores) is left out.
+    # process a run) is left out.
     if cfg.dashboard or cfg.address != "local":
         os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     # Ray Train's controller polls its workers every 2 s by default, and each of its steps (the

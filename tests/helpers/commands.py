@@ -22,9 +22,9 @@ from helpers.paths import ROOT
 # (fixtures/s3.py, set as the plugins load) are in it, as a user's AWS credentials would be.
 USER_ENV = dict(os.environ)
 # The entry points that start an embedded Ray. The tests' runs of them start it without its
-# dashboard unless a test gives cluster.dashboard: 4-5 s of each run's start and its processes'
-# CPU beside the run (docs/benchmarks.md, "The test suite's time (issue 66)"); the dashboard is
-# tested where it is watched (test_monitoring.py).
+# dashboard unless a test gives cluster.dashboard: seconds of each run's start, and the dashboard's
+# process beside the run (docs/benchmarks.md, "The test suite, issue 66 continued"); the dashboard
+# is tested where it is watched (test_monitoring.py).
 WITH_RAY = {"raydp_llm.train", "raydp_llm.evaluate", "raydp_llm.prepare"}
 
 

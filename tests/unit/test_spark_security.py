@@ -95,6 +95,20 @@ def test_the_embedded_ray_takes_the_bind_address_and_opening_it_says_so(caplog):
     assert "open to the network" in warning.message
 
 
+def test_ray_trains_state_actor_is_asked_for_only_where_a_dashboard_can_show_it(monkeypatch):
+    """RAY_TRAIN_ENABLE_STATE_TRACKING: on with the embedded Ray's dashboard and on a cluster
+    (whose dashboard is the head's), left unset for an embedded Ray without one."""
+    from raydp_llm.engines.ray_cluster import set_ray_environment
+
+    for cluster, tracked in [(ClusterSettings(), "1"), (ClusterSettings(dashboard=False), None),
+                             (ClusterSettings(address="auto", dashboard=False), "1")]:
+        # a copy of the environment, so that the test leaves this process's as it was
+        monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()
+                                            if k != "RAY_TRAIN_ENABLE_STATE_TRACKING"})
+        set_ray_environment(cluster)
+        assert os.environ.get("RAY_TRAIN_ENABLE_STATE_TRACKING") == tracked, cluster
+
+
 def test_a_driver_joining_a_ray_on_the_loopback_takes_the_loopback_too():
     """Another process's embedded Ray listens on 127.0.0.1: a driver joining it enters Ray's
     single-machine mode for its ``ray.init`` (else Ray gives it the machine's address, where
