@@ -281,9 +281,35 @@ def check_prompts(settings: Settings, corpus: Corpus) -> None:
          None if columns is None else columns - {d.prompt_column, d.messages_column})
 
 
+# what a Delta table's rows are read as (data/tables.py): the formats whose Parquet rows are tested
+TABLE_FORMATS = ("parquet", "chat")
+
+
+def table_corpus(settings: Settings) -> Corpus:
+    """``data.table``'s snapshot as the corpus, its settings checked first."""
+    from raydp_llm.data.tables import delta_snapshot
+
+    d = settings.data
+    given = [k for k in ("path", "query") if getattr(d, k) is not None] + (
+        ["sources"] if d.sources else [])
+    if given:
+        raise InputError(f"data.table={d.table} and data.{given[0]} both name the run's input; "
+                         "give one of them")
+    if d.table_version is not None and d.table_as_of is not None:
+        raise InputError(f"data.table_version={d.table_version} and data.table_as_of="
+                         f"{d.table_as_of} both pin data.table's snapshot; give one of them")
+    if d.format not in TABLE_FORMATS:
+        raise InputError(f"data.format={d.format}: data.table's rows are Parquet rows; set "
+                         "data.format=parquet (a document in data.text_column) or chat")
+    s3 = S3Options.of(settings.s3)
+    return delta_snapshot(d.table, d.table_version, d.table_as_of, s3).corpus(s3)
+
+
 def corpus_of(settings: Settings) -> Corpus:
     """The corpus ``data.*`` names: its files listed (fingerprinted), or none yet for a query."""
     d, s3 = settings.data, S3Options.of(settings.s3)
+    if d.table is not None:
+        return table_corpus(settings)
     if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
         return Corpus(files=[], markdown=False, name="query")
     if d.path is None and d.pairs:  # the sample preference pairs

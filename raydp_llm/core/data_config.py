@@ -159,6 +159,15 @@ class DataSettings:
     path: Any = setting(None, "file, directory, glob or URI (s3:// or s3a:// object, prefix or "
                               "glob; hdfs://), or a list of them; null = the built-in sample "
                               "corpus")
+    table: Optional[str] = setting(None, "a Delta Lake table (its directory, local or s3://) "
+                                         "instead of data.path: one snapshot's rows, read as "
+                                         "data.format's Parquet rows (parquet, chat)")
+    table_version: Optional[int] = setting(None, "data.table: the Delta version to read; null = "
+                                                 "the latest when the run starts",
+                                           check=optional(at_least(0)))
+    table_as_of: Optional[str] = setting(None, "data.table: read the last version committed at "
+                                               "this ISO time (2026-12-01T10:00:00+00:00) "
+                                               "instead; null = see data.table_version")
     markdown: bool = setting(False, "strip markdown markup from data.path files (the sample is "
                                     "always stripped)")
     max_files: Optional[int] = setting(None, "use only the first N files (sorted by path); null = "

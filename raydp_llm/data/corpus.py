@@ -33,6 +33,7 @@ class Corpus:
     fingerprints: list[dict] = field(
         default_factory=list
     )  # per file: path, size, mtime (the cache key)
+    table: dict | None = None  # data.table's snapshot (tables.TableSnapshot.record), if it is one
 
     @property
     def sizes(self) -> dict[str, int]:

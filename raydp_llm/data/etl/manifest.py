@@ -48,4 +48,5 @@ def build_manifest(corpus: Corpus, scanned: Scanned, layout: StreamLayout, token
         document_split=document_split,
         curation=curation,
         chat=chat,
+        table=corpus.table,
     )

@@ -198,15 +198,17 @@ class Manifest:
     etl_key: str | None = None  # the ETL cache key (prepare.py): the inputs and settings read
     bad_json_lines: dict | None = None  # JSON Lines: by kind and per file; first in the JSON
     chat: dict | None = None  # data.format=chat: template, settings, counts; before etl_key
+    table: dict | None = None  # data.table's snapshot (data/tables.py); before etl_key
 
     def to_json(self) -> dict:
         """The manifest as ``manifest.json`` holds it: keys in field order, the optional ones
-        (``bad_json_lines`` first, ``chat`` then ``etl_key`` last) only when set."""
+        (``bad_json_lines`` first, ``chat``, ``table`` then ``etl_key`` last) only when set."""
         fields = asdict(self)
         bad_json_lines, etl_key = fields.pop("bad_json_lines"), fields.pop("etl_key")
-        chat = fields.pop("chat")
+        chat, table = fields.pop("chat"), fields.pop("table")
         head = {} if bad_json_lines is None else {"bad_json_lines": bad_json_lines}
         tail = {} if chat is None else {"chat": chat}
+        tail |= {} if table is None else {"table": table}
         tail |= {} if etl_key is None else {"etl_key": etl_key}
         return head | fields | tail
 

@@ -1,0 +1,77 @@
+"""``data.table`` on the real engines: a Delta table written by ``deltalake`` (two versions), its
+pinned snapshot through the Spark ETL exactly as its Parquet files read as ``data.path``, the
+snapshot recorded in the manifest, the same snapshot a cache hit, and ``python -m raydp_llm.train``
+as a user runs it on that snapshot (from the cache: no second Spark), its record in summary.json.
+The latest snapshot's resolution is tests/unit/test_tables.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from helpers import commands
+from helpers.configs import make_config
+from helpers.etl import prepare
+from raydp_llm.cli.inputs import check_inputs
+
+pytestmark = [pytest.mark.integration]
+
+TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+        "train.batch_size=8", "train.max_steps=10", "train.eval_interval=10",
+        "train.eval_batches=2", "train.checkpoint_interval=0", "sample.max_new_tokens=10"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("table_cache")
+
+
+@pytest.fixture(scope="module")
+def table(shakespeare, tmp_path_factory) -> Path:
+    """Speeches of the benchmark corpus's first 150 kB as rows: version 0 half of them, version 1
+    the rest appended."""
+    speeches = [s for s in shakespeare.read_text()[:150_000].split("\n\n") if s.strip()]
+    path = tmp_path_factory.mktemp("table") / "speeches"
+    half = len(speeches) // 2
+    write_deltalake(path, pa.table({"text": speeches[:half]}))
+    write_deltalake(path, pa.table({"text": speeches[half:]}), mode="append")
+    return path
+
+
+def _prepared(cache: Path, out: Path, *overrides: str):
+    cfg = make_config("data.format=parquet", f"data.cache_dir={cache}", *overrides)
+    return prepare(cfg, check_inputs(cfg), out, to_ray=False, store=cache)
+
+
+def test_a_pinned_snapshot_is_its_files_read_as_they_are_and_is_cached(ray_cluster, table,
+                                                                       cache, tmp_path):
+    pinned = _prepared(cache, tmp_path / "v0", f"data.table={table}", "data.table_version=0")
+    (v0_file,) = DeltaTable(table, version=0).file_uris()
+    direct = _prepared(tmp_path / "cache", tmp_path / "direct", f"data.path={v0_file}")
+    got, want = pinned.manifest_json(), direct.manifest_json()
+    assert not pinned.cache_hit and got["tokens"] == want["tokens"] > 0
+    assert got["documents"] == want["documents"] == got["table"]["rows"]
+    assert got["inputs"] == want["inputs"]  # the same file, size and time: one cache key's inputs
+    assert got["table"] == {"uri": str(table), "format": "delta", "version": 0,
+                            "timestamp": got["table"]["timestamp"], "files": 1,
+                            "rows": got["documents"]}
+    # the same snapshot again: a hit, recorded alike; the latest version is another entry
+    again = _prepared(cache, tmp_path / "again", f"data.table={table}", "data.table_version=0")
+    assert again.cache_hit and again.manifest_json()["table"] == got["table"]
+    assert again.entry == pinned.entry
+
+
+def test_the_command_trains_on_the_pinned_snapshot_and_records_it(table, cache, tmp_path):
+    summary = commands.train(tmp_path / "run", f"data.table={table}", "data.table_version=0",
+                             "data.format=parquet", f"data.cache_dir={cache}", *TINY)
+    record = summary["etl"]["table"]
+    assert summary["etl"]["cache_hit"] is True  # the test before's ETL of the same snapshot
+    assert record["version"] == 0 and record["files"] == 1 and record["format"] == "delta"
+    assert record["rows"] == summary["etl"]["documents"]
+    assert summary["status"] == "finished" and summary["steps"] == 10
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["table"] == record
