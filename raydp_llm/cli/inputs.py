@@ -287,7 +287,7 @@ TABLE_FORMATS = ("parquet", "chat")
 
 def table_corpus(settings: Settings) -> Corpus:
     """``data.table``'s snapshot as the corpus, its settings checked first."""
-    from raydp_llm.data.tables import delta_snapshot
+    from raydp_llm.data.tables import delta_snapshot, iceberg_snapshot
 
     d = settings.data
     given = [k for k in ("path", "query") if getattr(d, k) is not None] + (
@@ -302,7 +302,12 @@ def table_corpus(settings: Settings) -> Corpus:
         raise InputError(f"data.format={d.format}: data.table's rows are Parquet rows; set "
                          "data.format=parquet (a document in data.text_column) or chat")
     s3 = S3Options.of(settings.s3)
-    return delta_snapshot(d.table, d.table_version, d.table_as_of, s3).corpus(s3)
+    if d.catalog:
+        snapshot = iceberg_snapshot(d.table, dict(d.catalog), d.table_version, d.table_as_of,
+                                    d.text_column, s3)
+    else:
+        snapshot = delta_snapshot(d.table, d.table_version, d.table_as_of, s3)
+    return snapshot.corpus(s3)
 
 
 def corpus_of(settings: Settings) -> Corpus:

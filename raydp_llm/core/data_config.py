@@ -6,7 +6,7 @@ which re-exports it), as the model group is (core/model_config.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from raydp_llm.core.schema import (
     COUNT,
@@ -159,11 +159,17 @@ class DataSettings:
     path: Any = setting(None, "file, directory, glob or URI (s3:// or s3a:// object, prefix or "
                               "glob; hdfs://), or a list of them; null = the built-in sample "
                               "corpus")
-    table: Optional[str] = setting(None, "a Delta Lake table (its directory, local or s3://) "
-                                         "instead of data.path: one snapshot's rows, read as "
+    table: Optional[str] = setting(None, "a Delta Lake table (its directory, local or s3://), or "
+                                         "with data.catalog an Iceberg namespace.table, instead "
+                                         "of data.path: one snapshot's rows, read as "
                                          "data.format's Parquet rows (parquet, chat)")
-    table_version: Optional[int] = setting(None, "data.table: the Delta version to read; null = "
-                                                 "the latest when the run starts",
+    catalog: Dict[str, Any] = setting({}, "data.table's Iceberg catalog: its name (default: "
+                                          "default) and pyiceberg's properties (type: "
+                                          "sql|glue|rest, uri, warehouse, ...); {} = a Delta "
+                                          "table")
+    table_version: Optional[int] = setting(None, "data.table: the Delta version or Iceberg "
+                                                 "snapshot id to read; null = the latest when "
+                                                 "the run starts",
                                            check=optional(at_least(0)))
     table_as_of: Optional[str] = setting(None, "data.table: read the last version committed at "
                                                "this ISO time (2026-12-01T10:00:00+00:00) "

@@ -1,8 +1,9 @@
-"""``data.table`` on the real engines: a Delta table written by ``deltalake`` (two versions), its
-pinned snapshot through the Spark ETL exactly as its Parquet files read as ``data.path``, the
-snapshot recorded in the manifest, the same snapshot a cache hit, and ``python -m raydp_llm.train``
-as a user runs it on that snapshot (from the cache: no second Spark), its record in summary.json.
-The latest snapshot's resolution is tests/unit/test_tables.py's."""
+"""``data.table`` on the real engines: a Delta table written by ``deltalake`` and an Iceberg table
+in a SQLite catalog written by ``pyiceberg`` (two snapshots each), a pinned snapshot through the
+Spark ETL exactly as its Parquet files read as ``data.path``, the snapshot recorded in the
+manifest, the same snapshot a cache hit, and ``python -m raydp_llm.train`` as a user runs it on
+each (from the cache: no second Spark), its record in summary.json. The latest snapshot's
+resolution, time travel and the refusals are tests/unit/test_tables.py's."""
 
 from __future__ import annotations
 
@@ -34,12 +35,36 @@ def cache(tmp_path_factory) -> Path:
 def table(shakespeare, tmp_path_factory) -> Path:
     """Speeches of the benchmark corpus's first 150 kB as rows: version 0 half of them, version 1
     the rest appended."""
-    speeches = [s for s in shakespeare.read_text()[:150_000].split("\n\n") if s.strip()]
+    speeches = _speeches(shakespeare)
     path = tmp_path_factory.mktemp("table") / "speeches"
     half = len(speeches) // 2
     write_deltalake(path, pa.table({"text": speeches[:half]}))
     write_deltalake(path, pa.table({"text": speeches[half:]}), mode="append")
     return path
+
+
+def _speeches(shakespeare: Path) -> list[str]:
+    return [s for s in shakespeare.read_text()[:150_000].split("\n\n") if s.strip()]
+
+
+@pytest.fixture(scope="module")
+def iceberg(shakespeare, tmp_path_factory) -> dict:
+    """The same speeches in an Iceberg table of a SQLite catalog: snapshot 1 half, 2 the rest."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    root = tmp_path_factory.mktemp("iceberg")
+    properties = {"name": "tests", "type": "sql", "uri": f"sqlite:///{root}/catalog.db",
+                  "warehouse": (root / "warehouse").as_uri()}
+    catalog = SqlCatalog("tests", uri=properties["uri"], warehouse=properties["warehouse"])
+    catalog.create_namespace("docs")
+    table = catalog.create_table("docs.speeches", schema=pa.schema([("text", pa.string())]))
+    speeches = _speeches(shakespeare)
+    table.append(pa.table({"text": speeches[:len(speeches) // 2]}))
+    table.append(pa.table({"text": speeches[len(speeches) // 2:]}))
+    first = catalog.load_table("docs.speeches").snapshots()[0]
+    files = [t.file.file_path for t in table.scan(snapshot_id=first.snapshot_id).plan_files()]
+    override = "+data.catalog={" + ",".join(f"{k}:'{v}'" for k, v in properties.items()) + "}"
+    return {"override": override, "first": first.snapshot_id, "files": files}
 
 
 def _prepared(cache: Path, out: Path, *overrides: str):
@@ -75,3 +100,27 @@ def test_the_command_trains_on_the_pinned_snapshot_and_records_it(table, cache, 
     assert summary["status"] == "finished" and summary["steps"] == 10
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["table"] == record
+
+
+def test_an_iceberg_snapshot_is_its_files_read_as_they_are(ray_cluster, iceberg, cache,
+                                                           tmp_path):
+    pinned = _prepared(cache, tmp_path / "first", "data.table=docs.speeches", iceberg["override"],
+                       f"data.table_version={iceberg['first']}")
+    (data_file,) = iceberg["files"]
+    direct = _prepared(tmp_path / "cache", tmp_path / "direct",
+                       f"data.path={data_file.removeprefix('file://')}")
+    got, want = pinned.manifest_json(), direct.manifest_json()
+    assert got["tokens"] == want["tokens"] > 0 and got["inputs"] == want["inputs"]
+    assert got["documents"] == want["documents"] == got["table"]["rows"]
+    assert got["table"] == {"uri": "docs.speeches", "format": "iceberg",
+                            "snapshot_id": iceberg["first"], "timestamp": got["table"]["timestamp"],
+                            "files": 1, "rows": got["documents"]}
+
+
+def test_the_command_trains_on_a_pinned_iceberg_snapshot(iceberg, cache, tmp_path):
+    summary = commands.train(tmp_path / "run", "data.table=docs.speeches", iceberg["override"],
+                             f"data.table_version={iceberg['first']}", "data.format=parquet",
+                             f"data.cache_dir={cache}", *TINY)
+    assert summary["etl"]["cache_hit"] is True  # the test before's ETL of the same snapshot
+    assert summary["etl"]["table"]["snapshot_id"] == iceberg["first"]
+    assert summary["status"] == "finished" and summary["steps"] == 10

@@ -95,3 +95,90 @@ def test_what_reading_the_files_cannot_follow_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"its columns are mapped \(delta.columnMapping.mode="
                                          r"name\)"):
         delta_snapshot(str(mapped), None, None, S3Options())
+
+
+@pytest.fixture(scope="module")
+def iceberg(tmp_path_factory) -> dict:
+    """An Iceberg table in a SQLite catalog: snapshot 0 two documents, 1 one appended, 2 the
+    first deleted (pyiceberg rewrites its file); then its text column renamed to body."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.expressions import EqualTo
+
+    root = tmp_path_factory.mktemp("iceberg")
+    properties = {"name": "tests", "type": "sql", "uri": f"sqlite:///{root}/catalog.db",
+                  "warehouse": (root / "warehouse").as_uri()}
+    catalog = SqlCatalog("tests", uri=properties["uri"], warehouse=properties["warehouse"])
+    catalog.create_namespace("docs")
+    table = catalog.create_table("docs.speeches", schema=pa.schema(
+        [("text", pa.string()), ("id", pa.int64())]))
+    table.append(pa.table({"text": ["to be or not", "to be"], "id": [1, 2]}))
+    table.append(pa.table({"text": ["that is the question"], "id": [3]}))
+    table.delete(EqualTo("id", 1))
+    snapshots = [s.snapshot_id for s in catalog.load_table("docs.speeches").snapshots()]
+    return {"properties": properties, "catalog": catalog, "snapshots": snapshots}
+
+
+def _catalog_override(properties: dict) -> str:
+    return "+data.catalog={" + ",".join(f"{k}:'{v}'" for k, v in properties.items()) + "}"
+
+
+def test_an_iceberg_snapshot_is_the_files_its_scan_plans(iceberg):
+    from raydp_llm.data.tables import iceberg_snapshot
+
+    first, second, latest = iceberg["snapshots"]
+    cfg = make_config("data.table=docs.speeches", "data.format=parquet",
+                      _catalog_override(iceberg["properties"]))
+    corpus = corpus_of(cfg)
+    assert corpus.table == {"uri": "docs.speeches", "format": "iceberg", "snapshot_id": latest,
+                            "timestamp": corpus.table["timestamp"], "files": 2, "rows": 2}
+    assert all(Path(f).is_file() for f in corpus.files) and corpus.fingerprinted
+    pinned = iceberg_snapshot("docs.speeches", iceberg["properties"], first, None, "text",
+                              S3Options())
+    assert pinned.rows == 2 and len(pinned.files) == 1
+    assert pinned.files[0] not in {Path(f).as_uri() for f in corpus.files}  # rewritten since
+    at_second = iceberg_snapshot("docs.speeches", iceberg["properties"], None,
+                                 pinned_time(iceberg, second), "text", S3Options())
+    assert at_second.version == second
+    with pytest.raises(InputError, match=r"data.table_version=7: docs.speeches has no such "
+                                         r"snapshot; its snapshots are \d+, \d+, \d+"):
+        iceberg_snapshot("docs.speeches", iceberg["properties"], 7, None, "text", S3Options())
+    with pytest.raises(InputError, match=r"data.table=docs.nothing: not found in data.catalog "
+                                         r"\(NoSuchTableError"):
+        iceberg_snapshot("docs.nothing", iceberg["properties"], None, None, "text", S3Options())
+
+
+def pinned_time(iceberg: dict, snapshot_id: int) -> str:
+    """The ISO time of a snapshot's commit."""
+    table = iceberg["catalog"].load_table("docs.speeches")
+    ms = table.snapshot_by_id(snapshot_id).timestamp_ms
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat()
+
+
+def test_a_column_renamed_since_files_were_written_is_refused(iceberg, tmp_path):
+    """Files written as text, the column now body: Spark's reader, by name, would miss them."""
+    from raydp_llm.data.tables import iceberg_snapshot
+
+    catalog = iceberg["catalog"]
+    renamed = catalog.create_table("docs.renamed", schema=pa.schema([("text", pa.string())]))
+    renamed.append(pa.table({"text": ["a line"]}))
+    with renamed.update_schema() as update:
+        update.rename_column("text", "body")
+    with pytest.raises(InputError, match=r"data.table=docs.renamed: column body had another name "
+                                         r"when \S+ was written"):
+        iceberg_snapshot("docs.renamed", iceberg["properties"], None, None, "body", S3Options())
+    # by the name its files hold (each was written before the rename), the snapshot reads
+    before = catalog.load_table("docs.renamed").snapshots()[0].snapshot_id
+    assert iceberg_snapshot("docs.renamed", iceberg["properties"], before, None, "text",
+                            S3Options()).rows == 1
+
+
+def test_deltalake_still_labels_an_older_versions_history_from_that_version(table):
+    """The quirk ``tables._commit_time`` works around (deltalake 1.6.6): loaded at version 0, the
+    table's history labels its newest commit 0. When this fails, read the time from the loaded
+    table's own history again."""
+    path, _ = table
+    loaded = DeltaTable(path, version=0)
+    newest = max(DeltaTable(path).history(), key=lambda c: c["version"])
+    assert {c["version"] for c in loaded.history()} == {0, -1, -2}
+    assert next(c for c in loaded.history() if c["version"] == 0)["timestamp"] == \
+        newest["timestamp"]
