@@ -27,6 +27,8 @@ from raydp_llm.training.driver import runs
 def run(settings: Settings, out_dir: Path, sweep_dir: str | None = None) -> dict:
     """The whole run into ``out_dir`` (``training/run.run``) once its input passed the checks;
     returns the summary."""
+    # a resumed run reads the table snapshot its checkpoints learned from
+    settings = runs.pin_resumed_table(settings, out_dir, sweep_dir)
     corpus = check_inputs(settings)  # bad input fails here, before Ray starts
     from raydp_llm.training.driver import run as train_run  # torch, Ray, Spark: seconds to import
 

@@ -47,7 +47,12 @@ class TableSnapshot:
         sizes and modification times, the cache key's and the ETL's check that nothing changed
         while it read; a file vacuumed since is one line)."""
         local = [local_path(f) if f.startswith("file:") else f for f in self.files]
-        listed = resolve_corpus(local, markdown=False, s3=s3)
+        try:
+            listed = resolve_corpus(local, markdown=False, s3=s3)
+        except InputError as err:  # a file vacuumed, or its snapshot expired
+            raise InputError(f"data.table={self.uri}: snapshot {self.version} names a data file "
+                             f"that is gone ({str(err).removeprefix('data.path=')}); pin a later "
+                             "snapshot (data.table_version), or restore the file") from None
         return replace(listed, name=f"{self.uri}@{self.version}", table=self.record())
 
 

@@ -8,6 +8,7 @@ resolution, time travel and the refusals are tests/unit/test_tables.py's."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,9 +16,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from helpers import commands
-from helpers.configs import make_config
+from helpers.configs import NO_CHECK, make_config
 from helpers.etl import prepare
+from helpers.processes import kill_tree
+from helpers.terminal import wait_for
 from raydp_llm.cli.inputs import check_inputs
+from raydp_llm.core import integrity
 
 pytestmark = [pytest.mark.integration]
 
@@ -88,18 +92,41 @@ def test_a_pinned_snapshot_is_its_files_read_as_they_are_and_is_cached(ray_clust
     again = _prepared(cache, tmp_path / "again", f"data.table={table}", "data.table_version=0")
     assert again.cache_hit and again.manifest_json()["table"] == got["table"]
     assert again.entry == pinned.entry
+    latest = _prepared(cache, tmp_path / "latest", f"data.table={table}")
+    assert not latest.cache_hit and latest.entry != pinned.entry
+    assert latest.manifest_json()["table"]["version"] == 1
+    assert latest.manifest_json()["documents"] > got["documents"]
 
 
-def test_the_command_trains_on_the_pinned_snapshot_and_records_it(table, cache, tmp_path):
-    summary = commands.train(tmp_path / "run", f"data.table={table}", "data.table_version=0",
-                             "data.format=parquet", f"data.cache_dir={cache}", *TINY)
-    record = summary["etl"]["table"]
-    assert summary["etl"]["cache_hit"] is True  # the test before's ETL of the same snapshot
-    assert record["version"] == 0 and record["files"] == 1 and record["format"] == "delta"
-    assert record["rows"] == summary["etl"]["documents"]
-    assert summary["status"] == "finished" and summary["steps"] == 10
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["table"] == record
+def test_a_killed_run_continues_on_its_snapshot_after_the_table_moved_on(table, cache, tmp_path):
+    """The command as a user runs it, the table unpinned: the first run reads the latest version
+    (1, cached by the test before) and is SIGKILLed after its first checkpoint; a version 2 is
+    appended; the same command (train.resume=auto) continues that checkpoint on version 1, the one
+    its record names, and records it in the manifest, the summary, run.json and the model."""
+    command = [f"data.table={table}", "data.format=parquet", f"data.cache_dir={cache}", *TINY,
+               "train.max_steps=20", "train.checkpoint_interval=10", NO_CHECK]
+    runs = tmp_path / "runs"
+    first = commands.start("raydp_llm.train", *command, f"hydra.run.dir={runs / 'killed'}")
+    wait_for(first, lambda: any(runs.glob("killed/ray_results/*/checkpoint_*/complete.json")),
+             "the first checkpoint", timeout_s=300)
+    kill_tree(first)
+    write_deltalake(table, pa.table({"text": ["appended after the kill"]}), mode="append")
+    summary = commands.train(runs / "again", *command)
+    record = summary["table"]
+    assert summary["resumed_from"] and "/checkpoint_" in summary["resumed_from"]
+    assert record["version"] == 1 and DeltaTable(table).version() == 2
+    assert summary["etl"]["cache_hit"] is True and record["files"] == 2
+    assert summary["status"] == "finished" and summary["steps"] == 20
+    console = (runs / "again.console").read_text()
+    assert re.search(rf"data.table={table}: pinned to 1, which run \S+ read", console)
+    run_dir = runs / "again"
+    # the same record in the manifest, summary.json's etl, run.json and the model's directory
+    assert json.loads((run_dir / "manifest.json").read_text())["table"] == record
+    assert summary["etl"]["table"] == record and record["rows"] == summary["etl"]["documents"]
+    assert json.loads((run_dir / "run.json").read_text())["table"] == record
+    assert json.loads((run_dir / "model" / "training_data.json").read_text()) == {
+        "table": record}
+    assert integrity.problem(run_dir / "model") is None  # sealed again, the record listed
 
 
 def test_an_iceberg_snapshot_is_its_files_read_as_they_are(ray_cluster, iceberg, cache,

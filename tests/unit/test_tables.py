@@ -5,6 +5,8 @@ engine starts here (tests/integration/test_table_input.py runs the ETL and the c
 from __future__ import annotations
 
 import datetime as dt
+import json
+import socket
 import time
 from pathlib import Path
 
@@ -182,3 +184,51 @@ def test_deltalake_still_labels_an_older_versions_history_from_that_version(tabl
     assert {c["version"] for c in loaded.history()} == {0, -1, -2}
     assert next(c for c in loaded.history() if c["version"] == 0)["timestamp"] == \
         newest["timestamp"]
+
+
+def _record(run_dir: Path, run_id: str, table: dict | None, status: str = "running",
+            resumed_from: str | None = None) -> None:
+    """A run's run.json as a dead run left it (pid 1 never started at 0.0: not alive)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_id": run_id, "out_dir": str(run_dir), "resumed_from": resumed_from,
+        "status": status, "host": socket.gethostname(), "pid": 1, "pid_started": 0.0,
+        "heartbeat": time.time(), "table": table}))
+
+
+def test_a_resumed_run_is_pinned_to_the_snapshot_of_the_run_it_continues(table, tmp_path):
+    """train.resume=auto, data.table unpinned: the newest dead, unfinished run of that table, not
+    continued since, names the version; its siblings' other states do not."""
+    from raydp_llm.training.driver.runs import pin_resumed_table
+
+    path, _ = table
+    record = delta_snapshot(str(path), 1, None, S3Options()).record()
+    runs = tmp_path / "outputs"
+    settings = _config(path)
+    assert pin_resumed_table(settings, runs / "new", None) is settings  # no earlier run
+    _record(runs / "finished", "a", {**record, "version": 0}, status="finished")
+    _record(runs / "other_table", "b", {**record, "uri": "/elsewhere", "version": 0})
+    assert pin_resumed_table(settings, runs / "new", None) is settings
+    _record(runs / "killed", "c", record)
+    assert pin_resumed_table(settings, runs / "new", None).data.table_version == 1
+    for kept in (_config(path, "data.table_version=2"), _config(path, "train.resume=never")):
+        assert pin_resumed_table(kept, runs / "new", None) is kept
+    # a run that finished continuing the killed one: nothing is left to continue
+    _record(runs / "continued", "d", record, status="finished",
+            resumed_from=str(runs / "killed" / "ray_results" / "r" / "checkpoint_000000"))
+    (runs / "killed" / "ray_results" / "r").mkdir(parents=True)
+    (runs / "killed" / "run.json").rename(runs / "killed" / "ray_results" / "r" / "run.json")
+    assert pin_resumed_table(settings, runs / "new", None) is settings
+
+
+def test_a_snapshot_whose_file_was_vacuumed_is_one_line(tmp_path):
+    """A version's data file removed since (VACUUM, expired snapshots): refused at the door."""
+    path = tmp_path / "vacuumed"
+    write_versions(path)
+    (gone,) = DeltaTable(path, version=0).file_uris()
+    Path(gone).unlink()
+    with pytest.raises(InputError) as refused:
+        corpus_of(_config(path, "data.table_version=0"))
+    assert str(refused.value).startswith(f"data.table={path}: snapshot 0 names a data file that "
+                                         f"is gone ({gone}: no such file")
+    assert "\n" not in str(refused.value)

@@ -4,7 +4,6 @@ report), once ``cli/train.py`` has checked its input."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from raydp_llm.checkpoint import checkpointer
 from raydp_llm.checkpoint.model_dir import load_model_dir
-from raydp_llm.core import storage
+from raydp_llm.core import integrity, storage
 from raydp_llm.core.config import Settings
 from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
@@ -51,6 +50,7 @@ log = logging.getLogger(__name__)
 
 # in the run directory: the final model, and the best checkpoint's by train.best_by
 MODEL_DIR, BEST_MODEL_DIR = "model", "best_model"
+DATA_RECORD = "training_data.json"  # in a model directory: the table snapshot it learned from
 
 
 def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path,
@@ -66,13 +66,8 @@ def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path,
         return None
     if train.resume != "auto":
         return train.resume
-    if train.storage_path:
-        found = runs.find_resumable(train.storage_path, spec.fingerprint, spec.max_steps, spec.s3,
-                                    run_prefix=run_prefix(settings, out_dir, sweep_dir))
-    else:
-        mine = ("",) if sweep_dir is None else (f"{out_dir.name}/", f"{out_dir.name}.attempt-")
-        found = runs.find_resumable(out_dir.parent, spec.fingerprint, spec.max_steps,
-                                    run_prefix=mine)
+    root, kin = runs.resume_scope(settings, out_dir, sweep_dir)
+    found = runs.find_resumable(root, spec.fingerprint, spec.max_steps, spec.s3, run_prefix=kin)
     if found:
         log.info("resuming from %s (train.resume=never starts afresh)", found)
     return found
@@ -113,21 +108,12 @@ class Job:
     def new(cls, settings: Settings, out_dir: Path, tracker: tracking.NoTracking,
             sweep_dir: str | None) -> Job:
         record = runs.RunRecord(run_id=runs.new_run_id(), out_dir=str(out_dir))
-        run_name = f"{run_prefix(settings, out_dir, sweep_dir)}{record.run_id}"
+        run_name = f"{runs.run_prefix(settings, out_dir, sweep_dir)}{record.run_id}"
         storage_path = settings.train.storage_path
         destination = storage.join(storage_path, run_name) if storage_path else None
         store = cache.location(settings.data.cache_dir) if settings.data.cache else None
         return cls(out_dir, record, run_name, storage_path or str(out_dir / "ray_results"),
                    destination, store, tracker, sweep_dir)
-
-
-def run_prefix(settings: Settings, out_dir: Path, sweep_dir: str | None) -> str:
-    """How the run's Ray Train name (its checkpoints' directory in ``train.storage_path``) begins:
-    ``<name>-``; a sweep's job's, ``<name>-sweep<key of the sweep>-job<num>-``, its own."""
-    if sweep_dir is None:
-        return f"{settings.name}-"
-    key = hashlib.sha256(sweep_dir.encode()).hexdigest()[:8]
-    return f"{settings.name}-sweep{key}-job{out_dir.name}-"
 
 
 def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
@@ -158,7 +144,7 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
             with timed(session.timings, "train_s"):
                 outcome = train(spec, data, job, group, remake)
             if outcome.diverged is None:
-                export(outcome, out_dir, spec)
+                export(outcome, out_dir, spec, job.record.table)
             # the sample is written while Spark, the worker group and Ray stop (no process is
             # started meanwhile: a fork beside a thread's import can deadlock on Python's locks)
             sampling = in_background("sample", sample_of, settings, out_dir, outcome,
@@ -181,6 +167,7 @@ def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> Tra
     """What the workers train, from the settings and the data (written as ``manifest.json``);
     where the run resumes from; the tracking run started."""
     write_json(job.out_dir / "manifest.json", data.manifest_json())
+    job.record.table = data.manifest_json().get("table")
     if isinstance(data, PromptData):
         spec = build_prompt_spec(settings, data)
     else:
@@ -245,12 +232,18 @@ def timeline(started: Started, timings: dict, ray_up: Span, marks: dict) -> dict
     return spans | startup_timeline(marks, origin)
 
 
-def export(outcome: FitResult, out_dir: Path, spec: TrainSpec) -> None:
+def export(outcome: FitResult, out_dir: Path, spec: TrainSpec, table: dict | None) -> None:
     """The model of the fit's final checkpoint into ``out_dir/model``, and with
-    ``train.best_by`` the best checkpoint's into ``out_dir/best_model``."""
+    ``train.best_by`` the best checkpoint's into ``out_dir/best_model``; each with the table
+    snapshot it learned from, if the data was one (``DATA_RECORD``)."""
+    exported = [out_dir / MODEL_DIR]
     export_checkpoint(outcome.checkpoint, out_dir / MODEL_DIR, spec)
     if outcome.best is not None:
         export_checkpoint(outcome.best.checkpoint, out_dir / BEST_MODEL_DIR, spec)
+        exported.append(out_dir / BEST_MODEL_DIR)
+    for directory in exported if table is not None else []:
+        write_json(directory / DATA_RECORD, {"table": table})
+        integrity.seal(directory)
 
 
 def export_checkpoint(checkpoint: Checkpoint, directory: Path, spec: TrainSpec) -> None:
@@ -328,12 +321,20 @@ def artifacts(out_dir: Path, trained: Trained, total: Stopwatch, sample: Sample)
         storage=trained.destination,
         **{k: v if isinstance(v, dict) else round(v, 2) for k, v in timings.items()},
         etl=data.manifest_json() | {"cache_hit": data.cache_hit},
+        **table_summary(data),
         etl_stats={k: v for k, v in data.stats.items() if k != "per_stage"},
         **left_out_summary(data),
         **mixture_summary(data, rows),
         **best_summary(outcome, out_dir),
     )
     return Outputs(sample, summary)
+
+
+def table_summary(data: PreparedData | MixedData) -> dict:
+    """``summary.json``'s ``table``: data.table's snapshot (as the manifest holds it); none for
+    other data."""
+    table = data.manifest_json().get("table")
+    return {} if table is None else {"table": table}
 
 
 def best_summary(outcome: FitResult, out_dir: Path) -> dict:

@@ -12,6 +12,7 @@ its own machine.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -55,6 +56,7 @@ class RunRecord:
     pid: int = field(default_factory=os.getpid)
     pid_started: float = field(default_factory=lambda: psutil.Process().create_time())
     heartbeat: float = field(default_factory=time.time)
+    table: dict | None = None  # data.table's snapshot, once the data is known (data/tables.py)
 
     def alive(self) -> bool:
         """Whether the run that wrote this record may still be running."""
@@ -211,7 +213,7 @@ def find_resumable(root: str | Path, fingerprint: str, max_steps: int, s3: S3Opt
         run_dir: read_record(storage.join(run_dir, RECORD), s3)
         for run_dir in {c.run_dir for c in candidates}
     }
-    taken = _taken_over(records, root, s3)
+    taken = _taken_over(root, s3)
     for c in sorted(candidates, key=lambda c: (c.step, c.mtime_ns), reverse=True):
         record = records.get(c.run_dir)
         if c.run_dir in finished or c.run_dir in taken:
@@ -227,7 +229,7 @@ def find_resumable(root: str | Path, fingerprint: str, max_steps: int, s3: S3Opt
     return None
 
 
-def _taken_over(records: dict[str, RunRecord | None], root: str | Path, s3: S3Options) -> set[str]:
+def _taken_over(root: str | Path, s3: S3Options) -> set[str]:
     """The run directories whose checkpoints a finished or live run continued: resuming them again
     would train the same steps twice."""
     taken = set()
@@ -236,3 +238,58 @@ def _taken_over(records: dict[str, RunRecord | None], root: str | Path, s3: S3Op
         if record and record.resumed_from and (record.status == "finished" or record.alive()):
             taken.add(run_dir_of(record.resumed_from))
     return taken
+
+
+def run_prefix(settings, out_dir: Path, sweep_dir: str | None) -> str:
+    """How the run's Ray Train name (its checkpoints' directory in ``train.storage_path``) begins:
+    ``<name>-``; a sweep's job's, ``<name>-sweep<key of the sweep>-job<num>-``, its own."""
+    if sweep_dir is None:
+        return f"{settings.name}-"
+    key = hashlib.sha256(sweep_dir.encode()).hexdigest()[:8]
+    return f"{settings.name}-sweep{key}-job{out_dir.name}-"
+
+
+def resume_scope(settings, out_dir: Path, sweep_dir: str | None
+                 ) -> tuple[str | Path, str | tuple[str, ...]]:
+    """Where ``train.resume=auto`` looks for earlier runs, and how the paths of this run's kin
+    begin there: the ``<name>-*`` runs in ``train.storage_path``, else this run's siblings
+    (``outputs/<name>/*``); a sweep's job, only its own earlier attempts."""
+    if settings.train.storage_path:
+        return settings.train.storage_path, run_prefix(settings, out_dir, sweep_dir)
+    mine = ("",) if sweep_dir is None else (f"{out_dir.name}/", f"{out_dir.name}.attempt-")
+    return out_dir.parent, mine
+
+
+def resumed_snapshot(root: str | Path, kin: str | tuple[str, ...], uri: str,
+                     s3: S3Options = S3Options()) -> RunRecord | None:
+    """The newest earlier run of ``data.table`` ``uri`` among ``kin`` that ``train.resume=auto``
+    may continue: it did not finish, is not running, and no finished or live run continued it."""
+    found: dict[str, tuple[RunRecord, set[str]]] = {}  # by run id: the record, its directories
+    for path, relative, _ in storage.find_files(root, RECORD, s3):
+        record = read_record(path, s3) if relative.startswith(kin) else None
+        if record is None or not record.table or record.table.get("uri") != uri:
+            continue
+        if record.status != "finished" and not record.alive():
+            found.setdefault(record.run_id, (record, set()))[1].add(path.rsplit("/", 1)[0])
+    taken = _taken_over(root, s3) if found else set()
+    open_runs = [record for record, places in found.values() if not places & taken]
+    return max(open_runs, key=lambda r: r.heartbeat, default=None)
+
+
+def pin_resumed_table(settings, out_dir: Path, sweep_dir: str | None):
+    """With ``train.resume=auto`` and ``data.table`` not pinned: the snapshot that the run it
+    would continue read (``resumed_snapshot``), pinned as ``data.table_version`` with one line, so
+    that the resumed run reads what its checkpoints learned from, whatever the table holds now;
+    else the settings as they are."""
+    d = settings.data
+    if settings.train.resume != "auto" or d.table is None or d.table_version is not None \
+            or d.table_as_of is not None:
+        return settings
+    root, kin = resume_scope(settings, out_dir, sweep_dir)
+    record = resumed_snapshot(root, kin, d.table, S3Options.of(settings.s3))
+    if record is None:
+        return settings
+    version = record.table.get("version", record.table.get("snapshot_id"))
+    log.info("data.table=%s: pinned to %s, which run %s read (train.resume=auto continues it; "
+             "train.resume=never reads the latest)", d.table, version, record.run_id)
+    return replace(settings, data=replace(d, table_version=version))
