@@ -93,3 +93,27 @@ def test_the_emr_runs_store_is_one_place_on_the_primary_wherever_the_job_runs(tm
         f"sqlite:///{tmp_path}/raydp_llm/outputs/mlflow.db")
     server = make_config(*emr, "tracking.uri=http://mlflow:5000").tracking
     assert tracking.store_uri(server) == "http://mlflow:5000"
+
+
+def test_a_table_snapshot_is_the_mlflow_runs_dataset_input(tmp_path, monkeypatch):
+    """data.table's record (run.json's ``table``) logged as the run's training input, a Delta
+    table's source as MLflow's own Delta source names it."""
+    from mlflow.data.delta_dataset_source import DeltaDatasetSource
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    settings = make_config("tracking=mlflow")
+    table = {"uri": "/data/speeches", "format": "delta", "version": 3,
+             "timestamp": "2026-12-01T09:58:31.204+00:00", "files": 2, "rows": 120}
+    record = RunRecord(run_id="r1", out_dir=str(tmp_path / "one"), table=table)
+    with tracking.tracked(tracking.tracker(settings.tracking), tmp_path / "one") as run:
+        run.start(settings, "raydp_llm-r1", record, "etl123", None)
+        outputs(tmp_path / "one")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    (given,) = client.get_run(run.run_id).inputs.dataset_inputs
+    assert given.dataset.name == "/data/speeches@3"
+    assert {t.key: t.value for t in given.tags} == {"mlflow.data.context": "training"}
+    assert given.dataset.source_type == DeltaDatasetSource._get_source_type()
+    source = DeltaDatasetSource.from_json(given.dataset.source)  # MLflow reads it as its own
+    assert source.path == "/data/speeches" and source.delta_table_version == 3
+    assert json.loads(given.dataset.profile)["num_rows"] == 120

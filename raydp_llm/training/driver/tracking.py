@@ -38,6 +38,8 @@ RUN_TAG = "raydp_llm.run_id"
 OUTPUT_FILES = ("summary.json", "manifest.json", "metrics.csv", "loss.png", "throughput.png",
                 "samples.txt")
 PARAMS_PER_CALL = 100  # MLflow's log_batch takes at most 100 parameters
+# data.table's formats as MLflow names their sources (its DeltaDatasetSource's type for Delta)
+TABLE_SOURCES = {"delta": "delta_table", "iceberg": "iceberg_table"}
 
 
 def store_uri(cfg: TrackingSettings) -> str:
@@ -138,6 +140,27 @@ def continued_run(resumed_from: str | None, s3: S3Options) -> str | None:
     return record.mlflow_run_id if record else None
 
 
+def table_input(table: dict):
+    """``data.table``'s snapshot (``data/tables.py``'s record) as the MLflow run's dataset input,
+    for training: a Delta table with the source fields of MLflow's own ``DeltaDatasetSource``."""
+    import hashlib
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    if table["format"] == "delta":
+        pinned, source = table["version"], {"path": table["uri"],
+                                            "delta_table_version": table["version"]}
+    else:
+        pinned, source = table["snapshot_id"], {"table": table["uri"],
+                                                "snapshot_id": table["snapshot_id"]}
+    digest = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:8]
+    dataset = Dataset(name=f"{table['uri']}@{pinned}", digest=digest,
+                      source_type=TABLE_SOURCES[table["format"]], source=json.dumps(source),
+                      profile=json.dumps({"num_rows": table["rows"], "files": table["files"],
+                                          "timestamp": table["timestamp"]}))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
+
+
 def sweep_parent(client, experiment: str, sweep_dir: str | None) -> str | None:
     """The parent run ``cli/sweep/summary.py`` opened for the sweep in ``sweep_dir``."""
     if not sweep_dir:
@@ -214,6 +237,8 @@ class MlflowTracking(NoTracking):
             if parent:
                 tags["mlflow.parentRunId"] = parent
             self.run_id = self.client.create_run(self.experiment, run_name=run_name).info.run_id
+            if record.table:  # what it trains on (a resumed run's MLflow run has it already)
+                self.client.log_inputs(self.run_id, datasets=[table_input(record.table)])
         self._log_batch(params, tags)
         record.mlflow_run_id = self.run_id
         log.info("MLflow: run %s, experiment %s, %s", self.run_id, self.cfg.experiment,
