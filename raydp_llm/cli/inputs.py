@@ -281,33 +281,14 @@ def check_prompts(settings: Settings, corpus: Corpus) -> None:
          None if columns is None else columns - {d.prompt_column, d.messages_column})
 
 
-# what a Delta table's rows are read as (data/tables.py): the formats whose Parquet rows are tested
-TABLE_FORMATS = ("parquet", "chat")
-
-
 def table_corpus(settings: Settings) -> Corpus:
-    """``data.table``'s snapshot as the corpus, its settings checked first."""
-    from raydp_llm.data.tables import delta_snapshot, iceberg_snapshot
+    """``data.table``'s snapshot (or what was appended to it) as the corpus, its settings checked
+    first (data/tables.py)."""
+    from raydp_llm.data.tables import table_corpus as of_table
 
-    d = settings.data
-    given = [k for k in ("path", "query") if getattr(d, k) is not None] + (
-        ["sources"] if d.sources else [])
-    if given:
-        raise InputError(f"data.table={d.table} and data.{given[0]} both name the run's input; "
-                         "give one of them")
-    if d.table_version is not None and d.table_as_of is not None:
-        raise InputError(f"data.table_version={d.table_version} and data.table_as_of="
-                         f"{d.table_as_of} both pin data.table's snapshot; give one of them")
-    if d.format not in TABLE_FORMATS:
-        raise InputError(f"data.format={d.format}: data.table's rows are Parquet rows; set "
-                         "data.format=parquet (a document in data.text_column) or chat")
-    s3 = S3Options.of(settings.s3)
-    if d.catalog:
-        snapshot = iceberg_snapshot(d.table, dict(d.catalog), d.table_version, d.table_as_of,
-                                    d.text_column, s3)
-    else:
-        snapshot = delta_snapshot(d.table, d.table_version, d.table_as_of, s3)
-    return snapshot.corpus(s3)
+    model = settings.model
+    model_dir = getattr(model, "path", None) or getattr(model, "init_from", None)
+    return of_table(settings.data, S3Options.of(settings.s3), model_dir)
 
 
 def corpus_of(settings: Settings) -> Corpus:

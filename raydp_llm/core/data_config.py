@@ -171,6 +171,10 @@ class DataSettings:
                                                  "snapshot id to read; null = the latest when "
                                                  "the run starts",
                                            check=optional(at_least(0)))
+    table_since: Optional[str] = setting(None, "data.table: only the rows appended after this "
+                                               "version or snapshot id, or model: the one "
+                                               "model.path's model learned from; null = every "
+                                               "row of the snapshot")
     table_as_of: Optional[str] = setting(None, "data.table: read the last version committed at "
                                                "this ISO time (2026-12-01T10:00:00+00:00) "
                                                "instead; null = see data.table_version")

@@ -66,7 +66,7 @@ def cache_key(corpus: Corpus, data: DataSettings, tokenizer_settings, seed: int,
     settings = asdict(data)
     # the inputs are in the fingerprints; the window settings are read, not written
     for irrelevant in ("cache", "cache_dir", "path", "max_files", "table", "table_version",
-                       "table_as_of", "catalog", *READ_SETTINGS):
+                       "table_as_of", "table_since", "catalog", *READ_SETTINGS):
         settings.pop(irrelevant, None)
     scores = data.filters.score_path
     if scores and "://" not in scores:  # the scores are an input: their content is in the key

@@ -14,7 +14,9 @@ mapping, Iceberg's delete files, and a column renamed since some of the files we
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -31,16 +33,45 @@ class TableSnapshot:
     uri: str  # as given: a Delta directory (or s3:// prefix), an Iceberg namespace.table
     version: int  # Delta's version, Iceberg's snapshot id
     timestamp: str  # its commit's time, ISO 8601 in UTC
-    files: list[str]  # the data files, absolute paths or URIs, sorted
-    rows: int | None  # from the log's or the manifests' statistics; None when a file has none
+    # the data files (absolute paths or URIs, sorted), each with its rows from the log's or the
+    # manifests' statistics (None where a file has none)
+    rows_by_file: dict[str, int | None]
     format: str = "delta"  # or iceberg
+    since: int | None = None  # only the rows appended after this version or snapshot
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(self.rows_by_file)
+
+    @property
+    def rows(self) -> int | None:
+        counts = list(self.rows_by_file.values())
+        return None if None in counts else int(sum(counts))
 
     def record(self) -> dict:
         """The snapshot as the manifest and the summary hold it."""
-        pinned = {"version": self.version} if self.format == "delta" else {
-            "snapshot_id": self.version}
-        return {"uri": self.uri, "format": self.format, **pinned, "timestamp": self.timestamp,
-                "files": len(self.files), "rows": self.rows}
+        key = "version" if self.format == "delta" else "snapshot_id"
+        since = {} if self.since is None else {"since": self.since}
+        return {"uri": self.uri, "format": self.format, key: self.version, **since,
+                "timestamp": self.timestamp, "files": len(self.files), "rows": self.rows}
+
+    def appended_since(self, base: TableSnapshot) -> TableSnapshot:
+        """The rows appended after ``base`` (an earlier snapshot): the files this one holds and
+        ``base`` does not. Refused when a file of ``base`` is gone (rows rewritten, deleted or
+        compacted in between) or nothing was appended."""
+        what = f"data.table_since={base.version}"
+        gone = sorted(set(base.rows_by_file) - set(self.rows_by_file))
+        if gone:
+            raise InputError(f"{what}: between it and {self.version}, {self.uri} rewrote or "
+                             f"removed {len(gone)} of its data files (a delete, an update, a "
+                             f"merge or a compaction: {gone[0]}), so its new rows are not just "
+                             "the appended ones; train on the whole snapshot (no "
+                             "data.table_since)")
+        added = {f: n for f, n in self.rows_by_file.items() if f not in base.rows_by_file}
+        if not added:
+            raise InputError(f"{what}: {self.uri} has no rows appended after it (snapshot "
+                             f"{self.version}); nothing to train on")
+        return replace(self, rows_by_file=added, since=base.version)
 
     def corpus(self, s3: S3Options) -> Corpus:
         """The snapshot's data files as the ETL's corpus, listed as ``data.path``'s are (their
@@ -129,15 +160,16 @@ def delta_snapshot(uri: str, version: int | None, as_of: str | None,
     """``uri``'s snapshot at ``version``, at ``as_of`` or the latest: its data files and rows."""
     table = _open(uri, version, as_of, s3)
     _refuse_what_files_cannot_say(table, uri)
-    files = sorted(table.file_uris())
-    if not files:
+    uris = {u.rsplit("/", 1)[-1]: u for u in table.file_uris()}  # data files' names are unique
+    if not uris:
         raise InputError(f"data.table={uri}: version {table.version()} holds no rows; give a "
                          "version with data (data.table_version)")
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-    counts = actions.get("num_records", [None])
-    rows = None if None in counts else int(sum(counts))
+    counts = actions.get("num_records", [None] * len(actions["path"]))
+    rows = {uris[p.rsplit("/", 1)[-1]]: None if n is None else int(n)
+            for p, n in zip(actions["path"], counts)}
     return TableSnapshot(uri=uri, version=table.version(), timestamp=_commit_time(table, uri, s3),
-                         files=files, rows=rows)
+                         rows_by_file=rows)
 
 
 def _iso(ms: int) -> str:
@@ -231,5 +263,62 @@ def iceberg_snapshot(name: str, catalog: dict, snapshot_id: int | None, as_of: s
                          "give a snapshot with data (data.table_version)")
     return TableSnapshot(uri=name, version=snapshot.snapshot_id,
                          timestamp=_iso(snapshot.timestamp_ms),
-                         files=sorted(t.file.file_path for t in tasks),
-                         rows=sum(t.file.record_count for t in tasks), format="iceberg")
+                         rows_by_file={t.file.file_path: t.file.record_count for t in tasks},
+                         format="iceberg")
+
+
+# what a table's rows are read as: the formats whose Parquet rows are tested
+TABLE_FORMATS = ("parquet", "chat")
+DATA_RECORD = "training_data.json"  # in a model directory: the table snapshot it learned from
+
+
+def _check(d) -> None:
+    """``data.table``'s settings beside the others: one input, one pin, a Parquet format."""
+    given = [k for k in ("path", "query") if getattr(d, k) is not None] + (
+        ["sources"] if d.sources else [])
+    if given:
+        raise InputError(f"data.table={d.table} and data.{given[0]} both name the run's input; "
+                         "give one of them")
+    if d.table_version is not None and d.table_as_of is not None:
+        raise InputError(f"data.table_version={d.table_version} and data.table_as_of="
+                         f"{d.table_as_of} both pin data.table's snapshot; give one of them")
+    if d.format not in TABLE_FORMATS:
+        raise InputError(f"data.format={d.format}: data.table's rows are Parquet rows; set "
+                         "data.format=parquet (a document in data.text_column) or chat")
+
+
+def _since(d, model_dir: str | None) -> int:
+    """``data.table_since``: a version or snapshot id, or ``model``: the one the model of
+    ``model.path`` (or ``model.init_from``) learned from, as its ``training_data.json`` says."""
+    if str(d.table_since) != "model":
+        try:
+            return int(d.table_since)
+        except ValueError:
+            raise InputError(f"data.table_since={d.table_since}: give a version or snapshot id, "
+                             "or model (the one model.path's model learned from)") from None
+    record = Path(model_dir or "") / DATA_RECORD
+    if not model_dir or not record.is_file():
+        raise InputError(f"data.table_since=model: {record if model_dir else 'no model.path'} "
+                         "names no table snapshot (a run on data.table writes it into its "
+                         "model/); give model.path such a model, or the version itself")
+    table = json.loads(record.read_text())["table"]
+    if table["uri"] != d.table:
+        raise InputError(f"data.table_since=model: {model_dir} learned from {table['uri']}, not "
+                         f"data.table={d.table}; give the version itself")
+    return table.get("version", table.get("snapshot_id"))
+
+
+def table_corpus(d, s3: S3Options, model_dir: str | None = None) -> Corpus:
+    """The corpus of the ``data`` settings' table: its snapshot, or with ``data.table_since``
+    only the rows appended after that one."""
+    _check(d)
+
+    def snapshot(version: int | None, as_of: str | None) -> TableSnapshot:
+        if d.catalog:
+            return iceberg_snapshot(d.table, dict(d.catalog), version, as_of, d.text_column, s3)
+        return delta_snapshot(d.table, version, as_of, s3)
+
+    chosen = snapshot(d.table_version, d.table_as_of)
+    if d.table_since is not None:
+        chosen = chosen.appended_since(snapshot(_since(d, model_dir), None))
+    return chosen.corpus(s3)

@@ -19,7 +19,7 @@ from raydp_llm.cli.inputs import corpus_of
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.cache import cache_key
-from raydp_llm.data.tables import delta_snapshot
+from raydp_llm.data.tables import delta_snapshot, table_corpus
 
 
 def write_versions(path: Path) -> list[str]:
@@ -232,3 +232,41 @@ def test_a_snapshot_whose_file_was_vacuumed_is_one_line(tmp_path):
     assert str(refused.value).startswith(f"data.table={path}: snapshot 0 names a data file that "
                                          f"is gone ({gone}: no such file")
     assert "\n" not in str(refused.value)
+
+
+def test_what_was_appended_since_a_version_is_read_alone(table, tmp_path):
+    """data.table_since: version 1's appended file alone after 0; a delete in between (version 2
+    rewrote a file of 0) refused; model: the version a model's directory records."""
+    path, _ = table
+    appended = corpus_of(_config(path, "data.table_version=1", "data.table_since=0"))
+    (only,) = appended.files
+    assert only not in delta_snapshot(str(path), 0, None, S3Options()).files
+    assert appended.table["since"] == 0 and appended.table["rows"] == 1
+    with pytest.raises(InputError, match=r"data.table_since=0: between it and 2, \S+ rewrote or "
+                                         r"removed 1 of its data files"):
+        corpus_of(_config(path, "data.table_since=0"))
+    with pytest.raises(InputError, match=r"data.table_since=1: \S+ has no rows appended after "
+                                         r"it \(snapshot 1\)"):
+        corpus_of(_config(path, "data.table_version=1", "data.table_since=1"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "training_data.json").write_text(json.dumps(
+        {"table": delta_snapshot(str(path), 0, None, S3Options()).record()}))
+    since_model = _config(path, "data.table_version=1", "data.table_since=model").data
+    # (cli/inputs.py gives model.path, or model.init_from, as the model's directory)
+    assert table_corpus(since_model, S3Options(), str(model)).files == appended.files
+    with pytest.raises(InputError, match=r"data.table_since=model: \S+training_data.json names "
+                                         r"no table snapshot"):
+        table_corpus(since_model, S3Options(), str(tmp_path))
+
+
+def test_what_was_appended_to_an_iceberg_table_is_read_alone(iceberg):
+    first, second, latest = iceberg["snapshots"]
+    catalog = _catalog_override(iceberg["properties"])
+    appended = corpus_of(make_config("data.table=docs.speeches", "data.format=parquet", catalog,
+                                     f"data.table_version={second}", f"data.table_since={first}"))
+    assert appended.table["rows"] == 1 and len(appended.files) == 1
+    assert appended.table["snapshot_id"] == second and appended.table["since"] == first
+    with pytest.raises(InputError, match=rf"data.table_since={first}: between it and {latest}"):
+        corpus_of(make_config("data.table=docs.speeches", "data.format=parquet", catalog,
+                              f"data.table_since={first}"))

@@ -23,6 +23,7 @@ from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.left_out import LeftOut
 from raydp_llm.data.prepare import PreparedData, write_json
 from raydp_llm.data.prompt_set import PromptData
+from raydp_llm.data.tables import DATA_RECORD
 from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.models import lora
 from raydp_llm.training.driver import fit, reference, runs, tracking
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 
 # in the run directory: the final model, and the best checkpoint's by train.best_by
 MODEL_DIR, BEST_MODEL_DIR = "model", "best_model"
-DATA_RECORD = "training_data.json"  # in a model directory: the table snapshot it learned from
 
 
 def resume_checkpoint(settings: Settings, spec: TrainSpec, out_dir: Path,
