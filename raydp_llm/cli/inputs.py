@@ -34,6 +34,12 @@ def absolute(path: str) -> str:
     return path if "://" in path else to_absolute_path(path)
 
 
+def _table(table: str | None, catalog: dict) -> str | None:
+    """A Delta table's directory made absolute (its record names it so); an Iceberg table's
+    name as given."""
+    return table and (table if catalog else absolute(table))
+
+
 def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> Settings:
     """The composed config as its schema's objects (a model config's own checks run here), with
     absolute paths, and the shape and tokenizer of ``model.init_from``. ``overrides``: the command
@@ -45,8 +51,10 @@ def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> S
     data, train, tok, model = settings.data, settings.train, settings.tokenizer, settings.model
     changes = {
         "data": replace(data, path=_absolute_any("data.path", data.path),
+                        table=_table(data.table, data.catalog),
                         cache_dir=absolute(data.cache_dir),
-                        sources=[replace(s, path=_absolute_any(f"data.sources.{i}.path", s.path))
+                        sources=[replace(s, path=_absolute_any(f"data.sources.{i}.path", s.path),
+                                         table=_table(s.table, data.catalog))
                                  for i, s in enumerate(data.sources)]),
         "tokenizer": replace(tok, path=tok.path and absolute(tok.path)),
         "model": _absolute_model(model),

@@ -293,7 +293,8 @@ def source_settings(settings: Settings, source: SourceSettings) -> Settings:
     its windows)."""
     data = settings.data
     return replace(settings, data=replace(
-        data, sources=[], path=source.path, query=source.query,
+        data, sources=[], path=source.path, query=source.query, table=source.table,
+        table_version=source.table_version, table_since=source.table_since,
         format=source.format or data.format, text_column=source.text_column or data.text_column))
 
 

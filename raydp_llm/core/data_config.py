@@ -139,8 +139,14 @@ class SourceSettings:
                                                            "a name of letters, digits and _"))
     weight: float = setting(1.0, "its share of the training tokens (the weights are normalized "
                                  "to sum to 1)", check=POSITIVE)
-    path: Any = setting(None, "as data.path (or query)")
+    path: Any = setting(None, "as data.path (or query, or table)")
     query: Optional[str] = setting(None, "as data.query")
+    table: Optional[str] = setting(None, "as data.table (its catalog: data.catalog)")
+    table_version: Optional[int] = setting(None, "as data.table_version",
+                                           check=optional(at_least(0)))
+    table_since: Optional[str] = setting(None, "as data.table_since: a source of the rows "
+                                               "appended since, beside one that replays the "
+                                               "snapshot before")
     format: Optional[str] = setting(None, "as data.format; null = data.format",
                                     check=optional(one_of(DataFormat)))
     text_column: Optional[str] = setting(None, "as data.text_column; null = data.text_column")
@@ -149,7 +155,7 @@ class SourceSettings:
 @dataclass(frozen=True)
 class DataSettings:
     sources: List[SourceSettings] = setting([], "a mixture instead of data.path: a list of "
-                                                "{name, weight, path or query, format, "
+                                                "{name, weight, path, query or table, format, "
                                                 "text_column}; each source is its own ETL cache "
                                                 "entry and its own validation loss")
     max_repetitions: Optional[float] = setting(None, "a mixture: refuse a run that would train "

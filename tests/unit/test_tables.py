@@ -270,3 +270,18 @@ def test_what_was_appended_to_an_iceberg_table_is_read_alone(iceberg):
     with pytest.raises(InputError, match=rf"data.table_since={first}: between it and {latest}"):
         corpus_of(make_config("data.table=docs.speeches", "data.format=parquet", catalog,
                               f"data.table_since={first}"))
+
+
+def test_a_mixture_replays_the_old_snapshot_beside_what_was_appended(table):
+    """Two sources of one table: what version 1 appended after 0, and version 0 replayed."""
+    from raydp_llm.cli.inputs import check_inputs
+
+    path, _ = table
+    settings = make_config(
+        "data.format=parquet",
+        f"data.sources=[{{name:new,weight:0.8,table:'{path}',table_version:1,table_since:0}},"
+        f"{{name:replay,weight:0.2,table:'{path}',table_version:0}}]")
+    corpora = check_inputs(settings)
+    assert corpora["new"].table["since"] == 0 and corpora["new"].table["rows"] == 1
+    assert corpora["replay"].table["version"] == 0 and corpora["replay"].table["rows"] == 2
+    assert not set(corpora["new"].files) & set(corpora["replay"].files)
