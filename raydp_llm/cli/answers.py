@@ -14,6 +14,7 @@ rows, so every row is written once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import asdict, fields
@@ -298,5 +299,56 @@ def answer_table(s: GenerateSettings) -> dict:
                 Answerer, fn_constructor_args=(s, out, chat, schemas), batch_size=1,
                 concurrency=min(actors, len(todo)), num_cpus=1)
             done.materialize()
+    appended = append_answers(s, out, parts, s3) if s.out_table else None
     return {"rows": sum(f.rows for f in files), "parts": len(parts), "answered": len(todo),
-            "out": out}
+            "out": out, "appended": appended}
+
+
+GROUP_PARTS = 64  # parts one commit of out_table appends
+
+
+def job_id(s: GenerateSettings, out: str) -> str:
+    """The answers job's id: its identity (``job_identity``) and its ``out``, hashed."""
+    identity = json.dumps(job_identity(s) | {"out": out}, sort_keys=True)
+    return "answers-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def model_source(model_dir: str, s3: S3Options) -> str | None:
+    """The table snapshot the model learned from (its ``training_data.json``), as JSON text."""
+    from raydp_llm.data.tables import DATA_RECORD
+
+    record = storage.join(model_dir, DATA_RECORD)
+    if not storage.exists(record, s3):
+        return None
+    return json.dumps(storage.read_json(record, s3)["table"], sort_keys=True)
+
+
+def append_answers(s: GenerateSettings, out: str, parts: list[Part], s3: S3Options) -> int:
+    """Every part of ``out`` appended to ``out_table`` once (``table_out.append_once``), a
+    commit per ``GROUP_PARTS`` parts, each row with ``answers_job``, ``model_dir`` and
+    ``model_table`` (the snapshot its model learned from, JSON; null when not a table's)."""
+    from raydp_llm.data.table_out import append_once
+
+    job, source = job_id(s, out), model_source(s.model_dir, s3)
+
+    def group(numbers: list[int]):
+        def read() -> pa.Table:
+            rows = pa.concat_tables([read_part_file(out, n, s3) for n in numbers],
+                                    promote_options="default")
+            count = rows.num_rows
+            return (rows.append_column("answers_job", pa.array([job] * count, pa.string()))
+                    .append_column("model_dir", pa.array([s.model_dir] * count, pa.string()))
+                    .append_column("model_table", pa.array([source] * count, pa.string())))
+        return read
+
+    numbers = [p.number for p in parts]
+    groups = [group(numbers[i:i + GROUP_PARTS]) for i in range(0, len(numbers), GROUP_PARTS)]
+    schema = group(numbers[:1])().schema  # an Iceberg table created by the first append
+    table = s.out_table if s.out_catalog or "://" in s.out_table else str(Path(s.out_table)
+                                                                           .absolute())
+    return append_once(table, dict(s.out_catalog), job, groups, schema, s3)
+
+
+def read_part_file(out: str, part: int, s3: S3Options) -> pa.Table:
+    fs, path = storage.resolve(part_file(out, part), s3)
+    return pq.read_table(path, filesystem=fs)

@@ -75,6 +75,9 @@ def _answer_table(s: GenerateSettings) -> int:
         return 2
     print(f"{done['rows']:,} prompts in {done['parts']} parts; answered {done['answered']} "
           f"parts now; answers in {done['out']}")
+    if done["appended"] is not None:
+        print(f"appended to {s.out_table}: {done['appended']} groups of parts now (each answer "
+              "once)")
     return 0
 
 

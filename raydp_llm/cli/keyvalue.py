@@ -8,6 +8,7 @@ quoting). A boolean reads as Hydra reads one for train's settings (OmegaConf's `
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from pathlib import Path
 
@@ -34,8 +35,15 @@ def keys(schema: type) -> dict[str, type]:
     hints, inner = typing.get_type_hints(schema), nested(schema)
     for name, sub in inner.items():
         hints |= {f"{name}.{k}": v for k, v in typing.get_type_hints(sub).items()}
-    return {key: next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-            for key, hint in hints.items() if key not in inner}
+    return {key: _kind(hint) for key, hint in hints.items() if key not in inner}
+
+
+def _kind(hint) -> type:
+    """What a setting's value converts to: its type without Optional; a dict setting's value is
+    JSON (``out_catalog='{"type": "sql", ...}'``)."""
+    if typing.get_origin(hint) is typing.Union:
+        hint = next(t for t in typing.get_args(hint) if t is not type(None))
+    return dict if typing.get_origin(hint) is dict or hint is dict else hint
 
 
 def parse_args(schema: type, argv: list[str], required: tuple[str, ...], verbatim=("prompt",)):
@@ -81,6 +89,11 @@ def check_local_model_dir(model_dir: str) -> None:
 def convert(kind: type, value: str):
     """``value`` as a ``kind``; ValueError when it is none. ``bool(value)`` would take "false" for
     True: a boolean is read by OmegaConf's own rule, as Hydra reads train's."""
+    if kind is dict:
+        found = json.loads(value)  # a JSONDecodeError is a ValueError
+        if not isinstance(found, dict):
+            raise ValueError(value)
+        return found
     if kind is not bool:
         return kind(value)
     from omegaconf.nodes import BooleanNode

@@ -13,7 +13,7 @@ start. Each field's ``help`` is printed beside it by ``--help`` and ``--cfg job`
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -337,6 +337,13 @@ class GenerateSettings(SampleSettings):
     out: Optional[str] = setting(None, "batch answers: the directory (or s3:// prefix) of the "
                                        "Parquet parts (the input's columns, completion, "
                                        "completion_tokens, mean_logprob); a rerun continues it")
+    out_table: Optional[str] = setting(None, "batch answers: also append every answer once to "
+                                             "this Delta table (a directory, created when "
+                                             "missing) or, with out_catalog, this Iceberg "
+                                             "namespace.table; each row with the job's id and "
+                                             "the table snapshot its model learned from")
+    out_catalog: Dict[str, Any] = setting({}, "out_table's Iceberg catalog, as data.catalog "
+                                              "(docs/tables.md); {} = a Delta table")
     rows_per_part: int = setting(64, "batch answers: rows per Parquet part, the unit a rerun "
                                      "skips when written", check=COUNT)
     actors: Optional[int] = setting(None, "batch answers: Ray actors, each holding the model "

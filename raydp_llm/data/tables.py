@@ -87,7 +87,7 @@ class TableSnapshot:
         return replace(listed, name=f"{self.uri}@{self.version}", table=self.record())
 
 
-def _storage_options(uri: str, s3: S3Options) -> dict[str, str]:
+def storage_options(uri: str, s3: S3Options) -> dict[str, str]:
     """delta-rs's options for an s3:// table: the endpoint and region of the ``s3`` settings (the
     credentials come from the environment, as for every other S3 read)."""
     if not is_s3(uri):
@@ -105,7 +105,7 @@ def _open(uri: str, version: int | None, as_of: str | None, s3: S3Options):
 
     table_uri = s3_uri(uri) if is_s3(uri) else uri
     try:
-        table = DeltaTable(table_uri, storage_options=_storage_options(uri, s3))
+        table = DeltaTable(table_uri, storage_options=storage_options(uri, s3))
     except Exception as err:  # TableNotFoundError, an unreachable store
         raise InputError(f"data.table={uri}: no Delta table there ({type(err).__name__}: "
                          f"{str(err).splitlines()[0]}); give the table's directory, the one "
@@ -147,7 +147,7 @@ def _commit_time(table, uri: str, s3: S3Options) -> str:
 
     version = table.version()
     latest = DeltaTable(s3_uri(uri) if is_s3(uri) else uri,
-                        storage_options=_storage_options(uri, s3))
+                        storage_options=storage_options(uri, s3))
     for commit in latest.history():
         if commit.get("version") == version:
             stamp = dt.datetime.fromtimestamp(commit["timestamp"] / 1000, tz=dt.timezone.utc)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from deltalake import DeltaTable
 
 from helpers.paths import ROOT
 from helpers.s3 import BUCKET
@@ -153,10 +154,10 @@ def test_prompts_on_s3_answered_into_s3(ray_cluster, job, s3, tmp_path):
 
 @pytest.mark.slow  # two command-line jobs
 def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_path):
-    out = tmp_path / "out"
+    out, table = tmp_path / "out", tmp_path / "answers_table"
     args = [sys.executable, "-m", "raydp_llm.generate", f"model_dir={job['model']}",
             f"data.path={job['dir'] / 'prompts.parquet'}", f"out={out}", "max_new_tokens=200",
-            "temperature=0", "rows_per_part=1", "actors=1"]
+            "temperature=0", "rows_per_part=1", "actors=1", f"out_table={table}"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     wait_for(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 2, "the second part", 180)
@@ -166,10 +167,17 @@ def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_p
     assert 2 <= len(written) < len(PROMPTS)
     rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    table = answers(out)
-    assert table.column("id").to_pylist() == list(range(len(PROMPTS)))  # each row once
+    table_rows = answers(out)
+    assert table_rows.column("id").to_pylist() == list(range(len(PROMPTS)))  # each row once
     assert all(p.stat().st_mtime_ns == written[p.name]  # the parts done before stay as they were
                for p in out.glob("part-*.parquet") if p.name in written)
+    # and appended to a Delta table once each, with the job's id (table_out.py)
+    appended = DeltaTable(table).to_pyarrow_table().sort_by("id")
+    assert appended.column("id").to_pylist() == list(range(len(PROMPTS)))
+    assert appended.column("completion").to_pylist() == table_rows.column("completion").to_pylist()
+    assert len(set(appended.column("answers_job").to_pylist())) == 1
+    assert appended.column("model_table").null_count == len(PROMPTS)  # no table's model
+    assert "appended to" in rerun.stdout
 
 
 def test_bad_input_is_one_line(ray_cluster, job, tmp_path):
