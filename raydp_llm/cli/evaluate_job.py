@@ -203,7 +203,7 @@ def evaluated(settings: EvaluateSettings, out_dir: Path, window: int | None = No
         **{k: round(v, 2) for k, v in timings.items()},
         "etl": data.manifest_json() | {"cache_hit": data.cache_hit},
     }
-    write_json(out_dir / "evaluation.json", evaluation)
+    record(settings, out_dir, evaluation)
     (show_pairs if judge else show)(evaluation, result, timings, data.cache_hit, out_dir)
     return evaluation
 
@@ -228,7 +228,7 @@ def evaluate_prompts(settings: EvaluateSettings, model: LanguageModel, out_dir: 
                   **{f"reward_{name}": value for name, value in found.per_function.items()},
                   **{k: round(v, 2) for k, v in timings.items()},
                   "etl": data.manifest_json() | {"cache_hit": False}}
-    write_json(out_dir / "evaluation.json", evaluation)
+    record(settings, out_dir, evaluation)
     print(f"{settings.model_dir} on {corpus.name}: {len(prompts):,} prompts, a greedy answer "
           f"each of at most {settings.grpo.max_new_tokens} tokens")
     for name in ("reward", *(f"reward_{k}" for k in found.per_function)):
@@ -262,7 +262,7 @@ def evaluate_tasks(settings: EvaluateSettings, out_dir: Path, total: Stopwatch) 
     evaluation = {"model_dir": settings.model_dir, "tasks": found["tasks"],
                   **{k: round(v, 2) for k, v in timings.items()}, "harness": found["harness"]}
     out_dir.mkdir(parents=True, exist_ok=True)  # a model directory the harness reads as it is
-    write_json(out_dir / "evaluation.json", evaluation)
+    record(settings, out_dir, evaluation)
     show_tasks(settings.model_dir, found["tasks"], out_dir)
     return evaluation
 
@@ -301,7 +301,7 @@ def run_sources(settings: EvaluateSettings, model: LanguageModel, out_dir: Path,
     evaluation = {"model_dir": settings.model_dir,
                   "loss": sum(s["weight"] * s["loss"] for s in sources.values()),
                   "sources": sources, **{k: round(v, 2) for k, v in timings.items()}}
-    write_json(out_dir / "evaluation.json", evaluation)
+    record(settings, out_dir, evaluation)
     print(f"{settings.model_dir} on {len(sources)} sources, loss weighted "
           f"{evaluation['loss']:.4f}")
     for name, found in sources.items():
@@ -399,3 +399,53 @@ def show(evaluation: dict, result: dict, timings: dict, cache_hit: bool, out_dir
     if scores:
         print(f"  every document scored on the cluster in {timings['per_document_s']:.0f}s: "
               f"{scores} (data.filters.score_path)")
+
+
+def record(settings: EvaluateSettings, out_dir: Path, evaluation: dict) -> None:
+    """``evaluation.json``, and with ``out_table`` its figures appended to that table: a row per
+    figure (``score_rows``), in one commit marked with this evaluation's directory (once)."""
+    write_json(out_dir / "evaluation.json", evaluation)
+    if not settings.out_table:
+        return
+    from raydp_llm.cli.answers import model_source
+    from raydp_llm.data.table_out import append_once
+
+    s3 = S3Options.of(settings.s3)
+    rows = score_rows(evaluation, str(out_dir), model_source(settings.model_dir, s3))
+    table = settings.out_table
+    if not settings.out_catalog and "://" not in table:
+        table = str(Path(table).absolute())
+    append_once(table, dict(settings.out_catalog), f"evaluation-{out_dir}", [lambda: rows],
+                rows.schema, s3)
+    print(f"appended to {table}: {rows.num_rows} figures")
+
+
+def figures(evaluation: dict, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every number of ``evaluation``, its key dotted (``sources.news.val_loss``); the ETL's
+    manifest and the timings left out."""
+    for key, value in evaluation.items():
+        if key == "etl" or key.endswith("_s"):
+            continue
+        if isinstance(value, dict):
+            yield from figures(value, f"{prefix}{key}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", float(value)
+
+
+def score_rows(evaluation: dict, out_dir: str, model_table: str | None) -> pa.Table:
+    """The scores as a table of one row per figure: when, which evaluation and model (and the
+    table snapshots the model learned from and was evaluated on, JSON), the figure, its value."""
+    import datetime as dt
+
+    found = list(figures(evaluation))
+    data_table = (evaluation.get("etl") or {}).get("table")
+    when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    columns = {
+        "evaluated_at": [when] * len(found), "evaluation_dir": [out_dir] * len(found),
+        "model_dir": [evaluation.get("model_dir")] * len(found),
+        "model_table": [model_table] * len(found),
+        "data_table": [json.dumps(data_table, sort_keys=True) if data_table else None]
+        * len(found),
+        "figure": [name for name, _ in found], "value": [value for _, value in found]}
+    return pa.table({k: pa.array(v, pa.float64() if k == "value" else pa.string())
+                     for k, v in columns.items()})

@@ -377,6 +377,13 @@ class EvaluateSettings(Settings):
     limit: Optional[float] = setting(None, "tasks: at most this many documents per task (below "
                                            "1: a fraction); null = all",
                                      check=optional(above(0)))
+    out_table: Optional[str] = setting(None, "also append the scores to this Delta table (a "
+                                             "directory, created when missing) or, with "
+                                             "out_catalog, this Iceberg namespace.table: a row "
+                                             "per figure, with the model's and the data's table "
+                                             "snapshots")
+    out_catalog: Dict[str, Any] = setting({}, "out_table's Iceberg catalog, as data.catalog "
+                                              "(docs/tables.md); {} = a Delta table")
     per_document: bool = setting(False, "also score every document on the cluster (Ray Data, an "
                                         "actor per CPU) into document_scores.parquet: path, "
                                         "doc, val, tokens, mean_loss; a later ETL filters with "

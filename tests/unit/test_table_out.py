@@ -83,3 +83,16 @@ def test_generate_reads_the_catalog_as_json():
                                       'out_catalog={"type": "sql", "uri": "sqlite:///c.db"}'],
                    required=("model_dir",))
     assert s.out_catalog == {"type": "sql", "uri": "sqlite:///c.db"}
+
+
+def test_an_evaluations_figures_are_a_row_each():
+    from raydp_llm.cli.evaluate_job import score_rows
+
+    evaluation = {"model_dir": "m", "loss": 1.5, "tokens": 120, "eval_s": 3.2, "bad": True,
+                  "sources": {"news": {"val_loss": 2.0}},
+                  "etl": {"table": {"uri": "/t", "version": 3}, "tokens": 99}}
+    rows = score_rows(evaluation, "/runs/e1", '{"uri": "/t", "version": 1}').to_pylist()
+    assert {r["figure"]: r["value"] for r in rows} == {"loss": 1.5, "tokens": 120.0,
+                                                        "sources.news.val_loss": 2.0}
+    assert {r["data_table"] for r in rows} == {'{"uri": "/t", "version": 3}'}
+    assert {r["model_table"] for r in rows} == {'{"uri": "/t", "version": 1}'}
