@@ -24,6 +24,12 @@ measures etl-2 with the ETL cache on a local S3 stand-in (moto on 127.0.0.1: etl
 executors writing the chunks through pyarrow, ``data/s3_cache.py``) and in a local directory
 (etl-2), alternately: the write (the ETL's last phase, the seal and the commit) and a read of every
 chunk as the training workers read them, each against local.
+
+    python benchmarks/etl.py --table [--sizes 50] [--repeats 2]
+
+measures etl-2 on a Delta table of the corpus's paragraphs (deltalake, four appends: four data
+files; ``data.table``, ``data.format=parquet``: etl-2-table) and on the same Parquet files given
+as ``data.path`` (etl-2-parquet), alternately, and prints each one's tokens/s against the files'.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ S3_ENV = "RAYDP_LLM_BENCH_S3"  # the S3 stand-in's endpoint, for the measuring c
 
 
 def measure_etl(path: Path, executors: int, out: Path, protected: bool = True,
-                on_s3: bool = False) -> dict:
+                on_s3: bool = False, inputs: list[str] | None = None) -> dict:
     from dataclasses import replace
 
     from hydra import compose, initialize_config_dir
@@ -69,7 +75,7 @@ def measure_etl(path: Path, executors: int, out: Path, protected: bool = True,
         cfg = compose(
             config_name="config",
             overrides=[
-                f"data.path={path}",
+                *(inputs or [f"data.path={path}"]),
                 "tokenizer=bpe",
                 f"tokenizer.vocab_size={VOCAB}",
                 f"tokenizer.sample_mb={SAMPLE_MB}",
@@ -184,9 +190,12 @@ def parse_args() -> argparse.Namespace:
                         help="etl-2 with Spark's authentication and encryption on, against off")
     parser.add_argument("--s3", action="store_true",
                         help="etl-2 with the ETL cache on an S3 stand-in, against local")
-    parser.add_argument("--repeats", type=int, default=2, help="--security, --s3: runs of each")
+    parser.add_argument("--table", action="store_true",
+                        help="etl-2 on a Delta table's snapshot, against its Parquet files")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="--security, --s3, --table: runs of each")
     parser.add_argument("--measure", choices=["etl-1", "etl-2", "etl-2-open", "etl-2-s3",
-                                              "single"],
+                                              "etl-2-table", "etl-2-parquet", "single"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -198,14 +207,32 @@ def measure(kind: str, path: Path, out: Path) -> dict:
     (``etl-2-open``: without Spark's authentication and encryption)."""
     if kind == "single":
         return measure_single(path, out)
+    if kind in ("etl-2-table", "etl-2-parquet"):  # ``path``: the Delta table's directory
+        from deltalake import DeltaTable
+
+        files = ",".join(sorted(DeltaTable(path).file_uris()))
+        given = f"data.table={path}" if kind == "etl-2-table" else f"data.path=[{files}]"
+        return measure_etl(path, 2, out, inputs=[given, "data.format=parquet"])
     return measure_etl(path, int(kind[4]), out, protected=not kind.endswith("-open"),
                        on_s3=kind.endswith("-s3"))
 
 
-def measure_all(corpus: Path, sizes: list[int], kinds=("single", "etl-1", "etl-2")
-                ) -> list[dict]:
-    """Every pipeline (``kinds``) on the corpus repeated to each size, each in a fresh process;
-    one row each."""
+def delta_table(text: Path, directory: Path) -> Path:
+    """The paragraphs of ``text`` as a Delta table's rows (column ``text``), in four appends."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    paragraphs = [p for p in text.read_text().split("\n\n") if p.strip()]
+    quarter = -(-len(paragraphs) // 4)
+    for i in range(0, len(paragraphs), quarter):
+        write_deltalake(directory, pa.table({"text": paragraphs[i:i + quarter]}), mode="append")
+    return directory
+
+
+def measure_all(corpus: Path, sizes: list[int], kinds=("single", "etl-1", "etl-2"),
+                table: bool = False) -> list[dict]:
+    """Every pipeline (``kinds``) on the corpus repeated to each size (with ``table``, as a
+    Delta table's rows), each in a fresh process; one row each."""
     text = corpus.read_text()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,6 +240,8 @@ def measure_all(corpus: Path, sizes: list[int], kinds=("single", "etl-1", "etl-2
             path = Path(tmp) / f"corpus_{mb}mb.txt"
             path.write_text(text * max(1, round(mb * 1e6 / len(text.encode()))))
             size_mb = path.stat().st_size / 1e6
+            if table:
+                path = delta_table(path, Path(tmp) / f"table_{mb}mb")
             for kind in kinds:
                 r = run_one(kind, path)
                 rows.append({"mb": size_mb, "kind": kind, **r})
@@ -284,6 +313,21 @@ def print_s3_table(rows: list[dict]) -> None:
                   f"{r['read_s'] / read:.2f}× |")
 
 
+def print_table_table(rows: list[dict]) -> None:
+    """Each run of etl-2 on the table and on its files: tokens/s against the files' mean."""
+    print("\n| corpus MB | input | start-up s | ETL s | tokens | tokens/s | vs the files |\n"
+          "|---:|---|---:|---:|---:|---:|---:|")
+    for mb in sorted({r["mb"] for r in rows}):
+        runs = [r for r in rows if r["mb"] == mb]
+        files = [r["tokens"] / r["etl_s"] for r in runs if r["kind"] == "etl-2-parquet"]
+        base = sum(files) / len(files)
+        for r in sorted(runs, key=lambda r: r["kind"]):
+            given = "data.table" if r["kind"] == "etl-2-table" else "data.path (the same files)"
+            rate = r["tokens"] / r["etl_s"]
+            print(f"| {mb:.0f} | {given} | {r['start_s']:.1f} | {r['etl_s']:.1f} | "
+                  f"{r['tokens']:,} | {rate:,.0f} | {rate / base:.3f}× |")
+
+
 @contextlib.contextmanager
 def s3_stand_in():
     """A moto server on 127.0.0.1 with the bucket ``bench``, its endpoint in ``S3_ENV`` and fake
@@ -316,6 +360,10 @@ def main() -> None:
         with s3_stand_in():
             print_s3_table(measure_all(args.corpus, args.sizes, ("etl-2", "etl-2-s3")
                                        * args.repeats))
+        return
+    if args.table:
+        kinds = ("etl-2-parquet", "etl-2-table") * args.repeats
+        print_table_table(measure_all(args.corpus, args.sizes, kinds, table=True))
         return
     if args.security:
         kinds = ("etl-2", "etl-2-open") * args.repeats
