@@ -1,8 +1,10 @@
 """``data.table`` on the real engines: a Delta table written by ``deltalake`` and an Iceberg table
 in a SQLite catalog written by ``pyiceberg`` (two snapshots each), a pinned snapshot through the
 Spark ETL exactly as its Parquet files read as ``data.path``, the snapshot recorded in the
-manifest, the same snapshot a cache hit, and ``python -m raydp_llm.train`` as a user runs it on
-each (from the cache: no second Spark), its record in summary.json. The latest snapshot's
+manifest, the same snapshot a cache hit, rows written while a run reads not read, and
+``python -m raydp_llm.train`` as a user runs it on each (from the cache: no second Spark): a
+Delta run killed, the table moved on, and the run continued on its own snapshot; its record in
+summary.json, run.json and the model. The latest snapshot's
 resolution, time travel and the refusals are tests/unit/test_tables.py's."""
 
 from __future__ import annotations
@@ -92,16 +94,24 @@ def test_a_pinned_snapshot_is_its_files_read_as_they_are_and_is_cached(ray_clust
     again = _prepared(cache, tmp_path / "again", f"data.table={table}", "data.table_version=0")
     assert again.cache_hit and again.manifest_json()["table"] == got["table"]
     assert again.entry == pinned.entry
-    latest = _prepared(cache, tmp_path / "latest", f"data.table={table}")
+    # the latest snapshot, fixed when the run starts: rows written meanwhile are not read
+    cfg = make_config("data.format=parquet", f"data.cache_dir={cache}", f"data.table={table}")
+    corpus = check_inputs(cfg)
+    write_deltalake(table, pa.table({"text": ["written while the run ran"]}), mode="append")
+    latest = prepare(cfg, corpus, tmp_path / "latest", to_ray=False, store=cache)
     assert not latest.cache_hit and latest.entry != pinned.entry
     assert latest.manifest_json()["table"]["version"] == 1
-    assert latest.manifest_json()["documents"] > got["documents"]
+    assert latest.manifest_json()["documents"] == latest.manifest_json()["table"]["rows"] > \
+        got["documents"]
+    # the version written meanwhile, as the next test's first run finds it (in the cache)
+    assert _prepared(cache, tmp_path / "v2", f"data.table={table}").manifest_json()["table"][
+        "version"] == 2
 
 
 def test_a_killed_run_continues_on_its_snapshot_after_the_table_moved_on(table, cache, tmp_path):
     """The command as a user runs it, the table unpinned: the first run reads the latest version
-    (1, cached by the test before) and is SIGKILLed after its first checkpoint; a version 2 is
-    appended; the same command (train.resume=auto) continues that checkpoint on version 1, the one
+    (2, cached by the test before) and is SIGKILLed after its first checkpoint; a version 3 is
+    appended; the same command (train.resume=auto) continues that checkpoint on version 2, the one
     its record names, and records it in the manifest, the summary, run.json and the model."""
     command = [f"data.table={table}", "data.format=parquet", f"data.cache_dir={cache}", *TINY,
                "train.max_steps=20", "train.checkpoint_interval=10", NO_CHECK]
@@ -114,11 +124,11 @@ def test_a_killed_run_continues_on_its_snapshot_after_the_table_moved_on(table, 
     summary = commands.train(runs / "again", *command)
     record = summary["table"]
     assert summary["resumed_from"] and "/checkpoint_" in summary["resumed_from"]
-    assert record["version"] == 1 and DeltaTable(table).version() == 2
-    assert summary["etl"]["cache_hit"] is True and record["files"] == 2
+    assert record["version"] == 2 and DeltaTable(table).version() == 3
+    assert summary["etl"]["cache_hit"] is True and record["files"] == 3
     assert summary["status"] == "finished" and summary["steps"] == 20
     console = (runs / "again.console").read_text()
-    assert re.search(rf"data.table={table}: pinned to 1, which run \S+ read", console)
+    assert re.search(rf"data.table={table}: pinned to 2, which run \S+ read", console)
     run_dir = runs / "again"
     # the same record in the manifest, summary.json's etl, run.json and the model's directory
     assert json.loads((run_dir / "manifest.json").read_text())["table"] == record
