@@ -299,12 +299,12 @@ def answer_table(s: GenerateSettings) -> dict:
                 Answerer, fn_constructor_args=(s, out, chat, schemas), batch_size=1,
                 concurrency=min(actors, len(todo)), num_cpus=1)
             done.materialize()
-    appended = append_answers(s, out, parts, s3) if s.out_table else None
+    appended = append_answers(s, out, parts, s3) if s.output.table else None
     return {"rows": sum(f.rows for f in files), "parts": len(parts), "answered": len(todo),
             "out": out, "appended": appended}
 
 
-GROUP_PARTS = 64  # parts one commit of out_table appends
+GROUP_PARTS = 64  # parts one commit of output.table appends
 
 
 def job_id(s: GenerateSettings, out: str) -> str:
@@ -324,7 +324,7 @@ def model_source(model_dir: str, s3: S3Options) -> str | None:
 
 
 def append_answers(s: GenerateSettings, out: str, parts: list[Part], s3: S3Options) -> int:
-    """Every part of ``out`` appended to ``out_table`` once (``table_out.append_once``), a
+    """Every part of ``out`` appended to ``output.table`` once (``table_out.append_once``), a
     commit per ``GROUP_PARTS`` parts, each row with ``answers_job``, ``model_dir`` and
     ``model_table`` (the snapshot its model learned from, JSON; null when not a table's)."""
     from raydp_llm.data.table_out import append_once
@@ -344,9 +344,10 @@ def append_answers(s: GenerateSettings, out: str, parts: list[Part], s3: S3Optio
     numbers = [p.number for p in parts]
     groups = [group(numbers[i:i + GROUP_PARTS]) for i in range(0, len(numbers), GROUP_PARTS)]
     schema = group(numbers[:1])().schema  # an Iceberg table created by the first append
-    table = s.out_table if s.out_catalog or "://" in s.out_table else str(Path(s.out_table)
-                                                                           .absolute())
-    return append_once(table, dict(s.out_catalog), job, groups, schema, s3)
+    table, catalog = s.output.table, dict(s.output.catalog)
+    if not catalog and "://" not in table:
+        table = str(Path(table).absolute())
+    return append_once(table, catalog, job, groups, schema, s3)
 
 
 def read_part_file(out: str, part: int, s3: S3Options) -> pa.Table:

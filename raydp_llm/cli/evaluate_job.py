@@ -402,20 +402,20 @@ def show(evaluation: dict, result: dict, timings: dict, cache_hit: bool, out_dir
 
 
 def record(settings: EvaluateSettings, out_dir: Path, evaluation: dict) -> None:
-    """``evaluation.json``, and with ``out_table`` its figures appended to that table: a row per
+    """``evaluation.json``, and with ``output.table`` its figures appended to it: a row per
     figure (``score_rows``), in one commit marked with this evaluation's directory (once)."""
     write_json(out_dir / "evaluation.json", evaluation)
-    if not settings.out_table:
+    if not settings.output.table:
         return
     from raydp_llm.cli.answers import model_source
     from raydp_llm.data.table_out import append_once
 
     s3 = S3Options.of(settings.s3)
     rows = score_rows(evaluation, str(out_dir), model_source(settings.model_dir, s3))
-    table = settings.out_table
-    if not settings.out_catalog and "://" not in table:
+    table, catalog = settings.output.table, dict(settings.output.catalog)
+    if not catalog and "://" not in table:
         table = str(Path(table).absolute())
-    append_once(table, dict(settings.out_catalog), f"evaluation-{out_dir}", [lambda: rows],
+    append_once(table, catalog, f"evaluation-{out_dir}", [lambda: rows],
                 rows.schema, s3)
     print(f"appended to {table}: {rows.num_rows} figures")
 

@@ -76,7 +76,7 @@ def _answer_table(s: GenerateSettings) -> int:
     print(f"{done['rows']:,} prompts in {done['parts']} parts; answered {done['answered']} "
           f"parts now; answers in {done['out']}")
     if done["appended"] is not None:
-        print(f"appended to {s.out_table}: {done['appended']} groups of parts now (each answer "
+        print(f"appended to {s.output.table}: {done['appended']} groups of parts now (each answer "
               "once)")
     return 0
 

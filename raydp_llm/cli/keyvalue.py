@@ -40,7 +40,7 @@ def keys(schema: type) -> dict[str, type]:
 
 def _kind(hint) -> type:
     """What a setting's value converts to: its type without Optional; a dict setting's value is
-    JSON (``out_catalog='{"type": "sql", ...}'``)."""
+    JSON (``output.catalog='{"type": "sql", ...}'``)."""
     if typing.get_origin(hint) is typing.Union:
         hint = next(t for t in typing.get_args(hint) if t is not type(None))
     return dict if typing.get_origin(hint) is dict or hint is dict else hint

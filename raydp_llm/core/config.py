@@ -319,6 +319,17 @@ class PromptTable:
 
 
 @dataclass(frozen=True)
+class TableOutput:
+    """Where a job's rows are also appended, each once (data/table_out.py, docs/tables.md)."""
+
+    table: Optional[str] = setting(None, "a Delta table (a directory, created when missing) or, "
+                                         "with output.catalog, an Iceberg namespace.table; "
+                                         "null = none")
+    catalog: Dict[str, Any] = setting({}, "output.table's Iceberg catalog, as data.catalog "
+                                          "(generate: JSON); {} = a Delta table")
+
+
+@dataclass(frozen=True)
 class GenerateSettings(SampleSettings):
     """``python -m raydp_llm.generate``: the sample settings, and what the command needs beside
     them."""
@@ -337,13 +348,9 @@ class GenerateSettings(SampleSettings):
     out: Optional[str] = setting(None, "batch answers: the directory (or s3:// prefix) of the "
                                        "Parquet parts (the input's columns, completion, "
                                        "completion_tokens, mean_logprob); a rerun continues it")
-    out_table: Optional[str] = setting(None, "batch answers: also append every answer once to "
-                                             "this Delta table (a directory, created when "
-                                             "missing) or, with out_catalog, this Iceberg "
-                                             "namespace.table; each row with the job's id and "
-                                             "the table snapshot its model learned from")
-    out_catalog: Dict[str, Any] = setting({}, "out_table's Iceberg catalog, as data.catalog "
-                                              "(docs/tables.md); {} = a Delta table")
+    output: TableOutput = setting(TableOutput(), "batch answers: also every answer, once, into "
+                                                 "a table, each row with the job's id and the "
+                                                 "table snapshot its model learned from")
     rows_per_part: int = setting(64, "batch answers: rows per Parquet part, the unit a rerun "
                                      "skips when written", check=COUNT)
     actors: Optional[int] = setting(None, "batch answers: Ray actors, each holding the model "
@@ -377,13 +384,9 @@ class EvaluateSettings(Settings):
     limit: Optional[float] = setting(None, "tasks: at most this many documents per task (below "
                                            "1: a fraction); null = all",
                                      check=optional(above(0)))
-    out_table: Optional[str] = setting(None, "also append the scores to this Delta table (a "
-                                             "directory, created when missing) or, with "
-                                             "out_catalog, this Iceberg namespace.table: a row "
-                                             "per figure, with the model's and the data's table "
-                                             "snapshots")
-    out_catalog: Dict[str, Any] = setting({}, "out_table's Iceberg catalog, as data.catalog "
-                                              "(docs/tables.md); {} = a Delta table")
+    output: TableOutput = setting(TableOutput(), "also the scores into a table: a row per "
+                                                 "figure, with the model's and the data's table "
+                                                 "snapshots")
     per_document: bool = setting(False, "also score every document on the cluster (Ray Data, an "
                                         "actor per CPU) into document_scores.parquet: path, "
                                         "doc, val, tokens, mean_loss; a later ETL filters with "

@@ -157,7 +157,7 @@ def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_p
     out, table = tmp_path / "out", tmp_path / "answers_table"
     args = [sys.executable, "-m", "raydp_llm.generate", f"model_dir={job['model']}",
             f"data.path={job['dir'] / 'prompts.parquet'}", f"out={out}", "max_new_tokens=200",
-            "temperature=0", "rows_per_part=1", "actors=1", f"out_table={table}"]
+            "temperature=0", "rows_per_part=1", "actors=1", f"output.table={table}"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     wait_for(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 2, "the second part", 180)

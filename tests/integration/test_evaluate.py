@@ -45,7 +45,7 @@ def evaluated(ray_cluster, corpus_dir, tmp_path_factory) -> dict:
     chars = "".join(set().union(*(p.read_text() for p in corpus_dir.iterdir())))
     model_path = model_dir(out / "model", chars)
     cfg = make_config(f"model_dir={model_path}", f"data.path={corpus_dir}", "eval_batch_size=7",
-                      "per_document=true", f"out_table={out / 'scores'}", config_name="evaluate")
+                      "per_document=true", f"output.table={out / 'scores'}", config_name="evaluate")
     return {"result": run(cfg, out), "out": out, "model": model_path, "chars": chars}
 
 
@@ -73,7 +73,7 @@ def test_evaluate_matches_a_direct_computation(evaluated):
     )
     assert 0.99 < m["chars_per_token"] <= 1  # char tokens, plus one end-of-document token per file
     assert result["accuracy"] == pytest.approx(direct["accuracy"], abs=1e-3)
-    # out_table: the same figures appended to a Delta table, a row each (evaluate_job.record)
+    # output.table: the same figures appended to a Delta table, a row each (evaluate_job.record)
     from deltalake import DeltaTable
 
     scores = DeltaTable(evaluated["out"] / "scores").to_pyarrow_table().to_pylist()

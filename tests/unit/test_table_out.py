@@ -79,10 +79,10 @@ def test_an_iceberg_table_gets_each_group_once(tmp_path):
 
 
 def test_generate_reads_the_catalog_as_json():
-    s = parse_args(GenerateSettings, ["model_dir=m", "out_table=out.answers",
-                                      'out_catalog={"type": "sql", "uri": "sqlite:///c.db"}'],
+    s = parse_args(GenerateSettings, ["model_dir=m", "output.table=out.answers",
+                                      'output.catalog={"type": "sql", "uri": "sqlite:///c.db"}'],
                    required=("model_dir",))
-    assert s.out_catalog == {"type": "sql", "uri": "sqlite:///c.db"}
+    assert s.output.catalog == {"type": "sql", "uri": "sqlite:///c.db"}
 
 
 def test_an_evaluations_figures_are_a_row_each():
