@@ -113,8 +113,11 @@ def test_a_killed_run_continues_on_its_snapshot_after_the_table_moved_on(table, 
     (2, cached by the test before) and is SIGKILLed after its first checkpoint; a version 3 is
     appended; the same command (train.resume=auto) continues that checkpoint on version 2, the one
     its record names, and records it in the manifest, the summary, run.json and the model."""
+    # 350 steps (several seconds) between the first checkpoint and the end: the kill lands in
+    # between (a run that reached max_steps is finished, not continued)
     command = [f"data.table={table}", "data.format=parquet", f"data.cache_dir={cache}", *TINY,
-               "train.max_steps=20", "train.checkpoint_interval=10", NO_CHECK]
+               "train.max_steps=400", "train.checkpoint_interval=50", "train.eval_interval=50",
+               NO_CHECK]
     runs = tmp_path / "runs"
     first = commands.start("raydp_llm.train", *command, f"hydra.run.dir={runs / 'killed'}")
     wait_for(first, lambda: any(runs.glob("killed/ray_results/*/checkpoint_*/complete.json")),
@@ -126,7 +129,7 @@ def test_a_killed_run_continues_on_its_snapshot_after_the_table_moved_on(table, 
     assert summary["resumed_from"] and "/checkpoint_" in summary["resumed_from"]
     assert record["version"] == 2 and DeltaTable(table).version() == 3
     assert summary["etl"]["cache_hit"] is True and record["files"] == 3
-    assert summary["status"] == "finished" and summary["steps"] == 20
+    assert summary["status"] == "finished" and summary["steps"] == 400
     console = (runs / "again.console").read_text()
     assert re.search(rf"data.table={table}: pinned to 2, which run \S+ read", console)
     run_dir = runs / "again"
