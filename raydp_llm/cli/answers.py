@@ -313,23 +313,15 @@ def job_id(s: GenerateSettings, out: str) -> str:
     return "answers-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
-def model_source(model_dir: str, s3: S3Options) -> str | None:
-    """The table snapshot the model learned from (its ``training_data.json``), as JSON text."""
-    from raydp_llm.data.tables import DATA_RECORD
-
-    record = storage.join(model_dir, DATA_RECORD)
-    if not storage.exists(record, s3):
-        return None
-    return json.dumps(storage.read_json(record, s3)["table"], sort_keys=True)
-
-
 def append_answers(s: GenerateSettings, out: str, parts: list[Part], s3: S3Options) -> int:
     """Every part of ``out`` appended to ``output.table`` once (``table_out.append_once``), a
     commit per ``GROUP_PARTS`` parts, each row with ``answers_job``, ``model_dir`` and
     ``model_table`` (the snapshot its model learned from, JSON; null when not a table's)."""
     from raydp_llm.data.table_out import append_once
+    from raydp_llm.data.tables import model_snapshot
 
-    job, source = job_id(s, out), model_source(s.model_dir, s3)
+    job, snapshot = job_id(s, out), model_snapshot(s.model_dir, s3)
+    source = None if snapshot is None else json.dumps(snapshot, sort_keys=True)
 
     def group(numbers: list[int]):
         def read() -> pa.Table:
@@ -343,11 +335,7 @@ def append_answers(s: GenerateSettings, out: str, parts: list[Part], s3: S3Optio
 
     numbers = [p.number for p in parts]
     groups = [group(numbers[i:i + GROUP_PARTS]) for i in range(0, len(numbers), GROUP_PARTS)]
-    schema = group(numbers[:1])().schema  # an Iceberg table created by the first append
-    table, catalog = s.output.table, dict(s.output.catalog)
-    if not catalog and "://" not in table:
-        table = str(Path(table).absolute())
-    return append_once(table, catalog, job, groups, schema, s3)
+    return append_once(s.output.table, dict(s.output.catalog), job, groups, s3)
 
 
 def read_part_file(out: str, part: int, s3: S3Options) -> pa.Table:

@@ -407,17 +407,15 @@ def record(settings: EvaluateSettings, out_dir: Path, evaluation: dict) -> None:
     write_json(out_dir / "evaluation.json", evaluation)
     if not settings.output.table:
         return
-    from raydp_llm.cli.answers import model_source
     from raydp_llm.data.table_out import append_once
+    from raydp_llm.data.tables import model_snapshot
 
-    s3 = S3Options.of(settings.s3)
-    rows = score_rows(evaluation, str(out_dir), model_source(settings.model_dir, s3))
-    table, catalog = settings.output.table, dict(settings.output.catalog)
-    if not catalog and "://" not in table:
-        table = str(Path(table).absolute())
-    append_once(table, catalog, f"evaluation-{out_dir}", [lambda: rows],
-                rows.schema, s3)
-    print(f"appended to {table}: {rows.num_rows} figures")
+    s3, output = S3Options.of(settings.s3), settings.output
+    snapshot = model_snapshot(settings.model_dir, s3)
+    rows = score_rows(evaluation, str(out_dir),
+                      None if snapshot is None else json.dumps(snapshot, sort_keys=True))
+    append_once(output.table, dict(output.catalog), f"evaluation-{out_dir}", [lambda: rows], s3)
+    print(f"appended to {output.table}: {rows.num_rows} figures")
 
 
 def figures(evaluation: dict, prefix: str = "") -> Iterator[tuple[str, float]]:

@@ -12,11 +12,13 @@ append when it does not exist.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import pyarrow as pa
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.core.storage import S3Options, is_s3, s3_uri
+from raydp_llm.core.storage import S3Options
+from raydp_llm.data.tables import delta_location, iceberg_catalog
 
 JOB_PROPERTY, DONE_PROPERTY = "raydp_llm.job", "raydp_llm.groups_done"
 
@@ -36,10 +38,7 @@ def _append_delta(uri: str, job: str, groups: list[Callable[[], pa.Table]],
                   s3: S3Options) -> int:
     from deltalake import CommitProperties, Transaction, write_deltalake
 
-    from raydp_llm.data.tables import storage_options
-
-    options = storage_options(uri, s3)
-    target = s3_uri(uri) if is_s3(uri) else uri
+    target, options = delta_location(uri, s3)
     done = _delta_done(target, job, options)
     for number in range(done, len(groups)):
         write_deltalake(target, groups[number](), mode="append", storage_options=options,
@@ -48,27 +47,25 @@ def _append_delta(uri: str, job: str, groups: list[Callable[[], pa.Table]],
     return len(groups) - done
 
 
-def _iceberg_table(name: str, catalog: dict, schema: pa.Schema):
-    """The catalog's table ``name``, created with ``schema`` when it does not exist."""
-    from pyiceberg.catalog import load_catalog
+def _append_iceberg(name: str, catalog: dict, job: str,
+                    groups: list[Callable[[], pa.Table]]) -> int:
+    """The groups after those ``job`` appended; a missing table is created with the schema of
+    the first group appended now."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    properties = {k: str(v) for k, v in catalog.items()}
-    store = load_catalog(properties.pop("name", "default"), **properties)
+    store = iceberg_catalog(catalog)
     try:
-        return store.load_table(name)
+        table = store.load_table(name)
     except NoSuchTableError:
-        return store.create_table(name, schema=schema)
-
-
-def _append_iceberg(name: str, catalog: dict, job: str, groups: list[Callable[[], pa.Table]],
-                    schema: pa.Schema) -> int:
-    table = _iceberg_table(name, catalog, schema)
-    done = max((int(s.summary.get(DONE_PROPERTY, 0)) for s in table.snapshots()
-                if s.summary.get(JOB_PROPERTY) == job), default=0)
+        table = None
+    done = 0 if table is None else max(
+        (int(s.summary.get(DONE_PROPERTY, 0)) for s in table.snapshots()
+         if s.summary.get(JOB_PROPERTY) == job), default=0)
     for number in range(done, len(groups)):
-        table.append(groups[number](), snapshot_properties={JOB_PROPERTY: job,
-                                                            DONE_PROPERTY: str(number + 1)})
+        rows = groups[number]()
+        if table is None:
+            table = store.create_table(name, schema=rows.schema)
+        table.append(rows, snapshot_properties={JOB_PROPERTY: job, DONE_PROPERTY: str(number + 1)})
     return len(groups) - done
 
 
@@ -80,16 +77,17 @@ def _refusals() -> tuple[type[Exception], ...]:
 
 
 def append_once(table: str, catalog: dict, job: str, groups: Iterable[Callable[[], pa.Table]],
-                schema: pa.Schema, s3: S3Options) -> int:
+                s3: S3Options) -> int:
     """The rows of ``groups`` (each read when its turn comes) appended to ``table`` (a Delta
-    directory, or with ``catalog`` an Iceberg namespace.table) in order, but the groups ``job``
-    appended before; the number of groups appended now. A table whose schema refuses the rows is
-    one line."""
+    directory, made absolute when local, or with ``catalog`` an Iceberg namespace.table) in
+    order, but the groups ``job`` appended before; the number of groups appended now. A table
+    whose schema refuses the rows is one line."""
     groups = list(groups)
     try:
         if catalog:
-            return _append_iceberg(table, catalog, job, groups, schema)
-        return _append_delta(table, job, groups, s3)
+            return _append_iceberg(table, catalog, job, groups)
+        local = "://" not in table
+        return _append_delta(str(Path(table).absolute()) if local else table, job, groups, s3)
     except _refusals() as err:
         raise InputError(f"{table}: the rows could not be appended ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else 'no detail'}); give a new "

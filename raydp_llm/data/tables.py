@@ -14,13 +14,12 @@ mapping, Iceberg's delete files, and a column renamed since some of the files we
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pyarrow as pa
 
+from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options, is_s3, s3_uri
 from raydp_llm.data.corpus import Corpus, local_path, resolve_corpus
@@ -87,25 +86,35 @@ class TableSnapshot:
         return replace(listed, name=f"{self.uri}@{self.version}", table=self.record())
 
 
-def storage_options(uri: str, s3: S3Options) -> dict[str, str]:
-    """delta-rs's options for an s3:// table: the endpoint and region of the ``s3`` settings (the
-    credentials come from the environment, as for every other S3 read)."""
+def delta_location(uri: str, s3: S3Options) -> tuple[str, dict[str, str]]:
+    """A Delta table's URI as delta-rs takes it (``s3a://`` as ``s3://``) and delta-rs's storage
+    options: for an s3:// table the endpoint and region of the ``s3`` settings (the credentials
+    come from the environment, as for every other S3 read)."""
     if not is_s3(uri):
-        return {}
+        return uri, {}
     options = {"AWS_REGION": s3.region or "us-east-1"}
     if s3.endpoint_url:
         options["AWS_ENDPOINT_URL"] = s3.endpoint_url
         options["AWS_ALLOW_HTTP"] = str(urlparse(s3.endpoint_url).scheme == "http").lower()
-    return options
+    return s3_uri(uri), options
+
+
+def iceberg_catalog(catalog: dict):
+    """The pyiceberg catalog of ``data.catalog``'s (or ``output.catalog``'s) properties: its
+    ``name`` (default ``default``) and the rest as pyiceberg takes them."""
+    from pyiceberg.catalog import load_catalog
+
+    properties = {k: str(v) for k, v in catalog.items()}
+    return load_catalog(properties.pop("name", "default"), **properties)
 
 
 def _open(uri: str, version: int | None, as_of: str | None, s3: S3Options):
     """The table at ``version`` (or the last version committed at ``as_of``, or the latest)."""
     from deltalake import DeltaTable
 
-    table_uri = s3_uri(uri) if is_s3(uri) else uri
+    target, options = delta_location(uri, s3)
     try:
-        table = DeltaTable(table_uri, storage_options=storage_options(uri, s3))
+        table = DeltaTable(target, storage_options=options)
     except Exception as err:  # TableNotFoundError, an unreachable store
         raise InputError(f"data.table={uri}: no Delta table there ({type(err).__name__}: "
                          f"{str(err).splitlines()[0]}); give the table's directory, the one "
@@ -139,15 +148,12 @@ def _refuse_what_files_cannot_say(table, uri: str) -> None:
                          "data.table_version to a version before the delete")
 
 
-def _commit_time(table, uri: str, s3: S3Options) -> str:
-    """The ISO time (UTC) of the loaded version's commit. From the table's latest state: deltalake
-    1.6.6's ``history()`` of a table loaded at an older version labels the newest commits with
-    that version and the ones below it (read 2026-12-03; tests/unit/test_tables.py holds it)."""
-    from deltalake import DeltaTable
-
+def _commit_time(table, latest) -> str:
+    """The ISO time (UTC) of ``table``'s loaded version's commit, read from the ``latest`` state
+    of the same table: deltalake 1.6.6's ``history()`` of a table loaded at an older version
+    labels the newest commits with that version and the ones below it (read 2026-12-03;
+    tests/unit/test_tables.py holds it)."""
     version = table.version()
-    latest = DeltaTable(s3_uri(uri) if is_s3(uri) else uri,
-                        storage_options=storage_options(uri, s3))
     for commit in latest.history():
         if commit.get("version") == version:
             stamp = dt.datetime.fromtimestamp(commit["timestamp"] / 1000, tz=dt.timezone.utc)
@@ -168,7 +174,8 @@ def delta_snapshot(uri: str, version: int | None, as_of: str | None,
     counts = actions.get("num_records", [None] * len(actions["path"]))
     rows = {uris[p.rsplit("/", 1)[-1]]: None if n is None else int(n)
             for p, n in zip(actions["path"], counts)}
-    return TableSnapshot(uri=uri, version=table.version(), timestamp=_commit_time(table, uri, s3),
+    latest = table if version is None and as_of is None else _open(uri, None, None, s3)
+    return TableSnapshot(uri=uri, version=table.version(), timestamp=_commit_time(table, latest),
                          rows_by_file=rows)
 
 
@@ -179,11 +186,8 @@ def _iso(ms: int) -> str:
 
 def _iceberg_table(name: str, catalog: dict):
     """The catalog's table ``name`` (namespace.table); the catalog from pyiceberg's properties."""
-    from pyiceberg.catalog import load_catalog
-
-    properties = {k: str(v) for k, v in catalog.items()}
     try:
-        return load_catalog(properties.pop("name", "default"), **properties).load_table(name)
+        return iceberg_catalog(catalog).load_table(name)
     except Exception as err:  # NoSuchTableError, an unreachable or unknown catalog
         raise InputError(f"data.table={name}: not found in data.catalog ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else 'no detail'}); give a "
@@ -287,7 +291,14 @@ def _check(d) -> None:
                          "data.format=parquet (a document in data.text_column) or chat")
 
 
-def _since(d, model_dir: str | None) -> int:
+def model_snapshot(model_dir: str, s3: S3Options) -> dict | None:
+    """The table snapshot a model directory (local or s3://) records it learned from
+    (``DATA_RECORD``, a run on ``data.table`` writes it); None when it learned from none."""
+    record = storage.join(model_dir, DATA_RECORD)
+    return storage.read_json(record, s3)["table"] if storage.exists(record, s3) else None
+
+
+def _since(d, model_dir: str | None, s3: S3Options) -> int:
     """``data.table_since``: a version or snapshot id, or ``model``: the one the model of
     ``model.path`` (or ``model.init_from``) learned from, as its ``training_data.json`` says."""
     if str(d.table_since) != "model":
@@ -296,12 +307,12 @@ def _since(d, model_dir: str | None) -> int:
         except ValueError:
             raise InputError(f"data.table_since={d.table_since}: give a version or snapshot id, "
                              "or model (the one model.path's model learned from)") from None
-    record = Path(model_dir or "") / DATA_RECORD
-    if not model_dir or not record.is_file():
-        raise InputError(f"data.table_since=model: {record if model_dir else 'no model.path'} "
-                         "names no table snapshot (a run on data.table writes it into its "
-                         "model/); give model.path such a model, or the version itself")
-    table = json.loads(record.read_text())["table"]
+    table = model_snapshot(model_dir, s3) if model_dir else None
+    if table is None:
+        where = storage.join(model_dir, DATA_RECORD) if model_dir else "no model.path"
+        raise InputError(f"data.table_since=model: {where} names no table snapshot (a run on "
+                         "data.table writes it into its model/); give model.path such a model, "
+                         "or the version itself")
     if table["uri"] != d.table:
         raise InputError(f"data.table_since=model: {model_dir} learned from {table['uri']}, not "
                          f"data.table={d.table}; give the version itself")
@@ -320,5 +331,5 @@ def table_corpus(d, s3: S3Options, model_dir: str | None = None) -> Corpus:
 
     chosen = snapshot(d.table_version, d.table_as_of)
     if d.table_since is not None:
-        chosen = chosen.appended_since(snapshot(_since(d, model_dir), None))
+        chosen = chosen.appended_since(snapshot(_since(d, model_dir, s3), None))
     return chosen.corpus(s3)

@@ -48,15 +48,15 @@ def test_a_delta_table_gets_each_group_once(tmp_path):
     table = str(tmp_path / "answers")
 
     def append(readers):
-        return append_once(table, {}, "job-1", readers, ROWS[0].schema, S3Options())
+        return append_once(table, {}, "job-1", readers, S3Options())
 
     _appended_in_turn(append, lambda: DeltaTable(table).to_pyarrow_table().column("id")
                       .to_pylist())
     # another job's rows go in beside them; rows of another schema are one line
-    assert append_once(table, {}, "job-2", groups()[:1], ROWS[0].schema, S3Options()) == 1
+    assert append_once(table, {}, "job-2", groups()[:1], S3Options()) == 1
     with pytest.raises(InputError, match=rf"^{table}: the rows could not be appended "):
         append_once(table, {}, "job-3", [lambda: pa.table({"id": ["not a number"]})],
-                    ROWS[0].schema, S3Options())
+                    S3Options())
 
 
 def test_an_iceberg_table_gets_each_group_once(tmp_path):
@@ -68,8 +68,7 @@ def test_an_iceberg_table_gets_each_group_once(tmp_path):
         "out")
 
     def append(readers):
-        return append_once("out.answers", catalog, "job-1", readers, ROWS[0].schema,
-                           S3Options())
+        return append_once("out.answers", catalog, "job-1", readers, S3Options())
 
     def read_ids():
         store = SqlCatalog("tests", uri=catalog["uri"], warehouse=catalog["warehouse"])

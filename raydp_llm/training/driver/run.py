@@ -166,8 +166,9 @@ def early_start(settings: Settings) -> bool:
 def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> TrainSpec:
     """What the workers train, from the settings and the data (written as ``manifest.json``);
     where the run resumes from; the tracking run started."""
-    write_json(job.out_dir / "manifest.json", data.manifest_json())
-    job.record.table = data.manifest_json().get("table")
+    manifest = data.manifest_json()
+    write_json(job.out_dir / "manifest.json", manifest)
+    job.record.table = manifest.get("table")
     if isinstance(data, PromptData):
         spec = build_prompt_spec(settings, data)
     else:
