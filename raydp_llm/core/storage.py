@@ -59,7 +59,7 @@ class S3Options:
         kwargs = {"retry_strategy": pafs.AwsDefaultS3RetryStrategy(max_attempts=self.max_attempts)}
         if self.endpoint_url:
             url = urlparse(self.endpoint_url)
-            _answers(url)
+            answers(url, "s3.endpoint_url")
             kwargs.update(endpoint_override=url.netloc, scheme=url.scheme)
         if self.region:
             kwargs["region"] = self.region
@@ -80,16 +80,17 @@ class S3Options:
 ENDPOINT_TIMEOUT_S = 5.0
 
 
-def _answers(url: ParseResult) -> None:
-    """An OSError at once when nothing listens at ``s3.endpoint_url`` (a wrong host or port):
-    the SDK would retry the refused connection ``s3.max_attempts`` times, about 25 s, before the
-    one-line error. Checked once per process, where its first S3 client is made; a service that
-    answers, even with errors, is left to the retries."""
+def answers(url: ParseResult, key: str) -> None:
+    """An OSError at once when nothing listens at the endpoint setting ``key`` gives (a wrong host
+    or port): the SDK would retry the refused connection ``s3.max_attempts`` times, about 25 s,
+    before the one-line error. Checked once per process, where its first S3 client is made (and
+    before a catalog's client: data/tables.py); a service that answers, even with errors, is left
+    to the retries."""
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         socket.create_connection((url.hostname, port), timeout=ENDPOINT_TIMEOUT_S).close()
     except OSError as err:
-        raise OSError(f"nothing answers at s3.endpoint_url={url.geturl()} ({first_line(err)}); "
+        raise OSError(f"nothing answers at {key}={url.geturl()} ({first_line(err)}); "
                       "check its host and port") from None
 
 

@@ -74,6 +74,7 @@ class PromptManifest:
     limit: int = 0  # the most tokens a prompt keeps
     settings: dict = field(default_factory=dict)  # the data settings the ETL read
     etl_key: str | None = None  # the trackers' data key (None: the prompts are not cached)
+    table: dict | None = None  # data.table's snapshot (data/tables.py), as the ETL's manifest's
 
     @property
     def chat(self) -> dict:
@@ -88,7 +89,8 @@ class PromptManifest:
                 "prompts": self.splits, "template": self.template, "tokenizer": self.tokenizer,
                 "vocab_size": self.vocab_size, "prompt_tokens_limit": self.limit,
                 "settings": self.settings,
-                "left_out": LeftOut.of(self.chat).to_json()}
+                "left_out": LeftOut.of(self.chat).to_json()} | (
+                    {} if self.table is None else {"table": self.table})
 
 
 @dataclass
@@ -157,7 +159,7 @@ def run_prompts_etl(spark: SparkSession, settings: Settings, corpus: Corpus, tok
                                                           "inputs": corpus.fingerprints}
     manifest = PromptManifest(corpus.name, counts, {k: s.count for k, s in sources.items()},
                               template and template.name, tokenizer.kind, tokenizer.vocab_size,
-                              limit=limit, settings=read)
+                              limit=limit, settings=read, table=corpus.table)
     log_counts(sources, counts)
     return PromptData(tokenizer, manifest, sources, template)
 

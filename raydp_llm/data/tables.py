@@ -112,6 +112,8 @@ def _open(uri: str, version: int | None, as_of: str | None, s3: S3Options):
     """The table at ``version`` (or the last version committed at ``as_of``, or the latest)."""
     from deltalake import DeltaTable
 
+    if is_s3(uri):  # a missing bucket or an endpoint nobody answers at is its own line
+        storage.check_bucket("data.table", uri, s3)
     target, options = delta_location(uri, s3)
     try:
         table = DeltaTable(target, storage_options=options)
@@ -184,8 +186,26 @@ def _iso(ms: int) -> str:
         timespec="milliseconds")
 
 
+# the properties of pyiceberg's catalogs that name the service its client calls
+CATALOG_ENDPOINTS = ("uri", "glue.endpoint")
+
+
+def _catalog_answers(name: str, catalog: dict) -> None:
+    """One line at once when nothing listens at the catalog's endpoint (a REST catalog's ``uri``,
+    ``glue.endpoint``): boto3 retries a refused Glue connection for about 25 s."""
+    for key in CATALOG_ENDPOINTS:
+        url = urlparse(str(catalog.get(key, "")))
+        if url.scheme in ("http", "https") and url.hostname:
+            try:
+                storage.answers(url, f"data.catalog.{key}")
+            except OSError as err:
+                raise InputError(f"data.table={name}: data.catalog cannot be reached: {err}"
+                                 ) from None
+
+
 def _iceberg_table(name: str, catalog: dict):
     """The catalog's table ``name`` (namespace.table); the catalog from pyiceberg's properties."""
+    _catalog_answers(name, catalog)
     try:
         return iceberg_catalog(catalog).load_table(name)
     except Exception as err:  # NoSuchTableError, an unreachable or unknown catalog
@@ -214,18 +234,22 @@ def _iceberg_snapshot(table, name: str, snapshot_id: int | None, as_of: str | No
     return found
 
 
-def _renamed(table, snapshot, column: str, tasks: list, s3: S3Options) -> str | None:
-    """The first data file of ``tasks`` that names ``column``'s field otherwise (it was renamed
-    since the file was written: Iceberg reads by field id, Spark's Parquet reader by name)."""
+def _renamed(table, snapshot, columns: tuple[str, ...] | None, tasks: list,
+             s3: S3Options) -> tuple[str, str] | None:
+    """The first of ``columns`` (None: every column) renamed since a data file of ``tasks`` was
+    written, and that file (Iceberg reads by field id, Spark's Parquet reader by name)."""
     # the current snapshot reads by the table's schema, an older one by its own (as Spark's
     # Iceberg reader does)
     current = table.current_snapshot()
     own = snapshot.schema_id is not None and snapshot.snapshot_id != current.snapshot_id
     schema = table.schemas()[snapshot.schema_id] if own else table.schema()
-    field = next((f for f in schema.fields if f.name == column), None)
-    names = {f.name for s in table.schemas().values() for f in s.fields
-             if field is not None and f.field_id == field.field_id}
-    if field is None or names == {column}:
+    names_by_id: dict[int, set[str]] = {}
+    for each in table.schemas().values():
+        for f in each.fields:
+            names_by_id.setdefault(f.field_id, set()).add(f.name)
+    renamed = [f.name for f in schema.fields if (columns is None or f.name in columns)
+               and names_by_id[f.field_id] != {f.name}]
+    if not renamed:
         return None
     import pyarrow.parquet as pq
 
@@ -236,15 +260,16 @@ def _renamed(table, snapshot, column: str, tasks: list, s3: S3Options) -> str | 
                                    filesystem=s3.filesystem()).names
         else:
             names = pq.read_schema(local_path(path) if path.startswith("file:") else path).names
-        if column not in names:
-            return path
+        missing = [c for c in renamed if c not in names]
+        if missing:
+            return missing[0], path
     return None
 
 
 def iceberg_snapshot(name: str, catalog: dict, snapshot_id: int | None, as_of: str | None,
-                     column: str, s3: S3Options) -> TableSnapshot:
+                     columns: tuple[str, ...] | None, s3: S3Options) -> TableSnapshot:
     """Table ``name``'s snapshot in ``catalog`` (by id, at a time, or the current one): its data
-    files and rows; delete files and a renamed ``column`` refused."""
+    files and rows; delete files and a renamed column of ``columns`` (None: of any) refused."""
     table = _iceberg_table(name, catalog)
     snapshot = _iceberg_snapshot(table, name, snapshot_id, as_of)
     tasks = list(table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
@@ -255,13 +280,13 @@ def iceberg_snapshot(name: str, catalog: dict, snapshot_id: int | None, as_of: s
                          "data files), which reading the data files directly would bring back; "
                          "compact the table (rewrite_data_files) or pin data.table_version to "
                          "a snapshot before the delete")
-    renamed = _renamed(table, snapshot, column, tasks, s3)
+    renamed = _renamed(table, snapshot, columns, tasks, s3)
     if renamed:
-        raise InputError(f"data.table={name}: column {column} had another name when {renamed} "
-                         "was written (Iceberg reads it by field id, Spark's Parquet reader by "
-                         "name); rewrite the table's files (rewrite_data_files), or give the "
-                         "column's old name in data.text_column and pin a snapshot before the "
-                         "rename")
+        raise InputError(f"data.table={name}: column {renamed[0]} had another name when "
+                         f"{renamed[1]} was written (Iceberg reads it by field id, Spark's "
+                         "Parquet reader by name); rewrite the table's files "
+                         "(rewrite_data_files), or give the column's old name (data.text_column "
+                         "or the format's column setting) and pin a snapshot before the rename")
     if not tasks:
         raise InputError(f"data.table={name}: snapshot {snapshot.snapshot_id} holds no rows; "
                          "give a snapshot with data (data.table_version)")
@@ -271,9 +296,17 @@ def iceberg_snapshot(name: str, catalog: dict, snapshot_id: int | None, as_of: s
                          format="iceberg")
 
 
-# what a table's rows are read as: the formats whose Parquet rows are tested
-TABLE_FORMATS = ("parquet", "chat")
+# what a table's rows are read as: the formats that read Parquet rows (data/etl/formats.py)
+TABLE_FORMATS = ("parquet", "chat", "preference", "prompts")
 DATA_RECORD = "training_data.json"  # in a model directory: the table snapshot it learned from
+
+
+def read_columns(d) -> tuple[str, ...] | None:
+    """The columns ``data.format`` reads of a row (None: every one, as a prompt's rewards may)."""
+    by_format = {"parquet": (d.text_column,),
+                 "chat": (d.messages_column, d.prompt_column, d.response_column),
+                 "preference": (d.prompt_column, d.chosen_column, d.rejected_column)}
+    return by_format.get(d.format)
 
 
 def _check(d) -> None:
@@ -288,7 +321,8 @@ def _check(d) -> None:
                          f"{d.table_as_of} both pin data.table's snapshot; give one of them")
     if d.format not in TABLE_FORMATS:
         raise InputError(f"data.format={d.format}: data.table's rows are Parquet rows; set "
-                         "data.format=parquet (a document in data.text_column) or chat")
+                         "data.format=parquet (a document in data.text_column), chat, "
+                         "preference or prompts")
 
 
 def model_snapshot(model_dir: str, s3: S3Options) -> dict | None:
@@ -326,7 +360,8 @@ def table_corpus(d, s3: S3Options, model_dir: str | None = None) -> Corpus:
 
     def snapshot(version: int | None, as_of: str | None) -> TableSnapshot:
         if d.catalog:
-            return iceberg_snapshot(d.table, dict(d.catalog), version, as_of, d.text_column, s3)
+            return iceberg_snapshot(d.table, dict(d.catalog), version, as_of, read_columns(d),
+                                    s3)
         return delta_snapshot(d.table, version, as_of, s3)
 
     chosen = snapshot(d.table_version, d.table_as_of)

@@ -21,3 +21,12 @@ def use_fake_credentials() -> None:
     Spark or Ray Train worker started after this inherits it."""
     for key, value in FAKE_AWS.items():
         os.environ.setdefault(key, value)
+
+
+def glue_catalog(s3, warehouse: str) -> dict:
+    """pyiceberg's properties of a Glue catalog on the S3 stand-in (moto serves Glue too), its
+    warehouse an s3:// prefix: what an EMR user gives as data.catalog, with the endpoints AWS
+    needs none of (``s3``: the fixture's ``S3Options``)."""
+    return {"name": "glue", "type": "glue", "glue.endpoint": s3.endpoint_url,
+            "glue.region": "us-east-1", "s3.endpoint": s3.endpoint_url, "s3.region": "us-east-1",
+            "warehouse": warehouse}

@@ -16,13 +16,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from deltalake import write_deltalake
 
 from helpers.configs import make_config
 from helpers.corpora import write_lines
 from helpers.etl import prepare
 from helpers.flaky_s3 import FlakyS3
 from helpers.paths import ROOT
-from helpers.s3 import BUCKET
+from helpers.s3 import BUCKET, glue_catalog
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.cli.train import run
 from raydp_llm.core import integrity, storage
@@ -35,6 +36,7 @@ from raydp_llm.data.etl.read import read_lines
 from raydp_llm.data.etl.records import EtlPlan, Manifest
 from raydp_llm.data.etl.run import run_etl
 from raydp_llm.data.stream import RunWindows
+from raydp_llm.data.tables import delta_location, iceberg_catalog, table_corpus
 from raydp_llm.engines.spark import spark_session
 from raydp_llm.training.driver.metrics import read_metrics
 from raydp_llm.training.driver.run import resume_checkpoint
@@ -125,10 +127,10 @@ def stream(chunks, index) -> bytes:
     return b"".join(tokens[:own[start]] for start, tokens in rows)
 
 
-def _etl_chunks(spark, cfg, path: str, data_format: str = "text"):
-    """The ETL of ``path``: its manifest, each split's token stream, and the (file, block) pieces
-    the readers cut."""
-    settings = replace(cfg, data=replace(cfg.data, path=path, format=data_format))
+def _etl_chunks(spark, cfg, path: str | None, data_format: str = "text", **data):
+    """The ETL of ``path`` (or of the table ``data`` names): its manifest, each split's token
+    stream, and the (file, block) pieces the readers cut."""
+    settings = replace(cfg, data=replace(cfg.data, path=path, format=data_format, **data))
     out = run_etl(spark, EtlPlan.of(settings, check_inputs(settings)))
     blocks = sorted(
         {
@@ -175,6 +177,22 @@ def _rows_as_parquet_and_jsonl_also_on_s3(rows: list[str], tmp_path, s3) -> list
     return names
 
 
+def _rows_as_tables_on_s3(rows: list[str], tmp_path, s3) -> dict:
+    """The rows as a Delta table under s3:// (deltalake) and as an Iceberg table of a Glue catalog
+    (moto's) with its warehouse on S3 (pyiceberg), as EMR users keep them: the settings that name
+    each (``data.table``, and the catalog's properties)."""
+    docs = pa.table({"id": range(len(rows)), "text": rows})
+    delta = f"s3://{BUCKET}/delta-{tmp_path.name}/docs"
+    target, options = delta_location(delta, s3)
+    write_deltalake(target, docs, storage_options=options)
+    properties = glue_catalog(s3, f"s3://{BUCKET}/warehouse-{tmp_path.name}")
+    catalog = iceberg_catalog(properties)
+    catalog.create_namespace("s3_docs")
+    catalog.create_table("s3_docs.speeches", schema=docs.schema).append(docs)
+    return {"delta": {"table": delta},
+            "iceberg": {"table": "s3_docs.speeches", "catalog": properties}}
+
+
 def _prompts_as_parquet_also_on_s3(tmp_path, s3) -> list[dict]:
     """A table of prompts with the columns rewards read (a list, a null among them), as Parquet
     on disk and under s3://BUCKET/prompts."""
@@ -184,15 +202,22 @@ def _prompts_as_parquet_also_on_s3(tmp_path, s3) -> list[dict]:
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "prompts" / "p.parquet",
                    row_group_size=20)
     storage.copy(tmp_path / "prompts", f"s3://{BUCKET}/prompts", s3)
+    # and as a Delta table under s3://BUCKET/prompts-table (GRPO's prompts from a table)
+    target, options = delta_location(f"s3://{BUCKET}/prompts-table-{tmp_path.name}", s3)
+    write_deltalake(target, pa.Table.from_pylist(rows), storage_options=options)
     return rows
 
 
-def _prompt_rows(spark, cfg, path: str) -> list[dict]:
-    """What the prompts' reader makes of the Parquet under ``path``: each row a JSON object."""
+def _prompt_rows(spark, cfg, path: str | None, table: str | None = None) -> list[dict]:
+    """What the prompts' reader makes of the Parquet under ``path`` (or of the Delta ``table``'s
+    snapshot): each row a JSON object."""
+    data = replace(cfg.data, path=path, format="prompts", table=table)
     # its files listed as the door lists them (check_inputs would check them as the default
     # format's, text, and refuse the Parquet as binary, as the ETL does)
-    corpus = resolve_corpus(path, s3=S3Options.of(cfg.s3))
-    data = replace(cfg.data, path=path, format="prompts")
+    if table is None:
+        corpus = resolve_corpus(path, s3=S3Options.of(cfg.s3))
+    else:
+        corpus = table_corpus(data, S3Options.of(cfg.s3))
     lines = read_lines(spark, corpus, data, S3Options.of(cfg.s3))
     return sorted((json.loads(bytes(r.text)) for r in lines.collect()), key=lambda r: r["id"])
 
@@ -243,6 +268,7 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     ]
     names = _rows_as_parquet_and_jsonl_also_on_s3(rows, tmp_path, s3)
     prompts = _prompts_as_parquet_also_on_s3(tmp_path, s3)
+    tables = _rows_as_tables_on_s3(rows, tmp_path, s3)
     # the Spark the tests keep (its cluster settings: the defaults), with several input splits per
     # file for the length of this test: a setting Spark SQL takes at run time
     with spark_session(cfg.cluster, app_name="test_s3", log_dir=tmp_path / "spark") as spark, \
@@ -254,7 +280,11 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
         jsonl_from_s3 = _etl_chunks(spark, cfg, f"s3://{BUCKET}/jsonl/", "jsonl")
         jsonl_from_disk = _etl_chunks(spark, cfg, str(tmp_path / "jsonl"), "jsonl")
         prompts_from_s3 = _prompt_rows(spark, cfg, f"s3://{BUCKET}/prompts/")
+        from_tables = {kind: _etl_chunks(spark, cfg, None, "parquet", **table)
+                       for kind, table in tables.items()}
         prompts_from_disk = _prompt_rows(spark, cfg, str(tmp_path / "prompts"))
+        prompts_from_table = _prompt_rows(spark, cfg, None,
+                                          f"s3://{BUCKET}/prompts-table-{tmp_path.name}")
     _assert_text_from_s3_as_from_disk(from_s3, from_disk, local)
     assert len(parquet_from_s3[2]) > 1 and parquet_from_s3[0]["documents"] == len(
         rows
@@ -267,6 +297,13 @@ def test_the_etl_reads_s3_as_spark_reads_local_files(ray_cluster, s3, corpus_dir
     # a Parquet table of prompts (chat, preference alike): its rows with every column, as JSON
     assert prompts_from_s3 == prompts_from_disk
     assert prompts_from_s3 == [{k: v for k, v in r.items() if v is not None} for r in prompts]
+    assert prompts_from_table == prompts_from_s3  # GRPO's prompts from a Delta table on S3
+    # a Delta table on S3 and an Iceberg table of a Glue catalog on S3: their snapshots' files
+    # read as the same rows' Parquet file reads, and recorded
+    for kind, (manifest, streams, _) in from_tables.items():
+        assert streams == parquet_from_s3[1], kind
+        assert manifest["documents"] == manifest["table"]["rows"] == len(rows), kind
+        assert manifest["table"]["uri"] == tables[kind]["table"], kind
 
 
 # a run's outputs, beside its checkpoints in storage_path

@@ -134,19 +134,19 @@ def test_an_iceberg_snapshot_is_the_files_its_scan_plans(iceberg):
     assert corpus.table == {"uri": "docs.speeches", "format": "iceberg", "snapshot_id": latest,
                             "timestamp": corpus.table["timestamp"], "files": 2, "rows": 2}
     assert all(Path(f).is_file() for f in corpus.files) and corpus.fingerprinted
-    pinned = iceberg_snapshot("docs.speeches", iceberg["properties"], first, None, "text",
+    pinned = iceberg_snapshot("docs.speeches", iceberg["properties"], first, None, ("text",),
                               S3Options())
     assert pinned.rows == 2 and len(pinned.files) == 1
     assert pinned.files[0] not in {Path(f).as_uri() for f in corpus.files}  # rewritten since
     at_second = iceberg_snapshot("docs.speeches", iceberg["properties"], None,
-                                 pinned_time(iceberg, second), "text", S3Options())
+                                 pinned_time(iceberg, second), ("text",), S3Options())
     assert at_second.version == second
     with pytest.raises(InputError, match=r"data.table_version=7: docs.speeches has no such "
                                          r"snapshot; its snapshots are \d+, \d+, \d+"):
-        iceberg_snapshot("docs.speeches", iceberg["properties"], 7, None, "text", S3Options())
+        iceberg_snapshot("docs.speeches", iceberg["properties"], 7, None, ("text",), S3Options())
     with pytest.raises(InputError, match=r"data.table=docs.nothing: not found in data.catalog "
                                          r"\(NoSuchTableError"):
-        iceberg_snapshot("docs.nothing", iceberg["properties"], None, None, "text", S3Options())
+        iceberg_snapshot("docs.nothing", iceberg["properties"], None, None, ("text",), S3Options())
 
 
 def pinned_time(iceberg: dict, snapshot_id: int) -> str:
@@ -167,10 +167,10 @@ def test_a_column_renamed_since_files_were_written_is_refused(iceberg, tmp_path)
         update.rename_column("text", "body")
     with pytest.raises(InputError, match=r"data.table=docs.renamed: column body had another name "
                                          r"when \S+ was written"):
-        iceberg_snapshot("docs.renamed", iceberg["properties"], None, None, "body", S3Options())
+        iceberg_snapshot("docs.renamed", iceberg["properties"], None, None, ("body",), S3Options())
     # by the name its files hold (each was written before the rename), the snapshot reads
     before = catalog.load_table("docs.renamed").snapshots()[0].snapshot_id
-    assert iceberg_snapshot("docs.renamed", iceberg["properties"], before, None, "text",
+    assert iceberg_snapshot("docs.renamed", iceberg["properties"], before, None, ("text",),
                             S3Options()).rows == 1
 
 
@@ -285,3 +285,84 @@ def test_a_mixture_replays_the_old_snapshot_beside_what_was_appended(table):
     assert corpora["new"].table["since"] == 0 and corpora["new"].table["rows"] == 1
     assert corpora["replay"].table["version"] == 0 and corpora["replay"].table["rows"] == 2
     assert not set(corpora["new"].files) & set(corpora["replay"].files)
+
+
+def test_tables_on_s3_resolve_as_local_ones(s3, tmp_path):
+    """A Delta table under s3:// and an Iceberg table of a Glue catalog with its warehouse on S3
+    (both on the S3 stand-in): pinned, at a time and appended-since as the local ones, their files
+    s3:// objects listed with their sizes (the cache key's inputs). A missing bucket and an
+    endpoint nobody answers at are one line each, at once."""
+    from helpers.s3 import BUCKET, glue_catalog
+    from raydp_llm.data.tables import delta_location, iceberg_catalog
+
+    endpoint = f"s3.endpoint_url={s3.endpoint_url}"
+    uri = f"s3://{BUCKET}/tables/{tmp_path.name}/docs"
+    target, options = delta_location(uri, s3)
+    write_deltalake(target, pa.table({"text": ["to be", "or not"]}), storage_options=options)
+    # time travel goes by the log files' modification times, which S3 keeps in whole seconds
+    time.sleep(1.1)
+    write_deltalake(target, pa.table({"text": ["to be"]}), storage_options=options, mode="append")
+    first, latest = (delta_snapshot(uri, v, None, s3) for v in (0, None))
+    assert (first.version, first.rows, latest.version, latest.rows) == (0, 2, 1, 3)
+    assert all(f.startswith(f"{uri}/") for f in latest.files)
+    assert delta_snapshot(uri, None, first.timestamp, s3).version == 0  # as of its commit
+    corpus = corpus_of(make_config(f"data.table={uri}", "data.format=parquet", endpoint,
+                                   "data.table_since=0"))
+    assert corpus.files == sorted(set(latest.files) - set(first.files))
+    assert corpus.fingerprinted and corpus.table["uri"] == uri and corpus.table["rows"] == 1
+
+    properties = glue_catalog(s3, f"s3://{BUCKET}/warehouse-{tmp_path.name}")
+    catalog = iceberg_catalog(properties)
+    catalog.create_namespace("unit_docs")
+    table = catalog.create_table("unit_docs.speeches", schema=pa.schema([("text", pa.string())]))
+    table.append(pa.table({"text": ["to be", "or not"]}))
+    table.append(pa.table({"text": ["to be"]}))
+    snapshots = [s.snapshot_id for s in catalog.load_table("unit_docs.speeches").snapshots()]
+    override = _catalog_override(properties)
+    corpus = corpus_of(make_config("data.table=unit_docs.speeches", "data.format=parquet",
+                                   override, endpoint, f"data.table_since={snapshots[0]}"))
+    assert corpus.table["snapshot_id"] == snapshots[1] and corpus.table["rows"] == 1
+    assert corpus.fingerprinted and corpus.files[0].startswith(f"{properties['warehouse']}/")
+
+    with pytest.raises(InputError, match=r"data.table=s3://no-such-bucket/docs: there is no "
+                                         r"bucket no-such-bucket"):
+        delta_snapshot("s3://no-such-bucket/docs", None, None, s3)
+    started = time.monotonic()
+    with pytest.raises(InputError, match=r"data.table=unit_docs.speeches: data.catalog cannot be "
+                                         r"reached: nothing answers at data.catalog.glue.endpoint="
+                                         r"http://127.0.0.1:9 "):
+        corpus_of(make_config("data.table=unit_docs.speeches", "data.format=parquet", endpoint,
+                              _catalog_override(properties | {"glue.endpoint":
+                                                              "http://127.0.0.1:9"})))
+    assert time.monotonic() - started < 5  # not boto3's retries (about 25 s)
+
+
+def test_every_record_format_reads_a_table_and_checks_its_own_columns(table, iceberg):
+    """Preference pairs and GRPO prompts are Parquet rows too: a table resolves for them as for
+    documents, and the prompts' manifest carries its record. A column renamed since a file was
+    written is refused when the format reads it (every column, for prompts: rewards read any),
+    not when it does not."""
+    from raydp_llm.data.prompt_set import PromptManifest
+    from raydp_llm.data.tables import iceberg_snapshot
+
+    path, _ = table
+    for data_format in ("preference", "prompts"):
+        assert corpus_of(_config(path, f"data.format={data_format}")).table["version"] == 2
+    record = corpus_of(_config(path, "data.format=prompts")).table
+    manifest = PromptManifest("c", {}, {}, None, "char", 10, table=record)
+    assert manifest.to_json()["table"] == record
+    assert "table" not in PromptManifest("c", {}, {}, None, "char", 10).to_json()
+
+    catalog = iceberg["catalog"]
+    answers = catalog.create_table("docs.answers", schema=pa.schema(
+        [("prompt", pa.string()), ("answer", pa.string())]))
+    answers.append(pa.table({"prompt": ["1+1="], "answer": ["2"]}))
+    with answers.update_schema() as update:
+        update.rename_column("answer", "solution")
+    text_only = iceberg_snapshot("docs.answers", iceberg["properties"], None, None, ("prompt",),
+                                 S3Options())
+    assert text_only.rows == 1  # the renamed column is not read
+    with pytest.raises(InputError, match=r"data.table=docs.answers: column solution had another "
+                                         r"name when \S+ was written"):
+        corpus_of(make_config("data.table=docs.answers", "data.format=prompts",
+                              _catalog_override(iceberg["properties"])))
