@@ -119,7 +119,7 @@ class Prompts:
         import numpy as np
         import pyarrow as pa
 
-        from raydp_llm.data.prompt_set import TABLE_SCHEMA
+        from raydp_llm.data.prompts.dataset import TABLE_SCHEMA
 
         rng = np.random.default_rng(0)
         self.rows = pa.Table.from_pylist(

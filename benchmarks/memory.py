@@ -166,7 +166,7 @@ def table(results: dict, base: str) -> str:
 
 
 def arguments(doc: str, cases: tuple[str, ...]):
-    """The command line of a benchmark of cases on 2 workers (this one, preference.py)."""
+    """The command line of a benchmark of cases on 2 workers (this one, preference/pairs.py)."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--seq", type=int, default=256)

@@ -2,7 +2,7 @@
 every row of a table of prompts, on the cluster, the table never whole in one process.
 
 The table's files are indexed by Ray tasks and cut into parts of ``rows_per_part`` rows of one
-file each, in the table's order (data/prompts.py); a query's rows are first written by Spark's
+file each, in the table's order (data/prompts/parts.py); a query's rows are first written by Spark's
 executors as Parquet under ``out/_prompts/``. Ray Data hands the parts that ``out`` does not hold
 yet to ``Answerer`` actors, each holding the model once; an actor reads its part alone, answers its
 prompts one by one with the sampling ``generate`` uses for one prompt (a row's seed is ``seed`` +
@@ -28,9 +28,9 @@ from raydp_llm.core import storage
 from raydp_llm.core.config import GenerateSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.data.chat import ChatTemplate, model_template
-from raydp_llm.data.corpus import resolve_corpus
-from raydp_llm.data.prompts import (
+from raydp_llm.data.chat.template import ChatTemplate, model_template
+from raydp_llm.data.inputs.files import resolve_corpus
+from raydp_llm.data.prompts.parts import (
     INDEX_FILE,
     STAGED_DIR,
     Part,
@@ -114,7 +114,7 @@ def staged_query(s: GenerateSettings, out: str) -> list[str]:
     import tempfile
 
     from raydp_llm.core.config import ClusterSettings
-    from raydp_llm.data.etl.query import query_rows
+    from raydp_llm.data.inputs.query import query_rows
     from raydp_llm.engines.spark import spark_session
 
     with tempfile.TemporaryDirectory(prefix="raydp_llm_prompts_") as logs, \
@@ -317,8 +317,8 @@ def append_answers(s: GenerateSettings, out: str, parts: list[Part], s3: S3Optio
     """Every part of ``out`` appended to ``output.table`` once (``table_out.append_once``), a
     commit per ``GROUP_PARTS`` parts, each row with ``answers_job``, ``model_dir`` and
     ``model_table`` (the snapshot its model learned from, JSON; null when not a table's)."""
-    from raydp_llm.data.table_out import append_once
-    from raydp_llm.data.tables import model_snapshot
+    from raydp_llm.data.inputs.table_out import append_once
+    from raydp_llm.data.inputs.tables import model_snapshot
 
     job, snapshot = job_id(s, out), model_snapshot(s.model_dir, s3)
     source = None if snapshot is None else json.dumps(snapshot, sort_keys=True)

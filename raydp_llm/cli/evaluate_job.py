@@ -88,7 +88,7 @@ def query_task(settings: EvaluateSettings, out_dir: Path) -> str:
     query; its rows go to ``out_dir/query_task/rows.jsonl`` (a benchmark's few thousand rows, on the
     driver), beside a YAML that includes the user's and reads them as its test split (no other
     split: few-shot examples come from them too)."""
-    from raydp_llm.data.etl.query import query_rows
+    from raydp_llm.data.inputs.query import query_rows
     from raydp_llm.engines.spark import spark_session
     from raydp_llm.training.tasks import yaml_task
 
@@ -407,8 +407,8 @@ def record(settings: EvaluateSettings, out_dir: Path, evaluation: dict) -> None:
     write_json(out_dir / "evaluation.json", evaluation)
     if not settings.output.table:
         return
-    from raydp_llm.data.table_out import append_once
-    from raydp_llm.data.tables import model_snapshot
+    from raydp_llm.data.inputs.table_out import append_once
+    from raydp_llm.data.inputs.tables import model_snapshot
 
     s3, output = S3Options.of(settings.s3), settings.output
     snapshot = model_snapshot(settings.model_dir, s3)

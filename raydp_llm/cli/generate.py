@@ -83,7 +83,7 @@ def _answer_table(s: GenerateSettings) -> int:
 
 def _generate(model, tokenizer, s: GenerateSettings) -> tuple[str, list]:
     """The text (a chat reply with ``chat``), and the likeliest tokens after the prompt."""
-    from raydp_llm.data.chat import model_template
+    from raydp_llm.data.chat.template import model_template
     from raydp_llm.training.driver.generation import chat_reply, sample_text, top_next_tokens
 
     if s.chat:

@@ -22,9 +22,9 @@ from raydp_llm.core.config import Settings, source_settings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
-from raydp_llm.data.corpus import Corpus, check_heads, resolve_corpus
-from raydp_llm.data.sample_chat import sample_chat_corpus
-from raydp_llm.data.sample_preference import sample_preference_corpus
+from raydp_llm.data.chat.sample import sample_chat_corpus
+from raydp_llm.data.inputs.files import Corpus, check_heads, resolve_corpus
+from raydp_llm.data.preference.sample import sample_preference_corpus
 
 RESUME_WORDS = ("auto", "never")
 
@@ -275,7 +275,7 @@ def check_prompts(settings: Settings, corpus: Corpus) -> None:
     """Prompts for GRPO: the first file's columns (local JSON Lines or Parquet; others are read by
     Spark) hold a prompt or messages column, and each reward function is found and takes the
     columns it asks for."""
-    from raydp_llm.data.prompt_columns import first_columns
+    from raydp_llm.data.prompts.columns import first_columns
     from raydp_llm.training.objectives.rewards import load
 
     d = settings.data
@@ -291,8 +291,8 @@ def check_prompts(settings: Settings, corpus: Corpus) -> None:
 
 def table_corpus(settings: Settings) -> Corpus:
     """``data.table``'s snapshot (or what was appended to it) as the corpus, its settings checked
-    first (data/tables.py)."""
-    from raydp_llm.data.tables import table_corpus as of_table
+    first (data/inputs/tables.py)."""
+    from raydp_llm.data.inputs.tables import table_corpus as of_table
 
     model = settings.model
     model_dir = getattr(model, "path", None) or getattr(model, "init_from", None)
@@ -304,7 +304,7 @@ def corpus_of(settings: Settings) -> Corpus:
     d, s3 = settings.data, S3Options.of(settings.s3)
     if d.table is not None:
         return table_corpus(settings)
-    if d.query is not None:  # its input files are known once Spark plans it (data/etl/query.py)
+    if d.query is not None:  # its input files are known once Spark plans it (data/inputs/query.py)
         return Corpus(files=[], markdown=False, name="query")
     if d.path is None and d.pairs:  # the sample preference pairs
         corpus = sample_preference_corpus()

@@ -13,7 +13,7 @@ from raydp_llm.core.config import Settings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch
 from raydp_llm.data import cache
-from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.inputs.files import Corpus
 from raydp_llm.data.prepare import PreparedData, curation_lines, dataset_store, write_json
 from raydp_llm.training.driver.mixed_data import each_source
 from raydp_llm.training.driver.session import job_session

@@ -320,7 +320,8 @@ class PromptTable:
 
 @dataclass(frozen=True)
 class TableOutput:
-    """Where a job's rows are also appended, each once (data/table_out.py, docs/tables.md)."""
+    """Where a job's rows are also appended, each once (data/inputs/table_out.py,
+    docs/tables.md)."""
 
     table: Optional[str] = setting(None, "a Delta table (a directory, created when missing) or, "
                                          "with output.catalog, an Iceberg namespace.table; "

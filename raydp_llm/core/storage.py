@@ -84,8 +84,8 @@ def answers(url: ParseResult, key: str) -> None:
     """An OSError at once when nothing listens at the endpoint setting ``key`` gives (a wrong host
     or port): the SDK would retry the refused connection ``s3.max_attempts`` times, about 25 s,
     before the one-line error. Checked once per process, where its first S3 client is made (and
-    before a catalog's client: data/tables.py); a service that answers, even with errors, is left
-    to the retries."""
+    before a catalog's client: data/inputs/tables.py); a service that answers, even with errors,
+    is left to the retries."""
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         socket.create_connection((url.hostname, port), timeout=ENDPOINT_TIMEOUT_S).close()

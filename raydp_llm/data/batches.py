@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raydp_llm.data import chat_tokens
+from raydp_llm.data.chat import tokens as chat_tokens
 from raydp_llm.models.base import IGNORE
 
 
@@ -30,7 +30,7 @@ class Batch:
 
 class WindowBatch:
     """Windows, (B, block_size + 1) stored tokens → a ``Batch`` on ``device``. A chat stream's
-    words carry flags (data/chat_tokens.py): a target counts only where its token is trained,
+    words carry flags (data/chat/tokens.py): a target counts only where its token is trained,
     and positions restart where a conversation starts. A preference stream's window is a pair,
     two such records, the chosen answer's then the rejected one's (``pairs``): the batch holds
     the B chosen records' rows, then the B rejected ones' (2B rows), as

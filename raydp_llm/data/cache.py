@@ -41,8 +41,8 @@ from raydp_llm.core.errors import first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import WEIGHT_SUFFIXES, Tokenizer, load_tokenizer
 from raydp_llm.data import stream
-from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.etl.records import Manifest
+from raydp_llm.data.inputs.files import Corpus
 from raydp_llm.data.stream import ChunkIndex, ParquetChunks
 from raydp_llm.data.windows import SPLITS
 

@@ -26,12 +26,12 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Stopwatch, timed
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data import cache, s3_cache
-from raydp_llm.data.corpus import Corpus, check_unchanged
 from raydp_llm.data.etl.failures import input_error, unknown_characters, unreadable_object
 from raydp_llm.data.etl.handoff import INLINE, held_per_node, to_object_store, to_parquet, to_s3
-from raydp_llm.data.etl.query import listed, query_corpus
 from raydp_llm.data.etl.records import EtlOutput, EtlPlan, Manifest
 from raydp_llm.data.etl.run import phase_names, run_etl
+from raydp_llm.data.inputs.files import Corpus, check_unchanged
+from raydp_llm.data.inputs.query import listed, query_corpus
 from raydp_llm.data.spark_stats import read_event_log
 from raydp_llm.data.stream import ChunkIndex, RunWindows, SplitChunks
 from raydp_llm.engines.dashboard import RunGauges

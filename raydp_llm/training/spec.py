@@ -66,7 +66,7 @@ class TrainSpec:
     fingerprint: str  # identifies runs that may resume each other's checkpoints
     s3: S3Options = S3Options()  # how to reach s3:// paths
     # chat data (data.format=chat): its template, saved beside the model; the windows' tokens
-    # carry the loss mask and the conversations' starts (data/chat_tokens.py)
+    # carry the loss mask and the conversations' starts (data/chat/tokens.py)
     chat_template: str | None = None
     dpo: DpoSettings = DpoSettings()  # train.objective=dpo: the loss and its reference
     # data.sources: the sources, their weights and windows; the run is one epoch of max_steps
@@ -132,7 +132,7 @@ def build_spec(settings: Settings, tokenizer: Tokenizer, manifest: Manifest,
 
 
 def build_prompt_spec(settings: Settings, data) -> TrainSpec:
-    """The spec of a run that learns from rewards on ``data`` (``prompt_set.PromptData``): an
+    """The spec of a run that learns from rewards on ``data`` (``prompts.dataset.PromptData``): an
     epoch is every training prompt once, ``train.batch_size`` a step."""
     train, tokenizer = settings.train, data.tokenizer
     per_epoch = data.sources["train"].count // train.batch_size

@@ -74,13 +74,14 @@ def overrides(task: dict[str, Path], *rewards: str) -> list[str]:
 
 
 class LocalPrompts:
-    """A split's prompts as the hand-off gives them (``prompt_set.PromptSource``), in memory."""
+    """A split's prompts as the hand-off gives them (``prompts.dataset.PromptSource``), in
+    memory."""
 
     def __init__(self, rows: list[tuple[int, list[int]]]):
         import numpy as np
         import pyarrow as pa
 
-        from raydp_llm.data.prompt_set import TABLE_SCHEMA
+        from raydp_llm.data.prompts.dataset import TABLE_SCHEMA
 
         self.rows = pa.Table.from_pylist(
             [{"index": i, "ids": np.asarray(ids, np.int32).tobytes(), "text": "", "columns": "{}"}

@@ -1,5 +1,5 @@
 """Preference pairs as the ETL stores them, made without Spark, for the worker's DPO tests (unit:
-test_dpo_worker, test_fsdp): each pair two flagged records (data/chat_tokens.py) of a planted
+test_dpo_worker, test_fsdp): each pair two flagged records (data/chat/tokens.py) of a planted
 preference, and a tiny GPT's DPO spec on them."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 from helpers.chunks import chunked
 from raydp_llm.core.config import DpoSettings, GPTConfig, OptimSettings, TrainSettings
 from raydp_llm.core.tokenizer import IdsTokenizer
-from raydp_llm.data import chat_tokens, windows
+from raydp_llm.data import windows
+from raydp_llm.data.chat import tokens as chat_tokens
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.training.spec import TrainSpec
 

@@ -171,7 +171,7 @@ def test_a_job_killed_halfway_and_started_again_writes_every_row_once(job, tmp_p
     assert table_rows.column("id").to_pylist() == list(range(len(PROMPTS)))  # each row once
     assert all(p.stat().st_mtime_ns == written[p.name]  # the parts done before stay as they were
                for p in out.glob("part-*.parquet") if p.name in written)
-    # and appended to a Delta table once each, with the job's id (table_out.py)
+    # and appended to a Delta table once each, with the job's id (inputs/table_out.py)
     appended = DeltaTable(table).to_pyarrow_table().sort_by("id")
     assert appended.column("id").to_pylist() == list(range(len(PROMPTS)))
     assert appended.column("completion").to_pylist() == table_rows.column("completion").to_pylist()

@@ -16,7 +16,8 @@ from helpers.etl import cut_windows
 from helpers.hf_models import CHAT_TEXTS, QWEN_CHAT, chat_tokenizer
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
-from raydp_llm.data import cache, chat_tokens
+from raydp_llm.data import cache
+from raydp_llm.data.chat import tokens as chat_tokens
 from raydp_llm.data.etl.handoff import to_parquet
 from raydp_llm.data.etl.records import EtlPlan
 from raydp_llm.data.prepare import _run_etl

@@ -23,7 +23,7 @@ from raydp_llm.cli.keyvalue import parse_args
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.config import GenerateSettings, SampleSettings
 from raydp_llm.core.errors import InputError
-from raydp_llm.data.chat import model_template
+from raydp_llm.data.chat.template import model_template
 from raydp_llm.training.driver.generation import chat_reply
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # end-to-end runs

@@ -27,7 +27,8 @@ from helpers.tiny_loop import spec as loop_spec
 from helpers.tiny_loop import tiny_data
 from raydp_llm.core.grpo_config import GrpoSettings
 from raydp_llm.core.tokenizer import CharTokenizer
-from raydp_llm.data import chat_tokens, windows
+from raydp_llm.data import windows
+from raydp_llm.data.chat import tokens as chat_tokens
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.training.objectives import Placement
 from raydp_llm.training.worker.worker import Worker

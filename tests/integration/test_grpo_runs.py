@@ -17,7 +17,7 @@ from helpers import commands
 from helpers.grpo_task import overrides, write_task
 from helpers.processes import kill_tree
 from helpers.terminal import wait_for
-from raydp_llm.data.prompt_set import in_validation
+from raydp_llm.data.prompts.dataset import in_validation
 from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration]

@@ -19,9 +19,9 @@ from raydp_llm.cli.evaluate import run as evaluate
 from raydp_llm.cli.train import run as train
 from raydp_llm.core.dpo_config import DPO_FIGURES
 from raydp_llm.core.errors import InputError
-from raydp_llm.data.chat import model_template
-from raydp_llm.data.corpus import sample_corpus
-from raydp_llm.data.sample_preference import pairs as sample_pairs
+from raydp_llm.data.chat.template import model_template
+from raydp_llm.data.inputs.files import sample_corpus
+from raydp_llm.data.preference.sample import pairs as sample_pairs
 from raydp_llm.training.driver.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # an end-to-end run

@@ -30,13 +30,13 @@ from raydp_llm.core import integrity, storage
 from raydp_llm.core.errors import InputError, RunFailure
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
-from raydp_llm.data import arrow_reader
-from raydp_llm.data.corpus import resolve_corpus
 from raydp_llm.data.etl.read import read_lines
 from raydp_llm.data.etl.records import EtlPlan, Manifest
 from raydp_llm.data.etl.run import run_etl
+from raydp_llm.data.inputs import arrow_reader
+from raydp_llm.data.inputs.files import resolve_corpus
+from raydp_llm.data.inputs.tables import delta_location, iceberg_catalog, table_corpus
 from raydp_llm.data.stream import RunWindows
-from raydp_llm.data.tables import delta_location, iceberg_catalog, table_corpus
 from raydp_llm.engines.spark import spark_session
 from raydp_llm.training.driver.metrics import read_metrics
 from raydp_llm.training.driver.run import resume_checkpoint

@@ -15,9 +15,9 @@ from helpers.paths import ROOT
 from raydp_llm.cli.inputs import check_inputs
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache
-from raydp_llm.data.etl.query import query_corpus
 from raydp_llm.data.etl.records import EtlPlan
 from raydp_llm.data.etl.run import run_etl
+from raydp_llm.data.inputs.query import query_corpus
 from raydp_llm.data.prepare import EtlJob, etl_tokenizer, query_job
 from raydp_llm.engines.spark_settings import METASTORE_DIR, WAREHOUSE_DIR
 

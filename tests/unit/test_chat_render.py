@@ -16,9 +16,9 @@ from helpers.hf_models import chat_tokenizer
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, load_tokenizer
-from raydp_llm.data import chat_tokens
-from raydp_llm.data.chat import Renderer, marked, resolve_template, unmarked
-from raydp_llm.data.etl.chat_encode import ChatEncoder, token_starts, trained
+from raydp_llm.data.chat import tokens as chat_tokens
+from raydp_llm.data.chat.encode import ChatEncoder, token_starts, trained
+from raydp_llm.data.chat.template import Renderer, marked, resolve_template, unmarked
 
 CHAT = [{"role": "user", "content": "What is a rose?"},
         {"role": "assistant", "content": "A flower, sweet by any name."},
@@ -120,8 +120,8 @@ def test_unpacked_truncated_and_overlong_error():
 def test_cache_key_holds_the_record_and_template_for_chat_alone(tmp_path):
     from helpers.configs import make_config
     from raydp_llm.data.cache import cache_key
-    from raydp_llm.data.corpus import Corpus
     from raydp_llm.data.etl.records import EtlPlan
+    from raydp_llm.data.inputs.files import Corpus
     from raydp_llm.data.prepare import chat_key, etl_tokenizer
 
     corpus = Corpus([], False, "chat")

@@ -1,4 +1,4 @@
-"""Chat data on the training side: windows of flagged tokens (data/chat_tokens.py) become inputs,
+"""Chat data on the training side: windows of flagged tokens (data/chat/tokens.py) become inputs,
 targets the loss counts, and positions that restart at each packed conversation; a packed
 conversation sees only itself (the GPT's block-diagonal mask, transformers' packed position ids);
 the loss learns only what ``data.train_on`` keeps."""
@@ -14,8 +14,9 @@ import torch
 from helpers.chunks import chunked
 from raydp_llm.checkpoint.model_dir import load_model_dir
 from raydp_llm.core.config import GPTConfig, OptimSettings, TrainSettings
-from raydp_llm.data import chat_tokens, windows
+from raydp_llm.data import windows
 from raydp_llm.data.batches import WindowBatch
+from raydp_llm.data.chat import tokens as chat_tokens
 from raydp_llm.data.stream import Sampling, SplitChunks, steps_per_epoch
 from raydp_llm.models.base import IGNORE
 from raydp_llm.models.factory import build_model

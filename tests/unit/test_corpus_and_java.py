@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.data.corpus import resolve_corpus
+from raydp_llm.data.inputs.files import resolve_corpus
 from raydp_llm.engines import java
 from raydp_llm.engines.java import JVM_FLAGS, _major_version, ensure_java
 

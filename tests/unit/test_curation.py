@@ -63,7 +63,7 @@ def test_gopher_measures_of_boilerplate_and_prose():
 def test_every_curation_setting_and_the_score_files_content_are_in_the_etl_cache_key(tmp_path):
     from helpers.configs import make_config
     from raydp_llm.data.cache import cache_key
-    from raydp_llm.data.corpus import sample_corpus
+    from raydp_llm.data.inputs.files import sample_corpus
 
     corpus = sample_corpus()
 

@@ -18,10 +18,10 @@ from helpers.hf_models import chat_tokenizer
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import load_tokenizer
-from raydp_llm.data import chat_tokens
-from raydp_llm.data.chat import PAIR, resolve_template
-from raydp_llm.data.etl.pair_encode import PairEncoder
-from raydp_llm.data.preference import PairRenderer, pair_sides
+from raydp_llm.data.chat import tokens as chat_tokens
+from raydp_llm.data.chat.template import PAIR, resolve_template
+from raydp_llm.data.preference.encode import PairEncoder
+from raydp_llm.data.preference.pairs import PairRenderer, pair_sides
 
 ROW = {"prompt": "What is a rose?", "chosen": "A flower.", "rejected": "A thorn, mostly."}
 CONVERSATIONS = {

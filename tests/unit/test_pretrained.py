@@ -279,7 +279,7 @@ def test_a_chat_tuned_llama_keeps_its_template_beside_it(text, tmp_path):
     from transformers import AutoTokenizer
 
     from raydp_llm.checkpoint.model_dir import save_model_dir
-    from raydp_llm.data.chat import CHATML, model_template
+    from raydp_llm.data.chat.template import CHATML, model_template
     from raydp_llm.models.factory import build_model
 
     tokenizer = CharTokenizer(text[:6000])

@@ -1,4 +1,4 @@
-"""The prompts' ETL cache entries (data/prompt_cache.py): keyed by what the prompts' ETL reads,
+"""The prompts' ETL cache entries (data/prompts/cache.py): keyed by what the prompts' ETL reads,
 written whole and sealed, and a damaged one found and rebuilt (its Parquet truncated)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 from helpers.configs import make_config
 from helpers.grpo_task import LocalPrompts
 from raydp_llm.data import cache
-from raydp_llm.data.chat import ChatTemplate
-from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prompt_cache import entry_problem, prompt_key, write
-from raydp_llm.data.prompt_set import PromptData, PromptManifest
+from raydp_llm.data.chat.template import ChatTemplate
+from raydp_llm.data.inputs.files import Corpus
+from raydp_llm.data.prompts.cache import entry_problem, prompt_key, write
+from raydp_llm.data.prompts.dataset import PromptData, PromptManifest
 
 CORPUS = Corpus(["/data/prompts.jsonl"], False, "prompts",
                 [{"path": "/data/prompts.jsonl", "size": 10, "mtime": 1.0}])

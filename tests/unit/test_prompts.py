@@ -1,6 +1,6 @@
-"""A table of prompts read in parts (data/prompts.py): the parts of every file, read alone, are the
-table's rows in order, each part numbered and placed in the whole table; JSON Lines with blank
-lines and rows of other columns, Parquet parts across row groups."""
+"""A table of prompts read in parts (data/prompts/parts.py): the parts of every file, read alone,
+are the table's rows in order, each part numbered and placed in the whole table; JSON Lines with
+blank lines and rows of other columns, Parquet parts across row groups."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.data.prompts import first_columns, index_file, parts_of, read_part
+from raydp_llm.data.prompts.parts import first_columns, index_file, parts_of, read_part
 
 NO_S3 = S3Options()
 
@@ -53,7 +53,7 @@ def test_parquet_parts_across_row_groups_and_the_first_columns(tmp_path):
 def test_a_column_typed_only_after_the_first_rows_reads_in_every_part(tmp_path, monkeypatch):
     """A part is read with its file's schema, made of all its rows: a column null in the first
     rows and text later, or whole numbers first and fractions later, reads in every part."""
-    monkeypatch.setattr("raydp_llm.data.prompts.SCHEMA_ROWS", 3)  # parsed 3 rows at a time
+    monkeypatch.setattr("raydp_llm.data.prompts.parts.SCHEMA_ROWS", 3)  # parsed 3 rows at a time
     rows = [{"prompt": f"p{i}", "note": None, "score": i} for i in range(7)]
     rows += [{"prompt": "p7", "note": "late", "score": 0.5}]
     path = tmp_path / "late.jsonl"
@@ -70,7 +70,7 @@ ONE_TABLE = (r"{name}.jsonl: rows {rows} do not read as one table with the rows 
 
 
 def test_rows_of_another_type_or_not_json_are_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr("raydp_llm.data.prompts.SCHEMA_ROWS", 2)
+    monkeypatch.setattr("raydp_llm.data.prompts.parts.SCHEMA_ROWS", 2)
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 2}\n'
                      '{"prompt": "c", "id": "x"}\n')

@@ -1,5 +1,5 @@
 """Rows appended to a real Delta table (deltalake) and a real Iceberg table (pyiceberg, a SQLite
-catalog) once each (data/table_out.py): a job stopped between two commits appends, when run
+catalog) once each (data/inputs/table_out.py): a job stopped between two commits appends, when run
 again, only the groups after the last it committed; a finished job appends nothing again; rows
 the table's schema refuses are one line. The command-line job that appends its answers is
 tests/integration/test_answers.py's."""
@@ -14,7 +14,7 @@ from raydp_llm.cli.keyvalue import parse_args
 from raydp_llm.core.config import GenerateSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.data.table_out import append_once
+from raydp_llm.data.inputs.table_out import append_once
 
 ROWS = [pa.table({"id": [2 * g, 2 * g + 1], "answer": [f"a{2 * g}", f"a{2 * g + 1}"]})
         for g in range(3)]

@@ -19,7 +19,7 @@ from raydp_llm.cli.inputs import corpus_of
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.data.cache import cache_key
-from raydp_llm.data.tables import delta_snapshot, table_corpus
+from raydp_llm.data.inputs.tables import delta_snapshot, table_corpus
 
 
 def write_versions(path: Path) -> list[str]:
@@ -125,7 +125,7 @@ def _catalog_override(properties: dict) -> str:
 
 
 def test_an_iceberg_snapshot_is_the_files_its_scan_plans(iceberg):
-    from raydp_llm.data.tables import iceberg_snapshot
+    from raydp_llm.data.inputs.tables import iceberg_snapshot
 
     first, second, latest = iceberg["snapshots"]
     cfg = make_config("data.table=docs.speeches", "data.format=parquet",
@@ -158,7 +158,7 @@ def pinned_time(iceberg: dict, snapshot_id: int) -> str:
 
 def test_a_column_renamed_since_files_were_written_is_refused(iceberg, tmp_path):
     """Files written as text, the column now body: Spark's reader, by name, would miss them."""
-    from raydp_llm.data.tables import iceberg_snapshot
+    from raydp_llm.data.inputs.tables import iceberg_snapshot
 
     catalog = iceberg["catalog"]
     renamed = catalog.create_table("docs.renamed", schema=pa.schema([("text", pa.string())]))
@@ -293,7 +293,7 @@ def test_tables_on_s3_resolve_as_local_ones(s3, tmp_path):
     s3:// objects listed with their sizes (the cache key's inputs). A missing bucket and an
     endpoint nobody answers at are one line each, at once."""
     from helpers.s3 import BUCKET, glue_catalog
-    from raydp_llm.data.tables import delta_location, iceberg_catalog
+    from raydp_llm.data.inputs.tables import delta_location, iceberg_catalog
 
     endpoint = f"s3.endpoint_url={s3.endpoint_url}"
     uri = f"s3://{BUCKET}/tables/{tmp_path.name}/docs"
@@ -342,8 +342,8 @@ def test_every_record_format_reads_a_table_and_checks_its_own_columns(table, ice
     documents, and the prompts' manifest carries its record. A column renamed since a file was
     written is refused when the format reads it (every column, for prompts: rewards read any),
     not when it does not."""
-    from raydp_llm.data.prompt_set import PromptManifest
-    from raydp_llm.data.tables import iceberg_snapshot
+    from raydp_llm.data.inputs.tables import iceberg_snapshot
+    from raydp_llm.data.prompts.dataset import PromptManifest
 
     path, _ = table
     for data_format in ("preference", "prompts"):

@@ -11,9 +11,9 @@ from pyspark.sql import functions as F
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.data.corpus import looks_binary, read_head, utf16, utf16_text
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.records import EtlPlan, FileStats, Scanned
+from raydp_llm.data.inputs.files import looks_binary, read_head, utf16, utf16_text
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
-from raydp_llm.data import chat_tokens
-from raydp_llm.data.etl.chat_encode import encode_chat
+from raydp_llm.data.chat import tokens as chat_tokens
+from raydp_llm.data.chat.encode import encode_chat
 from raydp_llm.data.etl.formats import reader_for
-from raydp_llm.data.etl.pair_encode import encode_pairs
 from raydp_llm.data.etl.records import Piece
 from raydp_llm.data.etl.scan import decode_column
+from raydp_llm.data.preference.encode import encode_pairs
 
 PIECE_TOKENS = 1 << 22  # an encoded row closes past ~4M ids, whatever the input split's size
 PARAGRAPH_LINES = 1000  # lines encoded as one text at most

@@ -13,11 +13,11 @@ from pyspark.sql import functions as F
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import jsonl
-from raydp_llm.data.chat import ChatTemplate, Renderer
-from raydp_llm.data.corpus import hadoop_literal
-from raydp_llm.data.etl import query
+from raydp_llm.data.chat.template import ChatTemplate, Renderer
 from raydp_llm.data.etl.records import FileStats
-from raydp_llm.data.preference import PairRenderer
+from raydp_llm.data.inputs import query
+from raydp_llm.data.inputs.files import hadoop_literal
+from raydp_llm.data.preference.pairs import PairRenderer
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class PreferenceReader(ChatReader):
 class PromptsReader(ChatReader):
     """``data.format=prompts``: each row a prompt and the columns the rewards read (a JSON line, or
     a Parquet or query row with all its columns), rendered and tokenized by the prompts' encoder
-    (``prompt_encode.py``): not chat records, so not ``chat``."""
+    (``prompts/encode.py``): not chat records, so not ``chat``."""
 
     chat = False
 

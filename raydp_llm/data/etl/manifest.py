@@ -4,9 +4,9 @@ it), from the scan, the stream's layout, the tokenizer and the curation report."
 from __future__ import annotations
 
 from raydp_llm.core.tokenizer import Tokenizer
-from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.records import Manifest, Scanned, StreamLayout
+from raydp_llm.data.inputs.files import Corpus
 
 
 def build_manifest(corpus: Corpus, scanned: Scanned, layout: StreamLayout, tokenizer: Tokenizer,

@@ -12,11 +12,11 @@ from pyspark.sql import functions as F
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.data import arrow_reader
-from raydp_llm.data.arrow_reader import NATIVE_ONLY
-from raydp_llm.data.chat import ChatTemplate
-from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.chat.template import ChatTemplate
 from raydp_llm.data.etl.formats import ChatReader, reader_for
+from raydp_llm.data.inputs import arrow_reader
+from raydp_llm.data.inputs.arrow_reader import NATIVE_ONLY
+from raydp_llm.data.inputs.files import Corpus
 
 # Markdown → plain text, line by line in the JVM: **SPEAKER** lines, headings, emphasis, escapes,
 # hard breaks.

@@ -19,8 +19,8 @@ from raydp_llm.core.config import DataSettings, Settings
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data import jsonl
-from raydp_llm.data.chat import ChatTemplate, template_for
-from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.chat.template import ChatTemplate, template_for
+from raydp_llm.data.inputs.files import Corpus
 from raydp_llm.data.stream import ChunkIndex, RunWindows
 
 # FileStats' counters, summed over the executors' rows (scan.py's schema holds them too)
@@ -198,7 +198,7 @@ class Manifest:
     etl_key: str | None = None  # the ETL cache key (prepare.py): the inputs and settings read
     bad_json_lines: dict | None = None  # JSON Lines: by kind and per file; first in the JSON
     chat: dict | None = None  # data.format=chat: template, settings, counts; before etl_key
-    table: dict | None = None  # data.table's snapshot (data/tables.py); before etl_key
+    table: dict | None = None  # data.table's snapshot (data/inputs/tables.py); before etl_key
 
     def to_json(self) -> dict:
         """The manifest as ``manifest.json`` holds it: keys in field order, the optional ones

@@ -32,20 +32,20 @@ from pyspark.sql import SparkSession
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.timing import timed
-from raydp_llm.data import chat_tokens
-from raydp_llm.data.etl.chat_encode import CHAT_COUNTS, chat_counts
+from raydp_llm.data.chat import tokens as chat_tokens
+from raydp_llm.data.chat.encode import CHAT_COUNTS, chat_counts
 from raydp_llm.data.etl.checks import check_scanned
 from raydp_llm.data.etl.chunks import cut_chunks, lay_out
 from raydp_llm.data.etl.curation import contamination, curate
 from raydp_llm.data.etl.encode import Encoding
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.manifest import build_manifest
-from raydp_llm.data.etl.pair_encode import PAIR_COUNTS, distinct_prompts
 from raydp_llm.data.etl.read import documents, read_lines
 from raydp_llm.data.etl.records import Encoded, EtlOutput, EtlPlan, Scanned
 from raydp_llm.data.etl.scan import scan_files
 from raydp_llm.data.etl.tokenizer import build_tokenizer
 from raydp_llm.data.left_out import LeftOut
+from raydp_llm.data.preference.encode import PAIR_COUNTS, distinct_prompts
 from raydp_llm.data.windows import SPLITS
 from raydp_llm.engines.frames import detached
 

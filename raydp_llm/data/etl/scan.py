@@ -11,8 +11,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from raydp_llm.data import jsonl
-from raydp_llm.data.corpus import decode
 from raydp_llm.data.etl.records import FILE_COUNTS, ID_RANGE, FileStats
+from raydp_llm.data.inputs.files import decode
 
 _SUMMED = ("chars", "nonblank", "nul_lines", "replaced", *jsonl.BAD_KINDS)  # by Arrow, per batch
 _SCHEMA = pa.schema([("src", pa.string())] + [(k, pa.int64()) for k in FILE_COUNTS + ID_RANGE]

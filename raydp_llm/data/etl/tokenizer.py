@@ -19,10 +19,10 @@ from raydp_llm.core.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
-from raydp_llm.data.chat import CHATML_SPECIALS, strip_marks
-from raydp_llm.data.corpus import decode
+from raydp_llm.data.chat.template import CHATML_SPECIALS, strip_marks
 from raydp_llm.data.etl.formats import reader_for
 from raydp_llm.data.etl.records import EtlPlan, FileStats
+from raydp_llm.data.inputs.files import decode
 
 
 def build_tokenizer(lines: DataFrame, files: dict[str, FileStats], plan: EtlPlan) -> Tokenizer:

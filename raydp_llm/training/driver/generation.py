@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from raydp_llm.core.config import SampleSettings
 from raydp_llm.core.tokenizer import Tokenizer
-from raydp_llm.data.chat import ChatTemplate
+from raydp_llm.data.chat.template import ChatTemplate
 from raydp_llm.models.base import LanguageModel
 
 

@@ -19,8 +19,8 @@ from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data.cache import ETL_VERSION
-from raydp_llm.data.corpus import Corpus
 from raydp_llm.data.etl.records import Manifest
+from raydp_llm.data.inputs.files import Corpus
 from raydp_llm.data.mixture import MixtureSpec, one_tokenizer
 from raydp_llm.data.prepare import PreparedData
 from raydp_llm.data.stream import RunWindows

@@ -18,12 +18,12 @@ from raydp_llm.core.errors import RunFailure, first_line
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.timing import Span, Started, Stopwatch, in_background, timed
 from raydp_llm.data import cache
-from raydp_llm.data.chat import model_template
-from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.chat.template import model_template
+from raydp_llm.data.inputs.files import Corpus
+from raydp_llm.data.inputs.tables import DATA_RECORD
 from raydp_llm.data.left_out import LeftOut
 from raydp_llm.data.prepare import PreparedData, write_json
-from raydp_llm.data.prompt_set import PromptData
-from raydp_llm.data.tables import DATA_RECORD
+from raydp_llm.data.prompts.dataset import PromptData
 from raydp_llm.engines.preflight import fits_beside_spark
 from raydp_llm.models import lora
 from raydp_llm.training.driver import fit, reference, runs, tracking

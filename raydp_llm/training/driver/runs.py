@@ -56,7 +56,8 @@ class RunRecord:
     pid: int = field(default_factory=os.getpid)
     pid_started: float = field(default_factory=lambda: psutil.Process().create_time())
     heartbeat: float = field(default_factory=time.time)
-    table: dict | None = None  # data.table's snapshot, once the data is known (data/tables.py)
+    # data.table's snapshot, once the data is known (data/inputs/tables.py)
+    table: dict | None = None
 
     def alive(self) -> bool:
         """Whether the run that wrote this record may still be running."""

@@ -12,10 +12,10 @@ from pathlib import Path
 from raydp_llm.core.config import Settings, TrainSettings, source_settings
 from raydp_llm.core.timing import Span, Stopwatch, timed
 from raydp_llm.data import left_out
-from raydp_llm.data.corpus import Corpus
+from raydp_llm.data.inputs.files import Corpus
 from raydp_llm.data.prepare import PreparedData, SharedSpark, prepared, write_json
-from raydp_llm.data.prompt_cache import prompts_of
-from raydp_llm.data.prompt_set import PromptData, check_train_prompts, run_prompts_etl
+from raydp_llm.data.prompts.cache import prompts_of
+from raydp_llm.data.prompts.dataset import PromptData, check_train_prompts, run_prompts_etl
 from raydp_llm.engines.preflight import preflight
 from raydp_llm.engines.ray_cluster import ray_session
 from raydp_llm.training.driver.mixed_data import prepared_sources
@@ -70,9 +70,9 @@ class JobSession:
     @contextlib.contextmanager
     def prompts(self, corpus: Corpus, out_dir: Path, training: bool = True
                 ) -> Iterator[PromptData]:
-        """The prompts' ETL (``prompt_set``), in Ray's object store once Spark has stopped; one
-        line when it leaves out more than ``data.max_dropped`` of them, or (``training``) leaves
-        fewer training prompts than a batch."""
+        """The prompts' ETL (``data/prompts/dataset.py``), in Ray's object store once Spark has
+        stopped; one line when it leaves out more than ``data.max_dropped`` of them, or
+        (``training``) leaves fewer training prompts than a batch."""
         settings, timings = self.settings, {}
 
         def etl(tokenizer, template) -> PromptData:

@@ -141,8 +141,9 @@ def continued_run(resumed_from: str | None, s3: S3Options) -> str | None:
 
 
 def table_input(table: dict):
-    """``data.table``'s snapshot (``data/tables.py``'s record) as the MLflow run's dataset input,
-    for training: a Delta table with the source fields of MLflow's own ``DeltaDatasetSource``."""
+    """``data.table``'s snapshot (``data/inputs/tables.py``'s record) as the MLflow run's dataset
+    input, for training: a Delta table with the source fields of MLflow's own
+    ``DeltaDatasetSource``."""
     import hashlib
 
     from mlflow.entities import Dataset, DatasetInput, InputTag

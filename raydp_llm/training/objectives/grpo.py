@@ -60,7 +60,7 @@ from raydp_llm.training.spec import TrainSpec
 
 
 def prompt_rows(table) -> list[PromptRow]:
-    """A split's table (data/prompt_set.py) as prompts: number, ids, text, other columns."""
+    """A split's table (data/prompts/dataset.py) as prompts: number, ids, text, other columns."""
     return [PromptRow(index, torch.from_numpy(np.frombuffer(ids, np.int32).astype(np.int64)),
                       text, json.loads(columns))
             for index, ids, text, columns in zip(*(table.column(c).to_pylist()

@@ -27,9 +27,9 @@ from pyspark.sql import functions as F
 
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError, first_line
-from raydp_llm.data.corpus import decode, hadoop_literal
 from raydp_llm.data.etl.curation import minhash, quality
 from raydp_llm.data.etl.curation.documents import document_keys
+from raydp_llm.data.inputs.files import decode, hadoop_literal
 from raydp_llm.engines.frames import detached
 
 log = logging.getLogger(__name__)

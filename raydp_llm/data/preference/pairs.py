@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from raydp_llm.core.errors import InputError
-from raydp_llm.data.chat import (
+from raydp_llm.data.chat.template import (
     CLOSE,
     OPEN,
     PAIR,

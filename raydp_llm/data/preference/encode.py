@@ -1,5 +1,5 @@
-"""The encode stage of ``data.format=preference``: each rendered pair (``data/preference.py``) in
-the executors, its sides tokenized as TRL tokenizes them (the prompt, then the answer, each
+"""The encode stage of ``data.format=preference``: each rendered pair (``pairs.py``) in the
+executors, its sides tokenized as TRL tokenizes them (the prompt, then the answer, each
 without special tokens added: the template carries them), the answer's tokens flagged TRAIN (only
 they count), and each side padded into a record of ``block_size + 1`` tokens. A pair is two
 records, the chosen side's then the rejected side's: one window of the stream (training/spec.py),
@@ -22,9 +22,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import Tokenizer
-from raydp_llm.data import chat_tokens
-from raydp_llm.data.etl.chat_encode import PIECE_TOKENS, ChatEncoder, piece_schema, token_starts
-from raydp_llm.data.preference import pair_sides
+from raydp_llm.data.chat import tokens as chat_tokens
+from raydp_llm.data.chat.encode import PIECE_TOKENS, ChatEncoder, piece_schema, token_starts
+from raydp_llm.data.preference.pairs import pair_sides
 
 PAIR_COUNTS = ("pairs", "incomplete", "identical", "dropped", "truncated", "chosen_tokens",
                "rejected_tokens", "padding_tokens")

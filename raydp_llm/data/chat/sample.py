@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from raydp_llm.core.storage import S3Options, write_text
-from raydp_llm.data.corpus import Corpus, _fingerprints, sample_corpus
+from raydp_llm.data.inputs.files import Corpus, _fingerprints, sample_corpus
 
 EVERY = 3  # one speech in three: about 10,500 conversations, 2.7 MB
 SPEAKER = re.compile(r"^\*\*(.+?)\*\* *$")

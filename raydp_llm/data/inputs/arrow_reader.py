@@ -3,7 +3,7 @@
 this project wants) and zstd-compressed files (Hadoop reads ``.zst`` only with its native library,
 which the pip ``pyspark`` lacks).
 
-The driver lists the files (``corpus.py``) and cuts them into input splits: byte ranges of text
+The driver lists the files (``files.py``) and cuts them into input splits: byte ranges of text
 files, row groups of Parquet files, a compressed file whole (``.gz``, ``.bz2``, ``.zst``: no byte
 range of one can be read alone). Each Spark task reads its splits and yields the rows Spark's own
 readers would: ``src, block, text``. A text split holds the lines that start within its byte range,

@@ -1,5 +1,5 @@
 """The prompts of learning from rewards (``data.format=prompts``, ``train.objective=grpo``): read by
-Spark, rendered and tokenized in the executors (``etl/prompt_encode.py``), numbered, split into
+Spark, rendered and tokenized in the executors (``prompts/encode.py``), numbered, split into
 training and validation, and handed to Ray's object store (``ray.data.from_spark``) for the workers,
 each of which reads a split whole (``PromptSource.table``): prompts are rows, not a token stream.
 
@@ -26,11 +26,11 @@ from raydp_llm.core.config import DataSettings, Settings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import Tokenizer, load_tokenizer
-from raydp_llm.data.chat import ChatTemplate, model_template, resolve_template
-from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.etl import prompt_encode
+from raydp_llm.data.chat.template import ChatTemplate, model_template, resolve_template
 from raydp_llm.data.etl.read import read_lines
+from raydp_llm.data.inputs.files import Corpus
 from raydp_llm.data.left_out import LeftOut
+from raydp_llm.data.prompts import encode as prompt_encode
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class PromptManifest:
     limit: int = 0  # the most tokens a prompt keeps
     settings: dict = field(default_factory=dict)  # the data settings the ETL read
     etl_key: str | None = None  # the trackers' data key (None: the prompts are not cached)
-    table: dict | None = None  # data.table's snapshot (data/tables.py), as the ETL's manifest's
+    table: dict | None = None  # data.table's snapshot (inputs/tables.py), as the ETL manifest's
 
     @property
     def chat(self) -> dict:

@@ -1,6 +1,6 @@
 """The prompts' ETL in the ETL cache (``data.format=prompts``): an entry under
 ``data.cache_dir/<key>/`` holds each split's numbered prompts (``train.parquet``, ``val.parquet``,
-``prompt_set.TABLE_SCHEMA``) and the prompts' manifest; a second run on the same inputs and
+``dataset.TABLE_SCHEMA``) and the prompts' manifest; a second run on the same inputs and
 settings reads them into Ray's object store without starting Spark.
 
 The key is the token stream's (``cache.cache_key``: the inputs' fingerprints, every data setting,
@@ -25,9 +25,9 @@ from raydp_llm.core.errors import first_line
 from raydp_llm.core.integrity import problem
 from raydp_llm.core.tokenizer import Tokenizer
 from raydp_llm.data import cache
-from raydp_llm.data.chat import ChatTemplate
-from raydp_llm.data.corpus import Corpus
-from raydp_llm.data.prompt_set import (
+from raydp_llm.data.chat.template import ChatTemplate
+from raydp_llm.data.inputs.files import Corpus
+from raydp_llm.data.prompts.dataset import (
     SPLITS,
     PromptData,
     PromptManifest,

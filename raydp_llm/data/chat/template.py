@@ -24,7 +24,7 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import CHAT_TEMPLATE_FILE as TEMPLATE_FILE
 
 OPEN, CLOSE = "\ue000", "\ue001"  # an assistant turn's span starts, ends (private-use characters)
-PAIR = "\ue003"  # between a preference pair's two sides (data/preference.py)
+PAIR = "\ue003"  # between a preference pair's two sides (data/preference/pairs.py)
 MARKS = re.compile(f"[{OPEN}{CLOSE}{PAIR}]")
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"

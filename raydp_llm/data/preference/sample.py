@@ -1,5 +1,5 @@
 """The built-in sample of preference pairs (``data.format=preference`` with no ``data.path``), made
-from the sample conversations' lines (``sample_chat``): the user quotes a speech's first line and
+from the sample conversations' lines (``chat/sample.py``): the user quotes a speech's first line and
 asks which play it is from; the chosen answer names the play, the rejected one names who says the
 line (an answer to another question: the preference a model learns from the answers, as a model
 from scratch can in a few hundred steps). Written once (JSON Lines) beside the sample
@@ -14,8 +14,8 @@ import random
 from pathlib import Path
 
 from raydp_llm.core.storage import S3Options, write_text
-from raydp_llm.data.corpus import Corpus, _fingerprints, sample_corpus
-from raydp_llm.data.sample_chat import conversations
+from raydp_llm.data.chat.sample import conversations
+from raydp_llm.data.inputs.files import Corpus, _fingerprints, sample_corpus
 
 FILE = "sample_preference-2.jsonl"  # a new name when the content changes: an old file is not reused
 

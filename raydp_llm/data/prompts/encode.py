@@ -9,7 +9,7 @@ no special tokens added (the template carries them). A prompt longer than ``limi
 block less ``grpo.max_new_tokens``) follows ``data.overlong``: ``drop``, ``truncate`` (its last
 ``limit`` tokens, as TRL cuts a prompt from the left) or ``error`` (one line naming its file and
 row). Each output row keeps its file, input split and place in that split (``row``): the table's
-order, which the driver numbers (``prompt_set.py``)."""
+order, which the driver numbers (``prompts/dataset.py``)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import pyarrow as pa
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import Tokenizer, tokenizer_from_json
-from raydp_llm.data.chat import ChatTemplate
-from raydp_llm.data.etl.chat_encode import token_starts
+from raydp_llm.data.chat.encode import token_starts
+from raydp_llm.data.chat.template import ChatTemplate
 
 # a row's verdict: kept (as is, or truncated), or why it was left out
 KEPT, TRUNCATED, NO_PROMPT, OVERLONG, BAD_JSON = ("kept", "truncated", "no_prompt", "overlong",

@@ -22,7 +22,7 @@ import pyarrow as pa
 from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options, is_s3, s3_uri
-from raydp_llm.data.corpus import Corpus, local_path, resolve_corpus
+from raydp_llm.data.inputs.files import Corpus, local_path, resolve_corpus
 
 
 @dataclass(frozen=True)

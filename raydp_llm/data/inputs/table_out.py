@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.storage import S3Options
-from raydp_llm.data.tables import delta_location, iceberg_catalog
+from raydp_llm.data.inputs.tables import delta_location, iceberg_catalog
 
 JOB_PROPERTY, DONE_PROPERTY = "raydp_llm.job", "raydp_llm.groups_done"
 

@@ -1,7 +1,8 @@
 """The encode stage of ``data.format=chat``: each conversation (a ``raw`` row, rendered and marked
-by ``data/chat.py``) tokenized as ``apply_chat_template(tokenize=True)`` would (no special tokens
-added: the template carries them), its tokens flagged (``chat_tokens``: TRAIN where the loss counts
-the token, START at its first token), and packed into *records* of ``block_size + 1`` tokens.
+by ``chat/template.py``) tokenized as ``apply_chat_template(tokenize=True)`` would (no special
+tokens added: the template carries them), its tokens flagged (``chat_tokens``: TRAIN where the
+loss counts the token, START at its first token), and packed into *records* of ``block_size + 1``
+tokens.
 
 ``data.packing=true`` packs conversations greedily in order (one that does not fit in what is left
 of the record starts the next); ``false`` gives each its own record. The rest of a record is
@@ -23,8 +24,8 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from raydp_llm.core.config import DataSettings
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_json
-from raydp_llm.data import chat_tokens
-from raydp_llm.data.chat import unmarked
+from raydp_llm.data.chat import tokens as chat_tokens
+from raydp_llm.data.chat.template import unmarked
 from raydp_llm.data.etl.scan import decode_column
 
 PIECE_TOKENS = 1 << 22  # a piece closes past ~4M tokens (whole records)

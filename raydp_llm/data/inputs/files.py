@@ -192,7 +192,7 @@ def check_heads(files: list[str], skip_binary: bool, sample: int = 8) -> None:
     """At the door, before Spark starts: the first bytes of the first ``sample`` local files,
     uncompressed, through the ETL's own checks of UTF-16 text and binary files (which it makes on
     every line, after Spark has started)."""
-    from raydp_llm.data.arrow_reader import compressed
+    from raydp_llm.data.inputs.arrow_reader import compressed
 
     local = [f for f in files if "://" not in f and not compressed(f)]
     for src in local[:sample]:

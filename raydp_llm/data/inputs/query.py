@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from raydp_llm.core.config import DataSettings, PromptTable
 from raydp_llm.core.errors import InputError, first_line
-from raydp_llm.data.corpus import Corpus, local_path
+from raydp_llm.data.inputs.files import Corpus, local_path
 
 log = logging.getLogger(__name__)
 
