@@ -3,10 +3,13 @@
     python benchmarks/sweep_soak.py [--minutes 120] [--stuck-after 10] [--set key=value ...]
 
 Runs one sweep as a user runs it, ``python -m raydp_llm.train -m hydra/launcher=ray``, of short
-smoke jobs (40 steps each, a seed a job, two trials at once) with more jobs than ``--minutes``
-can hold, and reads its ``jobs.jsonl`` (each job's row as it ends) every 10 s. The sweep's driver
-is one process for the whole soak: the long-lived driver that, on Ray 2.60, once stopped hearing
-of the actors it created (a trial's actor then never starts and the sweep waits forever).
+smoke jobs (40 steps each, a learning rate a job, two trials at once) with more jobs than
+``--minutes`` can hold, and reads its ``jobs.jsonl`` (each job's row as it ends) every 10 s. The
+jobs differ in ``optim.lr`` alone, so that they share one ETL (the sweep's driver runs each
+distinct data setting's ETL before the first trial, and ``seed`` is one: a seed a job was hours
+of ETL before a trial started). The sweep's driver is one process for the whole soak: the
+long-lived driver that, on Ray 2.60, once stopped hearing of the actors it created (a trial's
+actor then never starts and the sweep waits forever).
 
 No job ending for ``--stuck-after`` minutes is a *stuck sweep*: it prints the driver's core-worker
 log lines about lost subscriptions and failed polls, stops the sweep with Ctrl-C and exits 1. At
@@ -39,11 +42,12 @@ def main() -> int:
     parser.add_argument("--set", nargs="*", default=[], help="more Hydra overrides for each job")
     args = parser.parse_args()
     jobs = max(8, int(args.minutes * 3))  # a job ends every ~30 s here: more than the soak holds
+    rates = ",".join(f"{3e-3 * (1 + i / jobs):.6g}" for i in range(jobs))
     with tempfile.TemporaryDirectory() as tmp:
         sweep_dir = Path(tmp) / "sweep"
         command = [sys.executable, "-m", "raydp_llm.train", "-m", "hydra/launcher=ray", *JOB,
-                   *args.set, f"seed=range(0,{jobs})", f"hydra.sweep.dir={sweep_dir}"]
-        print(" ".join(command), flush=True)
+                   *args.set, f"optim.lr={rates}", f"hydra.sweep.dir={sweep_dir}"]
+        print(" ".join(command)[:300], "...", flush=True)
         began = time.time()
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
         stuck = watch(proc, sweep_dir / "jobs.jsonl", args.minutes * 60, args.stuck_after * 60)
