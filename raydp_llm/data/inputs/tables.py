@@ -112,8 +112,6 @@ def _open(uri: str, version: int | None, as_of: str | None, s3: S3Options):
     """The table at ``version`` (or the last version committed at ``as_of``, or the latest)."""
     from deltalake import DeltaTable
 
-    if is_s3(uri):  # a missing bucket or an endpoint nobody answers at is its own line
-        storage.check_bucket("data.table", uri, s3)
     target, options = delta_location(uri, s3)
     try:
         table = DeltaTable(target, storage_options=options)
@@ -166,6 +164,8 @@ def _commit_time(table, latest) -> str:
 def delta_snapshot(uri: str, version: int | None, as_of: str | None,
                    s3: S3Options) -> TableSnapshot:
     """``uri``'s snapshot at ``version``, at ``as_of`` or the latest: its data files and rows."""
+    if is_s3(uri):  # a missing bucket or an endpoint nobody answers at is its own line, once
+        storage.check_bucket("data.table", uri, s3)
     table = _open(uri, version, as_of, s3)
     _refuse_what_files_cannot_say(table, uri)
     uris = {u.rsplit("/", 1)[-1]: u for u in table.file_uris()}  # data files' names are unique
