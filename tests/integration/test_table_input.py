@@ -4,7 +4,7 @@ Spark ETL exactly as its Parquet files read as ``data.path``, the snapshot recor
 manifest, the same snapshot a cache hit, rows written while a run reads not read, and
 ``python -m raydp_llm.train`` as a user runs it on each (from the cache: no second Spark): a
 Delta run killed, the table moved on, and the run continued on its own snapshot; its record in
-summary.json, run.json and the model. The latest snapshot's
+summary.json, run.json and the model; and a mixture of the two tables. The latest snapshot's
 resolution, time travel and the refusals are tests/unit/test_tables.py's."""
 
 from __future__ import annotations
@@ -157,10 +157,27 @@ def test_an_iceberg_snapshot_is_its_files_read_as_they_are(ray_cluster, iceberg,
                             "files": 1, "rows": got["documents"]}
 
 
-def test_the_command_trains_on_a_pinned_iceberg_snapshot(iceberg, cache, tmp_path):
-    summary = commands.train(tmp_path / "run", "data.table=docs.speeches", iceberg["override"],
-                             f"data.table_version={iceberg['first']}", "data.format=parquet",
+def test_the_command_trains_on_a_mixture_of_a_delta_and_an_iceberg_snapshot(table, iceberg,
+                                                                             cache, tmp_path):
+    """A mixture of two tables, as a user runs it: the Delta table's version 2 and the Iceberg
+    table's first snapshot, each its own source (both cache entries the tests before wrote: the
+    same snapshot read alone is the same entry); each source's snapshot is recorded in the
+    manifest, run.json and the model's directory."""
+    sources = (f"data.sources=[{{name:plays,weight:0.7,table:'{table}',table_version:2}},"
+               f"{{name:speeches,weight:0.3,table:docs.speeches,"
+               f"table_version:{iceberg['first']}}}]")
+    run_dir = tmp_path / "run"
+    summary = commands.train(run_dir, sources, iceberg["override"], "data.format=parquet",
                              f"data.cache_dir={cache}", *TINY)
-    assert summary["etl"]["cache_hit"] is True  # the test before's ETL of the same snapshot
-    assert summary["etl"]["table"]["snapshot_id"] == iceberg["first"]
     assert summary["status"] == "finished" and summary["steps"] == 10
+    etl = summary["etl"]["sources"]
+    assert etl["plays"]["cache_hit"] is True and etl["speeches"]["cache_hit"] is True
+    read = {name: source["table"] for name, source in etl.items()}
+    assert read["plays"]["format"] == "delta" and read["plays"]["version"] == 2
+    assert read["speeches"]["snapshot_id"] == iceberg["first"]
+    assert {n: s["table"] for n, s in json.loads((run_dir / "manifest.json").read_text())[
+        "sources"].items()} == read
+    assert json.loads((run_dir / "run.json").read_text())["source_tables"] == read
+    assert json.loads((run_dir / "model" / "training_data.json").read_text()) == {
+        "sources": read}
+    assert integrity.problem(run_dir / "model") is None

@@ -45,10 +45,21 @@ def real_window(hf_families, tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def delta_table(tmp_path_factory) -> Path:
+    """A Delta table of two rows (``+experiment=table``'s required ``data.table``)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    path = tmp_path_factory.mktemp("experiment_table") / "speeches"
+    write_deltalake(path, pa.table({"text": ["To be, or not to be", "that is the question"]}))
+    return path
+
+
 @pytest.mark.parametrize("family", [None, "hf", "llama"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_checks_with_each_family(experiment, family, shakespeare,
-                                                               real_window):
+                                                               real_window, delta_table):
     """Each experiment as shipped, and with model=hf (a tiny Qwen2 directory) or model=llama in
     place of its model: it composes, its settings hold for that family, and it passes the input
     checks once its required settings are given (refused until then)."""
@@ -66,7 +77,8 @@ def test_every_experiment_composes_and_checks_with_each_family(experiment, famil
         assert cfg.model.kind == family and not uses_lora(cfg.model)  # no setting of another
     elif experiment in ("hf_sft_lora", "hf_dpo_lora"):
         assert cfg.model.lora.r == 16 and cfg.model.block_size == 1024
-    given = {"data.path": str(shakespeare), "train.storage_path": "/tmp/raydp_llm_test_storage"}
+    given = {"data.path": str(shakespeare), "train.storage_path": "/tmp/raydp_llm_test_storage",
+             "data.table": str(delta_table)}
     for i, key in enumerate(
         cfg.required
     ):  # settings it cannot run without: refused until each is given

@@ -187,13 +187,13 @@ def test_deltalake_still_labels_an_older_versions_history_from_that_version(tabl
 
 
 def _record(run_dir: Path, run_id: str, table: dict | None, status: str = "running",
-            resumed_from: str | None = None) -> None:
+            resumed_from: str | None = None, source_tables: dict | None = None) -> None:
     """A run's run.json as a dead run left it (pid 1 never started at 0.0: not alive)."""
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_id, "out_dir": str(run_dir), "resumed_from": resumed_from,
         "status": status, "host": socket.gethostname(), "pid": 1, "pid_started": 0.0,
-        "heartbeat": time.time(), "table": table}))
+        "heartbeat": time.time(), "table": table, "source_tables": source_tables}))
 
 
 def test_a_resumed_run_is_pinned_to_the_snapshot_of_the_run_it_continues(table, tmp_path):
@@ -219,6 +219,20 @@ def test_a_resumed_run_is_pinned_to_the_snapshot_of_the_run_it_continues(table, 
     (runs / "killed" / "ray_results" / "r").mkdir(parents=True)
     (runs / "killed" / "run.json").rename(runs / "killed" / "ray_results" / "r" / "run.json")
     assert pin_resumed_table(settings, runs / "new", None) is settings
+
+    # a mixture: each unpinned table source pinned to what the killed mixture read, the pinned
+    # one kept; a run of the table alone, or of other sources, is not the mixture's
+    mixture = make_config("data.format=parquet", f"data.sources=[{{name:new,table:'{path}',"
+                          f"table_since:0}},{{name:old,table:'{path}',table_version:0}}]")
+    mixtures = tmp_path / "mixtures"
+    _record(mixtures / "alone", "e", record)
+    _record(mixtures / "others", "f", None, source_tables={"other": record})
+    assert pin_resumed_table(mixture, mixtures / "new", None) is mixture
+    _record(mixtures / "killed", "g", None, source_tables={"new": record,
+                                                           "old": {**record, "version": 0}})
+    pinned = pin_resumed_table(mixture, mixtures / "new", None).data.sources
+    assert [(s.name, s.table_version, s.table_since) for s in pinned] == [("new", 1, "0"),
+                                                                           ("old", 0, None)]
 
 
 def test_a_snapshot_whose_file_was_vacuumed_is_one_line(tmp_path):
@@ -258,6 +272,17 @@ def test_what_was_appended_since_a_version_is_read_alone(table, tmp_path):
     with pytest.raises(InputError, match=r"data.table_since=model: \S+training_data.json names "
                                          r"no table snapshot"):
         table_corpus(since_model, S3Options(), str(tmp_path))
+    # a mixture's model: the newest snapshot of the table among its sources (here version 0,
+    # written as a replay beside another table's source)
+    old = delta_snapshot(str(path), 0, None, S3Options()).record()
+    (model / "training_data.json").write_text(json.dumps({"sources": {
+        "replay": old, "other": {**old, "uri": "/elsewhere", "timestamp": "9999"}}}))
+    assert table_corpus(since_model, S3Options(), str(model)).files == appended.files
+    (model / "training_data.json").write_text(json.dumps({"sources": {"other": {
+        **old, "uri": "/elsewhere"}}}))
+    with pytest.raises(InputError, match=r"data.table_since=model: \S+ learned from /elsewhere, "
+                                         r"not data.table="):
+        table_corpus(since_model, S3Options(), str(model))
 
 
 def test_what_was_appended_to_an_iceberg_table_is_read_alone(iceberg):
@@ -290,9 +315,11 @@ def test_a_mixture_replays_the_old_snapshot_beside_what_was_appended(table):
 def test_tables_on_s3_resolve_as_local_ones(s3, tmp_path):
     """A Delta table under s3:// and an Iceberg table of a Glue catalog with its warehouse on S3
     (both on the S3 stand-in): pinned, at a time and appended-since as the local ones, their files
-    s3:// objects listed with their sizes (the cache key's inputs). A missing bucket and an
-    endpoint nobody answers at are one line each, at once."""
+    s3:// objects listed with their sizes (the cache key's inputs). A missing bucket and a catalog
+    endpoint nobody answers at (read from, or written to by output.catalog) are one line each, at
+    once."""
     from helpers.s3 import BUCKET, glue_catalog
+    from raydp_llm.data.inputs.table_out import append_once
     from raydp_llm.data.inputs.tables import delta_location, iceberg_catalog
 
     endpoint = f"s3.endpoint_url={s3.endpoint_url}"
@@ -335,6 +362,13 @@ def test_tables_on_s3_resolve_as_local_ones(s3, tmp_path):
                               _catalog_override(properties | {"glue.endpoint":
                                                               "http://127.0.0.1:9"})))
     assert time.monotonic() - started < 5  # not boto3's retries (about 25 s)
+    started = time.monotonic()
+    with pytest.raises(InputError, match=r"output.table=unit_docs.answers: output.catalog cannot "
+                                         r"be reached: nothing answers at output.catalog.glue."
+                                         r"endpoint=http://127.0.0.1:9 "):
+        append_once("unit_docs.answers", properties | {"glue.endpoint": "http://127.0.0.1:9"},
+                    "job-1", [lambda: pa.table({"answer": ["2"]})], s3)
+    assert time.monotonic() - started < 5
 
 
 def test_every_record_format_reads_a_table_and_checks_its_own_columns(table, iceberg):

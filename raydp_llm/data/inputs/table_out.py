@@ -53,7 +53,11 @@ def _append_iceberg(name: str, catalog: dict, job: str,
     the first group appended now."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    store = iceberg_catalog(catalog)
+    try:
+        store = iceberg_catalog(catalog, "output.catalog")
+    except OSError as err:  # the answers' parts are kept: the same command appends them later
+        raise InputError(f"output.table={name}: output.catalog cannot be reached: {err}"
+                         ) from None
     try:
         table = store.load_table(name)
     except NoSuchTableError:

@@ -99,11 +99,13 @@ def delta_location(uri: str, s3: S3Options) -> tuple[str, dict[str, str]]:
     return s3_uri(uri), options
 
 
-def iceberg_catalog(catalog: dict):
-    """The pyiceberg catalog of ``data.catalog``'s (or ``output.catalog``'s) properties: its
-    ``name`` (default ``default``) and the rest as pyiceberg takes them."""
+def iceberg_catalog(catalog: dict, setting: str = "data.catalog"):
+    """The pyiceberg catalog of ``data.catalog``'s (or ``output.catalog``'s: ``setting``)
+    properties: its ``name`` (default ``default``) and the rest as pyiceberg takes them. An
+    endpoint nobody answers at is an OSError at once, naming ``setting``'s key."""
     from pyiceberg.catalog import load_catalog
 
+    _catalog_answers(catalog, setting)
     properties = {k: str(v) for k, v in catalog.items()}
     return load_catalog(properties.pop("name", "default"), **properties)
 
@@ -190,24 +192,23 @@ def _iso(ms: int) -> str:
 CATALOG_ENDPOINTS = ("uri", "glue.endpoint")
 
 
-def _catalog_answers(name: str, catalog: dict) -> None:
-    """One line at once when nothing listens at the catalog's endpoint (a REST catalog's ``uri``,
-    ``glue.endpoint``): boto3 retries a refused Glue connection for about 25 s."""
+def _catalog_answers(catalog: dict, setting: str) -> None:
+    """An OSError at once when nothing listens at the catalog's endpoint (a REST catalog's
+    ``uri``, ``glue.endpoint``): boto3 retries a refused Glue connection for about 25 s."""
     for key in CATALOG_ENDPOINTS:
         url = urlparse(str(catalog.get(key, "")))
         if url.scheme in ("http", "https") and url.hostname:
-            try:
-                storage.answers(url, f"data.catalog.{key}")
-            except OSError as err:
-                raise InputError(f"data.table={name}: data.catalog cannot be reached: {err}"
-                                 ) from None
+            storage.answers(url, f"{setting}.{key}")
 
 
 def _iceberg_table(name: str, catalog: dict):
     """The catalog's table ``name`` (namespace.table); the catalog from pyiceberg's properties."""
-    _catalog_answers(name, catalog)
     try:
-        return iceberg_catalog(catalog).load_table(name)
+        store = iceberg_catalog(catalog)
+    except OSError as err:
+        raise InputError(f"data.table={name}: data.catalog cannot be reached: {err}") from None
+    try:
+        return store.load_table(name)
     except Exception as err:  # NoSuchTableError, an unreachable or unknown catalog
         raise InputError(f"data.table={name}: not found in data.catalog ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else 'no detail'}); give a "
@@ -327,30 +328,39 @@ def _check(d) -> None:
 
 def model_snapshot(model_dir: str, s3: S3Options) -> dict | None:
     """The table snapshot a model directory (local or s3://) records it learned from
-    (``DATA_RECORD``, a run on ``data.table`` writes it); None when it learned from none."""
+    (``DATA_RECORD``, a run on ``data.table`` writes it), or a mixture's ``{"sources": {name:
+    snapshot}}``; None when it learned from none."""
     record = storage.join(model_dir, DATA_RECORD)
-    return storage.read_json(record, s3)["table"] if storage.exists(record, s3) else None
+    if not storage.exists(record, s3):
+        return None
+    learned = storage.read_json(record, s3)
+    return learned.get("table", learned)
 
 
 def _since(d, model_dir: str | None, s3: S3Options) -> int:
     """``data.table_since``: a version or snapshot id, or ``model``: the one the model of
-    ``model.path`` (or ``model.init_from``) learned from, as its ``training_data.json`` says."""
+    ``model.path`` (or ``model.init_from``) learned from, as its ``training_data.json`` says (a
+    mixture's model: the newest snapshot of this table among its sources)."""
     if str(d.table_since) != "model":
         try:
             return int(d.table_since)
         except ValueError:
             raise InputError(f"data.table_since={d.table_since}: give a version or snapshot id, "
                              "or model (the one model.path's model learned from)") from None
-    table = model_snapshot(model_dir, s3) if model_dir else None
-    if table is None:
+    learned = model_snapshot(model_dir, s3) if model_dir else None
+    if learned is None:
         where = storage.join(model_dir, DATA_RECORD) if model_dir else "no model.path"
         raise InputError(f"data.table_since=model: {where} names no table snapshot (a run on "
                          "data.table writes it into its model/); give model.path such a model, "
                          "or the version itself")
-    if table["uri"] != d.table:
-        raise InputError(f"data.table_since=model: {model_dir} learned from {table['uri']}, not "
+    tables = list(learned["sources"].values()) if "sources" in learned else [learned]
+    same = [t for t in tables if t["uri"] == d.table]
+    if not same:
+        read = ", ".join(sorted({t["uri"] for t in tables}))
+        raise InputError(f"data.table_since=model: {model_dir} learned from {read}, not "
                          f"data.table={d.table}; give the version itself")
-    return table.get("version", table.get("snapshot_id"))
+    newest = max(same, key=lambda t: t.get("timestamp", ""))  # Iceberg's ids are not in order
+    return newest.get("version", newest.get("snapshot_id"))
 
 
 def table_corpus(d, s3: S3Options, model_dir: str | None = None) -> Corpus:

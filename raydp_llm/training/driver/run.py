@@ -144,7 +144,7 @@ def run(settings: Settings, corpus: Corpus, out_dir: Path, started: Started,
             with timed(session.timings, "train_s"):
                 outcome = train(spec, data, job, group, remake)
             if outcome.diverged is None:
-                export(outcome, out_dir, spec, job.record.table)
+                export(outcome, out_dir, spec, job.record.learned_from())
             # the sample is written while Spark, the worker group and Ray stop (no process is
             # started meanwhile: a fork beside a thread's import can deadlock on Python's locks)
             sampling = in_background("sample", sample_of, settings, out_dir, outcome,
@@ -169,6 +169,8 @@ def specify(settings: Settings, data: PreparedData | MixedData, job: Job) -> Tra
     manifest = data.manifest_json()
     write_json(job.out_dir / "manifest.json", manifest)
     job.record.table = manifest.get("table")
+    job.record.source_tables = {name: source["table"] for name, source
+                                in manifest.get("sources", {}).items() if source.get("table")}
     if isinstance(data, PromptData):
         spec = build_prompt_spec(settings, data)
     else:
@@ -233,17 +235,18 @@ def timeline(started: Started, timings: dict, ray_up: Span, marks: dict) -> dict
     return spans | startup_timeline(marks, origin)
 
 
-def export(outcome: FitResult, out_dir: Path, spec: TrainSpec, table: dict | None) -> None:
+def export(outcome: FitResult, out_dir: Path, spec: TrainSpec, learned: dict | None) -> None:
     """The model of the fit's final checkpoint into ``out_dir/model``, and with
     ``train.best_by`` the best checkpoint's into ``out_dir/best_model``; each with the table
-    snapshot it learned from, if the data was one (``DATA_RECORD``)."""
+    snapshots it learned from, if the data read any (``DATA_RECORD``:
+    ``RunRecord.learned_from``)."""
     exported = [out_dir / MODEL_DIR]
     export_checkpoint(outcome.checkpoint, out_dir / MODEL_DIR, spec)
     if outcome.best is not None:
         export_checkpoint(outcome.best.checkpoint, out_dir / BEST_MODEL_DIR, spec)
         exported.append(out_dir / BEST_MODEL_DIR)
-    for directory in exported if table is not None else []:
-        write_json(directory / DATA_RECORD, {"table": table})
+    for directory in exported if learned is not None else []:
+        write_json(directory / DATA_RECORD, learned)
         integrity.seal(directory)
 
 

@@ -56,8 +56,10 @@ class RunRecord:
     pid: int = field(default_factory=os.getpid)
     pid_started: float = field(default_factory=lambda: psutil.Process().create_time())
     heartbeat: float = field(default_factory=time.time)
-    # data.table's snapshot, once the data is known (data/inputs/tables.py)
+    # data.table's snapshot, once the data is known (data/inputs/tables.py); a mixture's: the
+    # snapshot of each of its sources that reads a table, by source name
     table: dict | None = None
+    source_tables: dict[str, dict] | None = None
 
     def alive(self) -> bool:
         """Whether the run that wrote this record may still be running."""
@@ -72,6 +74,17 @@ class RunRecord:
 
     def describe(self) -> str:
         return f"run {self.run_id} (pid {self.pid} on {self.host})"
+
+    def tables_read(self) -> dict[str, dict]:
+        """The table snapshots the run read, by source name ("" for ``data.table``)."""
+        return {"": self.table} if self.table else dict(self.source_tables or {})
+
+    def learned_from(self) -> dict | None:
+        """What the model's ``training_data.json`` says it learned from: ``data.table``'s
+        snapshot, or a mixture's sources' snapshots by name; None for data of no table."""
+        if self.table:
+            return {"table": self.table}
+        return {"sources": self.source_tables} if self.source_tables else None
 
 
 def run_dir_of(checkpoint: str) -> str:
@@ -261,14 +274,15 @@ def resume_scope(settings, out_dir: Path, sweep_dir: str | None
     return out_dir.parent, mine
 
 
-def resumed_snapshot(root: str | Path, kin: str | tuple[str, ...], uri: str,
+def resumed_snapshot(root: str | Path, kin: str | tuple[str, ...], uris: dict[str, str],
                      s3: S3Options = S3Options()) -> RunRecord | None:
-    """The newest earlier run of ``data.table`` ``uri`` among ``kin`` that ``train.resume=auto``
-    may continue: it did not finish, is not running, and no finished or live run continued it."""
+    """The newest earlier run among ``kin`` that read the tables ``uris`` (by source name, "" for
+    ``data.table``) and that ``train.resume=auto`` may continue: it did not finish, is not
+    running, and no finished or live run continued it."""
     found: dict[str, tuple[RunRecord, set[str]]] = {}  # by run id: the record, its directories
     for path, relative, _ in storage.find_files(root, RECORD, s3):
         record = read_record(path, s3) if relative.startswith(kin) else None
-        if record is None or not record.table or record.table.get("uri") != uri:
+        if record is None or not _read_the_tables(record, uris):
             continue
         if record.status != "finished" and not record.alive():
             found.setdefault(record.run_id, (record, set()))[1].add(path.rsplit("/", 1)[0])
@@ -277,20 +291,41 @@ def resumed_snapshot(root: str | Path, kin: str | tuple[str, ...], uri: str,
     return max(open_runs, key=lambda r: r.heartbeat, default=None)
 
 
+def _read_the_tables(record: RunRecord, uris: dict[str, str]) -> bool:
+    read = record.tables_read()
+    return all(read.get(name, {}).get("uri") == uri for name, uri in uris.items())
+
+
+def _unpinned_tables(d) -> dict[str, str]:
+    """The tables the data settings read at their latest snapshot, by source name ("" for
+    ``data.table``)."""
+    if d.table is not None and d.table_version is None and d.table_as_of is None:
+        return {"": d.table}
+    return {s.name: s.table for s in d.sources if s.table is not None and s.table_version is None}
+
+
 def pin_resumed_table(settings, out_dir: Path, sweep_dir: str | None):
-    """With ``train.resume=auto`` and ``data.table`` not pinned: the snapshot that the run it
-    would continue read (``resumed_snapshot``), pinned as ``data.table_version`` with one line, so
-    that the resumed run reads what its checkpoints learned from, whatever the table holds now;
-    else the settings as they are."""
+    """With ``train.resume=auto`` and ``data.table`` (or a mixture's table source) not pinned:
+    the snapshot that the run it would continue read (``resumed_snapshot``), pinned as the
+    table's ``table_version`` with one line, so that the resumed run reads what its checkpoints
+    learned from, whatever the table holds now; else the settings as they are."""
     d = settings.data
-    if settings.train.resume != "auto" or d.table is None or d.table_version is not None \
-            or d.table_as_of is not None:
+    uris = _unpinned_tables(d) if settings.train.resume == "auto" else {}
+    if not uris:
         return settings
     root, kin = resume_scope(settings, out_dir, sweep_dir)
-    record = resumed_snapshot(root, kin, d.table, S3Options.of(settings.s3))
+    record = resumed_snapshot(root, kin, uris, S3Options.of(settings.s3))
     if record is None:
         return settings
-    version = record.table.get("version", record.table.get("snapshot_id"))
-    log.info("data.table=%s: pinned to %s, which run %s read (train.resume=auto continues it; "
-             "train.resume=never reads the latest)", d.table, version, record.run_id)
-    return replace(settings, data=replace(d, table_version=version))
+    pins = {name: table.get("version", table.get("snapshot_id"))
+            for name, table in record.tables_read().items() if name in uris}
+    for name, version in pins.items():
+        where = f"data.sources: {name}: table" if name else "data.table"
+        log.info("%s=%s: pinned to %s, which run %s read (train.resume=auto continues it; "
+                 "train.resume=never reads the latest)", where, uris[name], version,
+                 record.run_id)
+    if "" in pins:
+        return replace(settings, data=replace(d, table_version=pins[""]))
+    sources = [replace(s, table_version=pins[s.name]) if s.name in pins else s
+               for s in d.sources]
+    return replace(settings, data=replace(d, sources=sources))
