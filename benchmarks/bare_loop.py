@@ -64,7 +64,8 @@ def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, lr: float) ->
     """One optimizer step at ``lr``, gradients clipped to norm 1."""
     for g in optimizer.param_groups:
         g["lr"] = lr
-    _, loss = model(x, y)
+    _, scores = model(x, y)
+    loss = scores.mean
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -80,7 +81,9 @@ def val_loss(model, val: np.ndarray) -> float:
     losses = []
     with torch.no_grad():
         for w in np.array_split(windows, max(1, len(windows) // 64)):
-            _, loss = model(torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy()))
+            _, scores = model(torch.from_numpy(w[:, :-1].copy()),
+                              torch.from_numpy(w[:, 1:].copy()))
+            loss = scores.mean
             losses.append(loss.item() * len(w))
     return sum(losses) / len(windows)
 

@@ -24,7 +24,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional as F
 
 from raydp_llm.core.model_config import GPTConfig
 from raydp_llm.models.factory import build_model
@@ -62,7 +61,7 @@ def device_peak(device: torch.device, given: float | None) -> float | None:
 
 
 class Llama(torch.nn.Module):
-    """transformers' LlamaForCausalLM with the GPT's interface here: ``(logits, loss)`` from
+    """transformers' LlamaForCausalLM with the GPT's interface here: ``(None, scores)`` from
     ``(idx, targets)``, its parameter count and FLOPs per token."""
 
     def __init__(self, name: str):
@@ -75,8 +74,10 @@ class Llama(torch.nn.Module):
         self.block = BLOCK[name]
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor):
-        logits = self.net(input_ids=idx, use_cache=False).logits
-        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1))
+        from raydp_llm.models.base import token_scores
+
+        x = self.net.model(input_ids=idx, use_cache=False).last_hidden_state
+        return None, token_scores(self.net.lm_head, x, targets, self.net.config.vocab_size)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # the tied table once
@@ -108,7 +109,8 @@ def run_case(case: Case, device: torch.device, args: argparse.Namespace) -> dict
             synchronize(device)
             start = time.perf_counter()
         with autocast:
-            _, loss = step_model(x[:, :-1], x[:, 1:])
+            _, scores = step_model(x[:, :-1], x[:, 1:])
+            loss = scores.mean
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -93,7 +93,8 @@ def steps(model: HFModel, x: torch.Tensor, autocast: bool, n: int) -> tuple[floa
             synchronize(x.device)
             start = time.perf_counter()
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-            _, loss = model(x[:, :-1], x[:, 1:])
+            _, scores = model(x[:, :-1], x[:, 1:])
+            loss = scores.mean
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

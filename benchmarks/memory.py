@@ -104,7 +104,8 @@ def worker(rank: int, port: int, args, case: str, out: Path) -> None:
         if i == 1:  # the training peak: the timed steps', after the warm-up built AdamW's state
             reset_peak()
         start = time.perf_counter()
-        _, loss = wrapped(x, x)
+        _, scores = wrapped(x, x)
+        loss = scores.mean
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

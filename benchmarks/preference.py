@@ -103,7 +103,8 @@ def pair_batch(seq: int):
 
 def step(case: str, scorer, wrapped, batch) -> None:
     if scorer is None:
-        _, loss = wrapped(batch.inputs, batch.targets)
+        _, scores = wrapped(batch.inputs, batch.targets)
+        loss = scores.mean
     else:
         loss = scorer.loss(wrapped, batch)
     loss.backward()

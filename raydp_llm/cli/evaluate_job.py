@@ -16,7 +16,6 @@ import pyarrow as pa
 import ray
 import torch
 import yaml
-from torch.nn import functional as F
 
 from raydp_llm.checkpoint.layout import PREFERENCE_RECORD, ModelDirError, check_model_files
 from raydp_llm.checkpoint.model_dir import load_model_dir
@@ -32,7 +31,7 @@ from raydp_llm.data import cache
 from raydp_llm.data.batches import WindowBatch
 from raydp_llm.data.prepare import dataset_store, write_json
 from raydp_llm.data.stream import Windows, iter_windows
-from raydp_llm.models.base import IGNORE, LanguageModel
+from raydp_llm.models.base import LanguageModel
 from raydp_llm.models.files import is_hf_dir
 from raydp_llm.training.driver import tracking
 from raydp_llm.training.driver.session import job_session
@@ -131,14 +130,12 @@ def score(model: LanguageModel, batches: Iterable[Windows], collate: WindowBatch
     totals = {"windows": 0, "tokens": 0, "nats": 0.0, "correct": 0}
     for windows in batches:
         batch = collate(windows.tokens, windows.lengths)
-        logits, _ = model(batch.inputs, positions=batch.positions)
-        y, counted = batch.targets, batch.counted  # chat data: the tokens data.train_on keeps
-        totals["nats"] += F.cross_entropy(
-            logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE, reduction="sum"
-        ).item()
-        totals["correct"] += int(((logits.argmax(dim=-1) == y) & counted).sum())
-        totals["windows"] += len(y)
-        totals["tokens"] += int(counted.sum())
+        # chat data: the targets data.train_on keeps
+        _, scores = model(batch.inputs, batch.targets, positions=batch.positions)
+        totals["nats"] += float(scores.nats.sum())
+        totals["correct"] += int(scores.hits.sum())
+        totals["windows"] += len(batch.targets)
+        totals["tokens"] += int(scores.counted.sum())
     return totals
 
 

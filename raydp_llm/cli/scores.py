@@ -18,7 +18,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from torch.nn import functional as F
 
 from raydp_llm.core.errors import InputError
 from raydp_llm.data import cache
@@ -85,9 +84,8 @@ class DocumentScorer:
         return total
 
     def _sum(self, windows: torch.Tensor) -> float:
-        logits, _ = self.model(windows[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten(),
-                               reduction="sum").item()
+        _, scores = self.model(windows[:, :-1], windows[:, 1:])
+        return float(scores.nats.sum())
 
 
 def score_documents(model_dir: str, entry: Path, out_dir: Path, batch_windows: int,

@@ -1,5 +1,6 @@
 """What every language model here is: the interface (``LanguageModel``: embeddings, head, loss,
-sampling, sizes), the loss (``token_loss``) and the attention mask of packed sequences.
+sampling, sizes), the targets' scores (``scores.token_scores``: never the whole (B, T, V) logits)
+and the attention mask of packed sequences.
 
 Shapes: B batch, T time (≤ block_size), C n_embd, V vocab_size.
 """
@@ -11,17 +12,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from raydp_llm.core.model_config import ModelConfig
+from raydp_llm.models.scores import IGNORE, Head, TokenScores, token_scores
 
-IGNORE = -100  # a target the loss skips: a chat token outside data.train_on, or padding
-
-
-def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of ``logits`` (B, T, V) over the ``targets`` (B, T) it counts (those
-    not ``IGNORE``); 0 with a gradient of 0 when it counts none (not NaN)."""
-    counted = (targets != IGNORE).sum().clamp(min=1)
-    nats = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE,
-                           reduction="sum")
-    return nats / counted
+__all__ = ["IGNORE", "TokenScores", "LanguageModel", "token_scores"]
 
 
 def packed_mask(positions: torch.Tensor) -> torch.Tensor:
@@ -98,13 +91,12 @@ class LanguageModel(nn.Module):
         GPT."""
         return 6 * self.num_params()
 
-    def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
-        """Logits (B, T, V) from hidden states ``x`` (B, T, C); with ``targets`` (B, T) also the
-        mean cross-entropy (``token_loss``)."""
-        logits = self.lm_head(x)
+    def _head(self, x: torch.Tensor, targets: torch.Tensor | None, temperature: float = 1.0):
+        """Logits (B, T, V) from hidden states ``x`` (B, T, C) and None; with ``targets``
+        (B, T) None and their scores instead (``token_scores``: no whole logits)."""
         if targets is None:
-            return logits, None
-        return logits, token_loss(logits, targets)
+            return self.lm_head(x), None
+        return None, token_scores(Head(self.lm_head.weight), x, targets, temperature)
 
     @torch.no_grad()
     def generate(

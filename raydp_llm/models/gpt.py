@@ -135,13 +135,15 @@ class GPT(LanguageModel):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache: KVCache | None = None,
-                pads: torch.Tensor | None = None, keep: int | None = None):
-        """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
-        cross-entropy. ``positions`` (B, T) restarting at 0 mark packed sequences (chat data):
-        each has its own positions and sees only itself. With ``cache``, ``idx`` continues the
-        cached tokens (positions go on from ``cache.length``) and the cache grows by T. ``pads``
-        (B,): each row starts with that many padding tokens, which no other token sees.
-        ``keep``: the logits of the last ``keep`` positions alone (B, keep, V)."""
+                pads: torch.Tensor | None = None, keep: int | None = None,
+                temperature: float = 1.0):
+        """Logits (B, T, V) for token ids ``idx`` (B, T) and None; with ``targets`` (B, T) None
+        and their scores (``token_scores``, logits divided by ``temperature``). ``positions``
+        (B, T) restarting at 0 mark packed sequences (chat data): each has its own positions and
+        sees only itself. With ``cache``, ``idx`` continues the cached tokens (positions go on
+        from ``cache.length``) and the cache grows by T. ``pads`` (B,): each row starts with
+        that many padding tokens, which no other token sees. ``keep``: the last ``keep``
+        positions alone (B, keep, ·)."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         assert start + T <= self.config.block_size, (
@@ -159,7 +161,7 @@ class GPT(LanguageModel):
             x = block(x, cache, layer, mask)
         if cache is not None:
             cache.length += T
-        return self._head(kept(self.ln_f(x), keep), targets)
+        return self._head(kept(self.ln_f(x), keep), targets, temperature)
 
     def next_logits(self, idx: torch.Tensor, state: KVCache | None = None,
                     pads: torch.Tensor | None = None):

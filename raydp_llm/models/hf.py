@@ -17,15 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from raydp_llm.core import storage
 from raydp_llm.core.errors import InputError
 from raydp_llm.core.model_config import HFConfig, LlamaConfig, ModelConfig, uses_lora
 from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer
-from raydp_llm.models.base import LanguageModel, padded_positions, token_loss
+from raydp_llm.models.base import LanguageModel, kept, padded_positions
 from raydp_llm.models.files import CONFIG_FILE, hf_tokenizer, local_copy
 from raydp_llm.models.init import fresh_values
+from raydp_llm.models.scores import Head, token_scores
 
 MAX_DEFAULT_BLOCK = 1024  # model=hf's block_size when none is given: min(positions, this)
 # config.json's key for the block size a model was trained with here: what evaluate and generate
@@ -51,20 +53,36 @@ class HFModel(LanguageModel):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, keep: int | None = None,
-                pads: torch.Tensor | None = None):
-        """``positions`` (B, T) restarting at 0 mark packed sequences: transformers' masks find
-        them in the position ids (no attention mask given) and keep each sequence to itself,
-        block-diagonal through SDPA on a CPU, varlen with flash attention. ``keep``: the logits
-        of the last ``keep`` positions alone (transformers' ``logits_to_keep``). ``pads`` (B,):
-        each row's left padding, out of the attention mask, positions counted after it."""
+                pads: torch.Tensor | None = None, temperature: float = 1.0):
+        """Logits (B, T, V) and None; with ``targets`` (B, T) None and their scores instead
+        (``token_scores``, from the decoder's hidden states through the head in chunks: no whole
+        logits). ``positions`` (B, T) restarting at 0 mark packed sequences: transformers'
+        masks find them in the position ids (no attention mask given) and keep each sequence to
+        itself, block-diagonal through SDPA on a CPU, varlen with flash attention. ``keep``: the
+        last ``keep`` positions alone (transformers' ``logits_to_keep``). ``pads`` (B,): each
+        row's left padding, out of the attention mask, positions counted after it."""
         padding = {"position_ids": positions}
         if pads is not None:
             padding = padded_inputs(pads, idx.size(1), 0)
-        logits = self.net(input_ids=idx, use_cache=False, logits_to_keep=keep or 0,
-                          **padding).logits
         if targets is None:
+            logits = self.net(input_ids=idx, use_cache=False, logits_to_keep=keep or 0,
+                              **padding).logits
             return logits, None
-        return logits, token_loss(logits, targets)
+        # get_decoder: the CausalLM's base model (peft's wrapper passes it through, adapters in)
+        x = self.net.get_decoder()(input_ids=idx, use_cache=False, **padding).last_hidden_state
+        return None, token_scores(self.scorer(), kept(x, keep), targets, temperature)
+
+    def scorer(self) -> Head | nn.Module:
+        """The head as ``token_scores`` takes it: a ``Head`` (its weight and the family's final
+        scaling, as the CausalLM's forward applies it: Gemma's soft cap, Cohere's logit_scale,
+        Granite's logits_scaling; tests/unit/test_chunked_scores.py holds each), or, for a head
+        that is no plain Linear (LoRA-adapted, biased), the module itself."""
+        out, config = self.net.get_output_embeddings(), self.net.config
+        if type(out) is not nn.Linear or out.bias is not None:
+            return out
+        scale = getattr(config, "logit_scale", None) or 1.0
+        scale /= getattr(config, "logits_scaling", None) or 1.0
+        return Head(out.weight, getattr(config, "final_logit_softcapping", None), scale)
 
     def next_logits(self, idx: torch.Tensor, state: CacheState | None = None,
                     pads: torch.Tensor | None = None):

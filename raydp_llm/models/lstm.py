@@ -36,15 +36,15 @@ class LSTMLM(LanguageModel):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, keep: int | None = None,
-                pads: torch.Tensor | None = None):
-        """Logits (B, T, V) for token ids ``idx`` (B, T); with ``targets`` (B, T) also the mean
-        cross-entropy. ``positions`` mean nothing to a recurrence: packed sequences are refused
-        for the LSTM (core/checks.py); one padded sequence per window needs none. ``keep``: the
-        logits of the last ``keep`` positions alone. No left padding (``pads``): the state would
-        read it."""
+                pads: torch.Tensor | None = None, temperature: float = 1.0):
+        """Logits (B, T, V) for token ids ``idx`` (B, T) and None; with ``targets`` (B, T) None
+        and their scores (``token_scores``, logits divided by ``temperature``). ``positions``
+        mean nothing to a recurrence: packed sequences are refused for the LSTM
+        (core/checks.py); one padded sequence per window needs none. ``keep``: the last ``keep``
+        positions alone. No left padding (``pads``): the state would read it."""
         assert pads is None, "the LSTM reads no left-padded prompts"
         h, _ = self.lstm(self.drop(self.wte(idx)))  # (B, T, C)
-        return self._head(kept(self.drop(h), keep), targets)
+        return self._head(kept(self.drop(h), keep), targets, temperature)
 
     def next_logits(self, idx: torch.Tensor, state: LSTMState | None = None,
                     pads: torch.Tensor | None = None):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from helpers.scores import whole_scores
 from raydp_llm.models.base import IGNORE
 from raydp_llm.training.objectives.dpo_loss import LN2, PairLogps, dpo_loss, means
 
@@ -50,8 +51,8 @@ def test_at_the_first_step_the_loss_is_ln2_and_every_reward_zero():
     ids, targets = _pairs()
     model = _llama(0)
     logits = model(ids).logits
-    same = PairLogps.of(logits, targets)
-    out = dpo_loss(same, PairLogps.of(logits.detach(), targets), beta=0.1)
+    same = PairLogps.of(whole_scores(logits, targets))
+    out = dpo_loss(same, PairLogps.of(whole_scores(logits.detach(), targets)), beta=0.1)
     assert abs(out.loss.item() - math.log(2)) < 1e-6 and abs(LN2 - math.log(2)) < 1e-12
     assert torch.all(out.chosen_reward == 0) and torch.all(out.rejected_reward == 0)
     out.loss.backward()  # the gradient flows to the policy at the start
@@ -63,8 +64,8 @@ def test_the_sigmoid_loss_rewards_and_logps_are_the_papers(beta, smoothing):
     ids, targets = _pairs()
     with torch.no_grad():
         policy_logits, reference_logits = _llama(0)(ids).logits, _llama(7)(ids).logits
-    policy = PairLogps.of(policy_logits, targets)
-    reference = PairLogps.of(reference_logits, targets)
+    policy = PairLogps.of(whole_scores(policy_logits, targets))
+    reference = PairLogps.of(whole_scores(reference_logits, targets))
     pi, ref = _by_hand(policy_logits, ids), _by_hand(reference_logits, ids)
     assert torch.allclose(policy.chosen.double(), pi[:P], atol=1e-4)
     assert torch.allclose(policy.rejected.double(), pi[P:], atol=1e-4)
@@ -90,12 +91,12 @@ def test_ipo_is_its_squared_loss_on_per_token_log_probabilities():
         policy_logits, reference_logits = _llama(0)(ids).logits, _llama(7)(ids).logits
     pi, ref = _by_hand(policy_logits, ids) / ANSWER, _by_hand(reference_logits, ids) / ANSWER
     h = (pi[:P] - pi[P:]) - (ref[:P] - ref[P:])
-    out = dpo_loss(PairLogps.of(policy_logits, targets), PairLogps.of(reference_logits, targets),
-                   beta=0.25, kind="ipo")
+    policy = PairLogps.of(whole_scores(policy_logits, targets))
+    reference = PairLogps.of(whole_scores(reference_logits, targets))
+    out = dpo_loss(policy, reference, beta=0.25, kind="ipo")
     assert torch.allclose(out.losses.double(), (h - 1 / (2 * 0.25)) ** 2, atol=1e-5)
     with pytest.raises(ValueError, match="dpo.loss=kto is not one of sigmoid, ipo"):
-        dpo_loss(PairLogps.of(policy_logits, targets), PairLogps.of(reference_logits, targets),
-                 beta=0.1, kind="kto")
+        dpo_loss(policy, reference, beta=0.1, kind="kto")
 
 
 def test_a_planted_preference_is_learned():
@@ -110,10 +111,10 @@ def test_a_planted_preference_is_learned():
     targets[:, PROMPT - 1:-1] = ids[:, PROMPT:]
     policy, reference = _llama(0).train(), _llama(0)
     with torch.no_grad():
-        ref = PairLogps.of(reference(ids).logits, targets)
+        ref = PairLogps.of(whole_scores(reference(ids).logits, targets))
     opt = torch.optim.AdamW(policy.parameters(), lr=3e-3)
     for _ in range(30):
-        out = dpo_loss(PairLogps.of(policy(ids).logits, targets), ref, beta=0.1)
+        out = dpo_loss(PairLogps.of(whole_scores(policy(ids).logits, targets)), ref, beta=0.1)
         opt.zero_grad()
         out.loss.backward()
         opt.step()

@@ -30,9 +30,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_shapes_and_loss():
     model = GPT(CFG)
     x = torch.randint(0, 11, (3, 16))
-    logits, loss = model(x, x)
-    assert logits.shape == (3, 16, 11)
-    assert abs(loss.item() - torch.log(torch.tensor(11.0)).item()) < 0.5  # near uniform at init
+    logits, none = model(x)
+    assert logits.shape == (3, 16, 11) and none is None
+    nothing, scores = model(x, x)
+    assert nothing is None and scores.nats.shape == scores.hits.shape == (3, 16)
+    assert abs(scores.mean.item() - torch.log(torch.tensor(11.0)).item()) < 0.5  # near uniform
 
 
 def test_weights_are_tied():
@@ -102,7 +104,8 @@ def train_losses(model, steps: int = 30) -> list[float]:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
     losses = []
     for _ in range(steps):
-        _, loss = model(x[:, :-1], x[:, 1:])
+        _, scores = model(x[:, :-1], x[:, 1:])
+        loss = scores.mean
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -127,9 +130,10 @@ def test_lstm_shapes_training_and_generation():
     model = LSTMLM(LSTM_CFG)
     assert model.lm_head.weight is model.wte.weight
     x = torch.randint(0, 11, (3, 16))
-    logits, loss = model(x, x)
-    assert logits.shape == (3, 16, 11) and abs(loss.item() - np.log(11)) < 0.5
-    assert model(x)[1] is None
+    logits, none = model(x)
+    _, scores = model(x, x)
+    assert logits.shape == (3, 16, 11) and none is None
+    assert abs(scores.mean.item() - np.log(11)) < 0.5
     losses = train_losses(model)
     assert losses[-1] < 0.5 * losses[0]
     out = model.eval().generate(

@@ -27,7 +27,8 @@ from raydp_llm.training.spec import TrainSpec
 
 def logps_of(model: nn.Module, batch: Batch) -> PairLogps:
     """``model``'s log-probabilities of the answers of a batch of pairs."""
-    return PairLogps.of(model(batch.inputs, positions=batch.positions)[0], batch.targets)
+    _, scores = model(batch.inputs, batch.targets, positions=batch.positions)
+    return PairLogps.of(scores)
 
 
 def reference_of(model: nn.Module, reference: nn.Module) -> Callable[[Batch], PairLogps]:
@@ -69,8 +70,7 @@ class Preference(LanguageModeling):
 
     def score(self, forward: nn.Module, batch: Batch) -> Scored:
         with self.trainee.autocast():
-            logits, _ = forward(batch.inputs, positions=batch.positions)
-        policy = PairLogps.of(logits, batch.targets)
+            policy = logps_of(forward, batch)
         with torch.no_grad(), self.trainee.autocast():
             reference = self.reference(batch)
         out: DpoLoss = dpo_loss(policy, reference, self.dpo.beta, self.dpo.loss,

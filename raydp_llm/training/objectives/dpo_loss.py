@@ -19,17 +19,13 @@ import torch
 from torch.nn import functional as F
 
 from raydp_llm.core.config import DpoLossKind
-from raydp_llm.models.base import IGNORE
+from raydp_llm.models.base import TokenScores
 
 
-def answer_logps(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def answer_logps(scores: TokenScores) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's summed log-probability of the targets it counts (N,), and how many it counts
-    (N,), from ``logits`` (N, T, V) and ``targets`` (N, T). Cross-entropy per token, so that no
-    (N, T, V) log-softmax is kept."""
-    N, T, V = logits.shape
-    nats = F.cross_entropy(logits.float().reshape(N * T, V), targets.reshape(N * T),
-                           ignore_index=IGNORE, reduction="none").view(N, T)
-    return -nats.sum(dim=1), (targets != IGNORE).sum(dim=1)
+    (N,), from the model's ``scores`` of a batch's targets (N, T): minus their cross-entropy."""
+    return -scores.nats.sum(dim=1), scores.counted.sum(dim=1)
 
 
 @dataclass(frozen=True)
@@ -43,10 +39,10 @@ class PairLogps:
     rejected_tokens: torch.Tensor
 
     @classmethod
-    def of(cls, logits: torch.Tensor, targets: torch.Tensor) -> PairLogps:
-        """From a batch of pairs: the chosen answers in the first half of the rows, the rejected
-        in the second."""
-        logps, tokens = answer_logps(logits, targets)
+    def of(cls, scores: TokenScores) -> PairLogps:
+        """From the scores of a batch of pairs: the chosen answers in the first half of the
+        rows, the rejected in the second."""
+        logps, tokens = answer_logps(scores)
         P = logps.size(0) // 2
         return cls(logps[:P], logps[P:], tokens[:P], tokens[P:])
 

@@ -22,6 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from raydp_llm.core.grpo_config import GrpoLossType, GrpoSettings, RewardScale
+from raydp_llm.models.base import IGNORE
 from raydp_llm.training.objectives import all_reduce_sum
 
 STD_FLOOR = 1e-4  # TRL's: added to a standard deviation before it divides
@@ -164,12 +165,12 @@ def answer_batch(prompts: list[torch.Tensor], answers: list[torch.Tensor],
 
 
 def answer_logps(model, batch: AnswerBatch, temperature: float) -> torch.Tensor:
-    """The log-probabilities (N, L) the model gives each answer's tokens after its prompt, its
-    logits divided by the sampling ``temperature`` (as TRL's). Only the answer's positions get
-    logits (the model's ``keep``, transformers' ``logits_to_keep``), and the log-probability of
-    each token is its cross-entropy: no (N, L, V) log-softmax is made."""
-    N, L = batch.answers.shape
-    logits, _ = model(batch.ids[:, :-1], pads=batch.pads, keep=L)  # (N, L, V)
-    scaled = logits.float() if temperature == 1 else logits.float() / temperature
-    nats = F.cross_entropy(scaled.flatten(0, 1), batch.answers.flatten(), reduction="none")
-    return -nats.view(N, L)
+    """The log-probabilities (N, L) the model gives each answer's tokens after its prompt (0 at
+    the padding after an answer), its logits divided by the sampling ``temperature`` (as TRL's):
+    minus each token's cross-entropy, from the answer positions' hidden states alone (the
+    model's ``keep``) through the head in chunks (``token_scores``: no (N, L, V) logits)."""
+    L = batch.answers.size(1)
+    targets = batch.answers.masked_fill(~batch.mask, IGNORE)
+    _, scores = model(batch.ids[:, :-1], targets, pads=batch.pads, keep=L,
+                      temperature=temperature)
+    return -scores.nats

@@ -81,10 +81,8 @@ class LanguageModeling(Objective):
 
     def score(self, forward: nn.Module, batch: Batch) -> Scored:
         with self.trainee.autocast():
-            logits, loss = forward(batch.inputs, **batch.model_args())
-        counted = batch.counted
-        hits = int(((logits.argmax(dim=-1) == batch.targets) & counted).sum())
-        return Scored(loss, hits, int(counted.sum()))
+            _, scores = forward(batch.inputs, **batch.model_args())
+        return Scored(scores.mean, int(scores.hits.sum()), int(scores.counted.sum()))
 
     def counted(self, batch: Batch) -> int:
         """What a batch's mean loss is over: its counted targets (dpo: its pairs)."""
