@@ -67,8 +67,14 @@ class GrpoSettings:
                                             check=optional(POSITIVE))
     num_iterations: int = setting(1, "updates per batch of answers (μ)", check=COUNT)
     generation_batch_size: int = setting(256, "answers (prompts × num_generations) a worker "
-                                              "draws, and takes the log-probabilities of, at "
-                                              "once; fewer hold less memory", check=COUNT)
+                                              "draws at once (a KV cache each); fewer hold "
+                                              "less memory", check=COUNT)
+    update_batch_size: Optional[int] = setting(None, "answers a worker takes the "
+                                                     "log-probabilities of and backpropagates "
+                                                     "at once (the update's micro-batch; a "
+                                                     "group may be split); null = "
+                                                     "generation_batch_size",
+                                               check=optional(COUNT))
     disable_dropout: bool = setting(True, "dropout off in the policy's forwards, as TRL's "
                                           "disable_dropout; false keeps the model's")
     beta: float = setting(0.0, "the weight of the KL divergence to the reference (k3 estimator); "

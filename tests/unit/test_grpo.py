@@ -291,7 +291,7 @@ def test_the_grpo_settings_refuse_what_grpo_cannot_run_with_one_line():
             check_fields(replace(GrpoSettings(), **{key: value}), "grpo.")
 
 
-def _grpo_worker(tmp_path, lora: bool):
+def _grpo_worker(tmp_path, lora: bool, **settings):
     """A GRPO worker (plain torch, one process) on a tiny Llama, grpo.beta=0.1, rewarded by the
     share of the answer's letters that are vowels."""
     from helpers.grpo_task import REWARDS, LocalPrompts
@@ -308,7 +308,7 @@ def _grpo_worker(tmp_path, lora: bool):
     model = HFConfig(path=str(directory), block_size=32, vocab_size=None,
                      lora=LoraSettings(r=4, alpha=8.0) if lora else LoraSettings())
     grpo = GrpoSettings(num_generations=4, max_new_tokens=6, beta=0.1,
-                        rewards=[f"{tmp_path / 'rewards.py'}:vowels"])
+                        rewards=[f"{tmp_path / 'rewards.py'}:vowels"], **settings)
     train = TrainSettings(batch_size=2, max_steps=4, eval_interval=4, checkpoint_interval=0,
                           cpus_per_worker=1, objective="grpo", eval_batches=None, num_workers=1)
     spec = TrainSpec(model=model, optim=OptimSettings(lr=3e-2, warmup_steps=0), train=train,
@@ -345,3 +345,29 @@ def test_with_lora_the_reference_is_the_base_with_its_adapters_off(tmp_path):
     copied.objective.calls.close()
     assert copied.reference is not copied.model
     assert not any(p.requires_grad for p in copied.reference.parameters())
+
+
+def test_the_updates_batch_is_its_own_and_does_not_change_the_step(tmp_path):
+    """grpo.update_batch_size=3 splits each group of 4 answers (3 + 1) for the log-probabilities
+    and the backward, apart from generation's batch: the same answers, the same loss and the
+    same weights after the steps as one batch of all (two updates a batch: the old policy's
+    log-probabilities batched the same way)."""
+    from helpers.tiny_loop import Reports
+    from raydp_llm.checkpoint.layout import TrainState
+    from raydp_llm.training.worker.loop import TrainLoop
+
+    runs = {}
+    for name, size in (("whole", None), ("split", 3)):
+        worker = _grpo_worker(tmp_path / name, lora=False, update_batch_size=size,
+                              num_iterations=2)
+        try:
+            reports = Reports(tmp_path / f"{name}_reports")
+            assert TrainLoop(worker, TrainState(), reports).run()
+        finally:
+            worker.objective.calls.close()
+        runs[name] = (reports.rows[-1], [p.detach().clone() for p in worker.model.parameters()])
+    (whole, whole_weights), (split, split_weights) = runs["whole"], runs["split"]
+    assert split["reward_mean"] == whole["reward_mean"]  # the same answers drawn
+    assert split["train_loss"] == pytest.approx(whole["train_loss"], rel=1e-5, abs=1e-7)
+    for a, b in zip(split_weights, whole_weights, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # Adam, 4 steps: float noise

@@ -201,18 +201,23 @@ class Grpo(Objective):
         return loss, grad_norm, figures
 
     def _answer_batches(self, scored: Scored) -> list[AnswerBatch]:
-        """The step's groups as batches of at most ``grpo.generation_batch_size`` answers, each
-        one forward (a model that reads no left padding: prompts as long)."""
-        device, found, groups = self.trainee.device, [], scored.groups
+        """The step's answers as the update's batches of at most ``grpo.update_batch_size``
+        answers (null: ``generation_batch_size``), each one forward and backward; a group
+        larger than that is split (its advantages are its own already). A model that reads no
+        left padding gets prompts of one length a batch."""
+        device, groups, grpo = self.trainee.device, scored.groups, self.spec.grpo
+        size = grpo.update_batch_size or grpo.generation_batch_size
+        pieces = [(i, rows) for i, g in enumerate(groups)
+                  for rows in _spans(g.answers.ids.size(0), size)]
         length = None if self.trainee.model.pads_prompts else (
-            lambda i: groups[i].prompt.ids.numel())
-        for chunk in batched(list(range(len(groups))), self.spec.grpo.generation_batch_size,
-                             lambda i: groups[i].answers.ids.size(0), length):
-            chosen = [groups[i] for i in chunk]
-            found.append(answer_batch([g.prompt.ids for g in chosen],
-                                      [g.answers.ids for g in chosen],
-                                      [g.answers.mask for g in chosen],
-                                      [scored.advantages[i].values.to(device) for i in chunk]))
+            lambda piece: groups[piece[0]].prompt.ids.numel())
+        found = []
+        for chunk in batched(pieces, size, lambda piece: piece[1].stop - piece[1].start, length):
+            found.append(answer_batch([groups[i].prompt.ids for i, _ in chunk],
+                                      [groups[i].answers.ids[rows] for i, rows in chunk],
+                                      [groups[i].answers.mask[rows] for i, rows in chunk],
+                                      [scored.advantages[i].values[rows].to(device)
+                                       for i, rows in chunk]))
         return found
 
     def _backward(self, batches: list[AnswerBatch], old, ref, whole) -> tuple[float, dict]:
@@ -316,6 +321,11 @@ class Grpo(Objective):
         for _ in range(count):
             answer(self.trainee.model, idle.ids, Draw(0, 0, idle.index), self.spec.grpo,
                    self.scoring.end_ids, greedy=True, all_done=self.all_done)
+
+
+def _spans(count: int, size: int) -> list[slice]:
+    """``count`` rows as slices of at most ``size``."""
+    return [slice(start, min(start + size, count)) for start in range(0, count, size)]
 
 
 def rollout_columns(s: dict, names: list[str], world: int, updates: int) -> dict:
