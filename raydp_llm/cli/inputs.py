@@ -24,6 +24,7 @@ from raydp_llm.core.storage import S3Options
 from raydp_llm.core.tokenizer import load_tokenizer
 from raydp_llm.data.chat.sample import sample_chat_corpus
 from raydp_llm.data.inputs.files import Corpus, check_heads, resolve_corpus
+from raydp_llm.data.inputs.tables import is_iceberg
 from raydp_llm.data.preference.sample import sample_preference_corpus
 
 RESUME_WORDS = ("auto", "never")
@@ -37,7 +38,7 @@ def absolute(path: str) -> str:
 def _table(table: str | None, catalog: dict) -> str | None:
     """A Delta table's directory made absolute (its record names it so); an Iceberg table's
     name as given."""
-    return table and (table if catalog else absolute(table))
+    return table and (table if is_iceberg(table, catalog) else absolute(table))
 
 
 def typed_settings(cfg: DictConfig, overrides: Iterable[str] | None = None) -> Settings:

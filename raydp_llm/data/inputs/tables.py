@@ -99,6 +99,13 @@ def delta_location(uri: str, s3: S3Options) -> tuple[str, dict[str, str]]:
     return s3_uri(uri), options
 
 
+def is_iceberg(table: str, catalog: dict) -> bool:
+    """Whether ``data.table`` (or a source's ``table``) names an Iceberg table of ``data.catalog``
+    (``namespace.table``), not a Delta table's location (a path or URI: a mixture may hold
+    both)."""
+    return bool(catalog) and "/" not in table
+
+
 def iceberg_catalog(catalog: dict, setting: str = "data.catalog"):
     """The pyiceberg catalog of ``data.catalog``'s (or ``output.catalog``'s: ``setting``)
     properties: its ``name`` (default ``default``) and the rest as pyiceberg takes them. An
@@ -369,7 +376,7 @@ def table_corpus(d, s3: S3Options, model_dir: str | None = None) -> Corpus:
     _check(d)
 
     def snapshot(version: int | None, as_of: str | None) -> TableSnapshot:
-        if d.catalog:
+        if is_iceberg(d.table, d.catalog):
             return iceberg_snapshot(d.table, dict(d.catalog), version, as_of, read_columns(d),
                                     s3)
         return delta_snapshot(d.table, version, as_of, s3)
