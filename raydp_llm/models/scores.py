@@ -89,9 +89,10 @@ def _fused(head: Head, rows: torch.Tensor, wanted: torch.Tensor):
 
 
 def _logits(x: torch.Tensor, weight: torch.Tensor, head: tuple, dtype) -> tuple:
-    """A chunk's logits (R, V) in float32, and ``tanh(z / cap)`` (R, V) when capped."""
+    """A chunk's logits (R, V) in float32, and ``tanh(z / cap)`` (R, V) when capped; ``weight``
+    already in the matmul's ``dtype`` (cast once, not a chunk at a time)."""
     cap, scale = head
-    raw = (x.to(dtype) @ weight.to(dtype).T).float()
+    raw = (x.to(dtype) @ weight.T).float()
     if cap is None:
         return raw.mul_(scale), None
     capped = raw.div_(cap).tanh_()
@@ -110,9 +111,10 @@ class _HeadCrossEntropy(torch.autograd.Function):
         size = _chunk_rows(weight.size(0))
         # one chunk in all: its logits kept for the backward (within the bound), not made again
         ctx.kept = None
+        cast = weight.to(dtype)
         with torch.autocast(rows.device.type, enabled=False):
             for s in range(0, rows.size(0), size):
-                z, capped = _logits(rows[s:s + size], weight, (cap, scale), dtype)
+                z, capped = _logits(rows[s:s + size], cast, (cap, scale), dtype)
                 if rows.size(0) <= size and any(ctx.needs_input_grad[:2]):
                     ctx.kept = (z, capped)
                 y = wanted[s:s + size]
@@ -134,10 +136,11 @@ class _HeadCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if want_weight else None
         size = _chunk_rows(weight.size(0))
+        cast = weight.to(ctx.dtype)
         with torch.autocast(rows.device.type, enabled=False):
             for s in range(0, rows.size(0), size):
                 x, y = rows[s:s + size], wanted[s:s + size]
-                g, capped = ctx.kept or _logits(x, weight, ctx.head, ctx.dtype)
+                g, capped = ctx.kept or _logits(x, cast, ctx.head, ctx.dtype)
                 ctx.kept = None
                 g.sub_(lse[s:s + size, None]).exp_()  # softmax; d nats / d z = it - one-hot
                 g[torch.arange(len(y), device=y.device), y] -= 1
@@ -145,7 +148,7 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 if capped is not None:
                     g.mul_(capped.square_().neg_().add_(1))  # through cap · tanh(raw / cap)
                 if want_rows:
-                    grad_rows[s:s + size] = (g.to(ctx.dtype) @ weight.to(ctx.dtype)).to(rows.dtype)
+                    grad_rows[s:s + size] = (g.to(ctx.dtype) @ cast).to(rows.dtype)
                 if want_weight:
                     grad_weight.addmm_(g.T, x.float())
         weight_grad = None if grad_weight is None else grad_weight.to(weight.dtype)

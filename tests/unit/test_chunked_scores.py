@@ -163,3 +163,28 @@ def test_a_head_that_is_no_plain_linear_is_checkpointed_chunk_by_chunk(monkeypat
     assert torch.equal(got.hits, whole.hits)
     for g, w in zip(torch.autograd.grad(got.nats.sum(), [x, head.weight, head.bias]), want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["bf16 weights", "bf16 autocast"])
+def test_bf16_scores_match_the_whole_bf16_logits(how, monkeypatch):
+    """FSDP2's bf16 parameters, or fp32 ones under autocast: the matmuls in bf16, the softmax and
+    the head's gradient summed in float32; within bf16's rounding of the whole logits' values."""
+    torch.manual_seed(0)
+    weight = torch.randn(40, 16) * 0.3
+    x = torch.randn(B, T, 16)
+    if how == "bf16 weights":
+        weight, x = weight.bfloat16(), x.bfloat16()
+    weight.requires_grad_(True)
+    x.requires_grad_(True)
+    targets = torch.randint(0, 40, (B, T))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=how == "bf16 autocast")
+    with autocast:
+        want = whole_scores(x @ weight.T, targets)
+    grads = torch.autograd.grad(want.nats.sum(), [x, weight])
+    monkeypatch.setattr(chunks, "LOGIT_ELEMENTS", 7 * 40)
+    with autocast:
+        got = base.token_scores(chunks.Head(weight), x, targets)
+    torch.testing.assert_close(got.nats, want.nats, rtol=2e-2, atol=2e-2)
+    for g, w in zip(torch.autograd.grad(got.nats.sum(), [x, weight]), grads):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g.float(), w.float(), rtol=5e-2, atol=5e-2)
