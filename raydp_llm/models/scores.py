@@ -164,12 +164,18 @@ def _chunk_scores(head: Callable, x: torch.Tensor, y: torch.Tensor, temperature:
     return F.cross_entropy(logits, y, reduction="none"), logits.argmax(dim=-1) == y
 
 
+@torch.no_grad()
+def _vocab_of(head: Callable, rows: torch.Tensor) -> int:
+    """The logits' width of a head that does not say it (one row through it)."""
+    return head(rows[:1]).size(-1)
+
+
 def _checkpointed(head: Callable, rows: torch.Tensor, wanted: torch.Tensor, temperature: float):
     """``_chunk_scores`` a chunk at a time; with gradients and more than one chunk, each chunk
     checkpointed (its logits dropped after its loss, made again in the backward pass)."""
     if not rows.size(0):
         return rows.new_zeros(0, dtype=torch.float32), rows.new_zeros(0, dtype=torch.bool)
-    size = _chunk_rows(head(rows[:1]).size(-1))
+    size = _chunk_rows(getattr(head, "out_features", None) or _vocab_of(head, rows))
     recompute = torch.is_grad_enabled() and rows.requires_grad and rows.size(0) > size
     nats, hits = [], []
     for s in range(0, rows.size(0), size):
