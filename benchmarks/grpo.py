@@ -194,7 +194,7 @@ def memory(args) -> None:
 def logps_peak(way: str, prompt_len: int = 256, answer_len: int = 256, vocab: int = 32000
                ) -> dict:
     """``--logps``'s child: one way's forward and backward; its peak resident memory."""
-    from raydp_llm.training.objectives.grpo_loss import answer_logps
+    from raydp_llm.training.objectives.grpo_loss import answer_batch, answer_logps
 
     torch.manual_seed(0)
     model = build_model(LlamaConfig(vocab_size=vocab, block_size=1024, n_layer=2, n_head=4,
@@ -203,7 +203,9 @@ def logps_peak(way: str, prompt_len: int = 256, answer_len: int = 256, vocab: in
     answers = torch.randint(1, vocab, (8, answer_len))
     began = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if way == "answers":
-        logps = answer_logps(model, prompt, answers, 0.9)
+        batch = answer_batch([prompt], [answers], [torch.ones_like(answers, dtype=torch.bool)],
+                             [torch.zeros(len(answers))])
+        logps = answer_logps(model, batch, 0.9)
     else:  # issue 52's: every position's logits, a log-softmax, then the answer's slice
         ids = torch.cat([prompt.unsqueeze(0).expand(8, -1), answers], dim=1)
         logits = model(ids[:, :-1])[0][:, prompt_len - 1:].float() / 0.9
