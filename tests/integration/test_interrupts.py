@@ -52,3 +52,33 @@ def test_ctrl_c_stops_spark_and_ray(corpus_dir, tmp_path, moment):
     assert "interrupted: Spark and Ray are stopped" in output
     time.sleep(2)
     assert engine_processes_started_after(t0) == []
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # a sweep's Ray and Spark started
+def test_ctrl_c_during_a_sweeps_up_front_etl_ends_the_sweep_with_the_line_to_continue(
+        corpus_dir, tmp_path):
+    """``hydra/launcher=ray`` runs each data setting's ETL before any trial: Ctrl-C there stops
+    that ETL (its Spark with it) and the sweep, exit 130, with the line that continues it; the
+    job whose ETL it stopped is no failed row (PySpark turns the interrupt into its own
+    exception inside py4j: it was once a failed row per Ctrl-C, the sweep going on)."""
+    import signal
+    import time
+
+    t0 = time.time()
+    sweep = tmp_path / "sweep"
+    proc = start_like_a_terminal(
+        "raydp_llm.train", "-m", "hydra/launcher=ray", "+experiment=smoke",
+        "optim.lr=1e-3,2e-3",  # two jobs: the first one's ETL interrupted, the second none
+        f"data.path={corpus_dir}", f"data.cache_dir={tmp_path / 'cache'}",
+        f"hydra.sweep.dir={sweep}", "cluster.dashboard=false", NO_CHECK)
+    wait_for(proc, lambda: any((sweep / "etl").glob("*/spark-driver.log")),
+             "the sweep's first ETL to start its Spark", timeout_s=180)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert f"sweep interrupted: the same command with hydra.sweep.dir={sweep}" in output
+    assert "its ETL failed" not in output and "[job 1] data ready" not in output
+    time.sleep(2)
+    assert engine_processes_started_after(t0) == []

@@ -117,8 +117,9 @@ def side_by_side(plugin, todo: list[SweepJob], sweep_dir: Path) -> None:
     first, once."""
     sweep: SweepSettings = OmegaConf.to_object(plugin.config.sweep)
     at_once = trials_at_once([j for j in todo if j.error is None], sweep.max_concurrent)
-    for job in todo:
-        prepare_data(job, sweep_dir)
+    if not prepared(todo, sweep_dir):
+        records.interrupted = True  # the summary says how to continue
+        return
     runnable = [j for j in todo if j.error is None]
     if runnable:
         work = TrialWork({j.num: j for j in runnable}, plugin.hydra_context.config_loader,
@@ -203,10 +204,36 @@ def room(trains: list[TrainSettings], cap: int | None, count: int, beside: float
     return int(max(1, min(most, cap or math.inf, count)))
 
 
-def prepare_data(job: SweepJob, sweep_dir: Path) -> None:
+def prepared(todo: list[SweepJob], sweep_dir: Path) -> bool:
+    """Each job's data in turn (``prepare_data``); False when Ctrl-C or SIGTERM came meanwhile:
+    the ETL running is stopped (its Spark with it), no other starts, and the job it was for is
+    no failed row (it runs when the sweep is continued). PySpark turns the interrupt into its
+    own exception inside a py4j call, so the signal is noted as well as raised."""
+    asked = threading.Event()
+
+    def handler(*_):
+        asked.set()
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for job in todo:
+            prepare_data(job, sweep_dir, asked)
+            if asked.is_set():
+                return False
+    except KeyboardInterrupt:
+        return False
+    finally:
+        for s, was in previous.items():
+            signal.signal(s, was)
+    return True
+
+
+def prepare_data(job: SweepJob, sweep_dir: Path, asked: threading.Event | None = None) -> None:
     """Job ``job``'s data into the ETL cache, unless an earlier job's with the same data settings
-    is there already (a hit, no Spark); a job whose ETL fails is a failed row. Without the cache
-    (data.cache=false) each trial runs its own ETL, one Spark at a time."""
+    is there already (a hit, no Spark); a job whose ETL fails is a failed row, but for one that
+    ``asked`` to stop (Ctrl-C: KeyboardInterrupt). Without the cache (data.cache=false) each
+    trial runs its own ETL, one Spark at a time."""
     if job.error is not None:
         refused(job, sweep_dir)
     elif job.settings.data.cache:
@@ -219,6 +246,8 @@ def prepare_data(job: SweepJob, sweep_dir: Path) -> None:
                 run_checked(job.settings, job.corpus, out_dir, Stopwatch())
             print(f"[job {job.num}] data ready ({out_dir / 'prepare.txt'})", flush=True)
         except Exception as err:  # noqa: BLE001 - the job fails, the sweep goes on
+            if asked is not None and asked.is_set():
+                raise KeyboardInterrupt from None
             refused(job, sweep_dir, f"its ETL failed: {first_line(err, 300, with_type=True)}",
                     clock)
 
