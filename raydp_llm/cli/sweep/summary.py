@@ -145,9 +145,28 @@ def check_sweep(config: DictConfig) -> None:
             from raydp_llm.cli.sweep.search import check_search
 
             check_search(config)
+        else:
+            check_scheduler(config)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def check_scheduler(config: DictConfig) -> None:
+    """``sweep.scheduler`` stops trials that run side by side: refused where the jobs run one
+    after another (the default launcher on the embedded Ray, or another launcher than ours), which
+    would silently run every job to its end."""
+    from raydp_llm.cli.sweep.launcher import concurrent
+    from raydp_llm.core.errors import InputError
+
+    scheduler, launcher = str(config.sweep.scheduler), config.hydra.launcher
+    if scheduler == "none":
+        return
+    ours = str(launcher.get("_target_", "")).endswith("RaydpLauncher")
+    if not (ours and concurrent(str(launcher.get("concurrent", "false")), config)):
+        raise InputError(f"sweep.scheduler={scheduler}: it stops trials that run side by side, "
+                         "and these jobs run one after another (the embedded Ray's default "
+                         "launcher); add hydra/launcher=ray, or drop sweep.scheduler")
 
 
 GRPO_METRICS = "val_reward"  # what a GRPO run's evaluations report: val_reward, val_reward_<fn>
