@@ -163,7 +163,7 @@ def check_scheduler(config: DictConfig) -> None:
     if scheduler == "none":
         return
     ours = str(launcher.get("_target_", "")).endswith("RaydpLauncher")
-    if not (ours and concurrent(str(launcher.get("concurrent", "false")), config)):
+    if not (ours and concurrent(str(launcher.get("concurrent", "false")).lower(), config)):
         raise InputError(f"sweep.scheduler={scheduler}: it stops trials that run side by side, "
                          "and these jobs run one after another (the embedded Ray's default "
                          "launcher); add hydra/launcher=ray, or drop sweep.scheduler")
