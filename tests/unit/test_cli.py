@@ -164,7 +164,8 @@ BAD_SWEEPS = [
     # ASHA where the jobs run one after another: it would stop nothing (issue 71)
     ("-m sweep.scheduler=asha optim.lr=1e-3,2e-3",
      "sweep.scheduler=asha: it stops trials that run side by side, and these jobs run one after "
-     "another (the embedded Ray's default launcher); add hydra/launcher=ray"),
+     "another (the default launcher on the embedded Ray, or concurrent=false); add "
+     "hydra/launcher=ray"),
     ("-m model.n_head=3,5 optim.lr=1e-3", "model.n_embd=128 is not divisible by model.n_head=3; "
                                           "pick a divisor (in every job of the sweep"),
     ("-m hydra/sweeper=optuna optim.lr=tag(lgo,interval(1e-4,1e-2)) hydra.sweep.dir={d}/optuna",

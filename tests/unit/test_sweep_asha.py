@@ -9,6 +9,7 @@ import csv
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import yaml
 from ray.tune.experiment import Trial
 
@@ -125,3 +126,26 @@ def test_a_job_the_kill_cut_short_goes_on_where_its_attempt_was_let_on(tmp_path)
 def test_rungs():
     steps = (9, 10, 19, 20, 39, 40)
     assert [asha.rung_of(step, SWEEP) for step in steps] == [0, 10, 10, 20, 20, 40]
+
+
+@pytest.mark.parametrize("concurrent,address,refused", [
+    (True, "local", False),  # hydra/launcher=ray (YAML's true: a bool)
+    ("auto", "local", True),  # the default launcher on the embedded Ray: one after another
+    ("auto", "ray://head:10001", False),  # the default launcher on a cluster: side by side
+    (False, "ray://head:10001", True),
+])
+def test_asha_is_refused_only_where_the_jobs_run_one_after_another(concurrent, address, refused):
+    from omegaconf import OmegaConf
+
+    from raydp_llm.cli.sweep.summary import check_scheduler
+    from raydp_llm.core.errors import InputError
+
+    config = OmegaConf.create({
+        "sweep": {"scheduler": "asha"}, "cluster": {"address": address},
+        "hydra": {"launcher": {"_target_": "hydra_plugins.raydp_llm_sweep.RaydpLauncher",
+                               "concurrent": concurrent}}})
+    if refused:
+        with pytest.raises(InputError, match="sweep.scheduler=asha: it stops trials that run "):
+            check_scheduler(config)
+    else:
+        check_scheduler(config)

@@ -165,8 +165,9 @@ def check_scheduler(config: DictConfig) -> None:
     ours = str(launcher.get("_target_", "")).endswith("RaydpLauncher")
     if not (ours and concurrent(str(launcher.get("concurrent", "false")).lower(), config)):
         raise InputError(f"sweep.scheduler={scheduler}: it stops trials that run side by side, "
-                         "and these jobs run one after another (the embedded Ray's default "
-                         "launcher); add hydra/launcher=ray, or drop sweep.scheduler")
+                         "and these jobs run one after another (the default launcher on the "
+                         "embedded Ray, or concurrent=false); add hydra/launcher=ray, or drop "
+                         "sweep.scheduler")
 
 
 GRPO_METRICS = "val_reward"  # what a GRPO run's evaluations report: val_reward, val_reward_<fn>
