@@ -58,7 +58,8 @@ def _figures(summary: dict) -> str:
     """The run's quality figures, as the README gives them."""
     parts = []
     if summary.get("first_val_loss") is not None:
-        parts.append(f"val loss {summary['first_val_loss']:.4f} → {summary['final_val_loss']:.4f}")
+        parts.append(f"val loss {summary['first_val_loss']:.4f} → "
+                     f"{summary['final_val_loss']:.4f}")
     if summary.get("first_val_reward") is not None:
         parts.append(f"val_reward {summary['first_val_reward']:.3f} → "
                      f"{summary['final_val_reward']:.3f}")

@@ -61,13 +61,13 @@ def token_scores(head: Head | Callable, x: torch.Tensor, targets: torch.Tensor,
     summed chunk by chunk into one buffer), or any module making logits (each chunk
     checkpointed: a LoRA-adapted or biased head)."""
     counted = targets != IGNORE
-    rows, wanted = x[counted], targets[counted]  # (M, C), (M,)
+    where = counted.flatten().nonzero().squeeze(1)  # (M,) the counted targets' places
+    rows, wanted = x.flatten(0, 1)[where], targets.flatten()[where]  # (M, C), (M,)
     if isinstance(head, Head):
         nats, hits = _fused(head.tempered(temperature), rows, wanted)
     else:
         nats, hits = _checkpointed(head, rows, wanted, temperature)
     flat = torch.zeros(targets.numel(), dtype=torch.float32, device=x.device)
-    where = counted.flatten().nonzero().squeeze(1)
     flat = flat.index_put((where,), nats)
     if not len(where) and torch.is_grad_enabled() and x.requires_grad:
         # none counted: a gradient of 0 to every weight (the head's too), as every rank gives

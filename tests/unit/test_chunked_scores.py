@@ -13,7 +13,6 @@ from dataclasses import replace
 import pytest
 import torch
 import transformers as tf
-from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.scores import whole_scores
@@ -89,10 +88,8 @@ def test_chunked_scores_equal_the_whole_logits_and_their_gradients(models, name,
     weights = torch.rand(B, T, generator=torch.Generator().manual_seed(2))  # a loss per token
 
     logits, _ = model(idx)  # (B, T, V) whole
-    nats = F.cross_entropy((logits.float() / TEMPERATURE).flatten(0, 1), targets.flatten(),
-                           ignore_index=base.IGNORE, reduction="none").view(B, T)
-    counted = targets != base.IGNORE
-    hits = ((logits / TEMPERATURE).argmax(dim=-1) == targets) & counted
+    want = whole_scores(logits.float() / TEMPERATURE, targets)
+    nats, hits, counted = want.nats, want.hits, want.counted
     whole = _grads(model, (nats * weights).sum())
 
     # 5 rows of logits at a time: the batch's 28 counted targets in 6 chunks

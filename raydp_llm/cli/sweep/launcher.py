@@ -215,17 +215,14 @@ def prepared(todo: list[SweepJob], sweep_dir: Path) -> bool:
         asked.set()
         raise KeyboardInterrupt
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for job in todo:
-            prepare_data(job, sweep_dir, asked)
-            if asked.is_set():
-                return False
+        with stop_signals_to(handler):
+            for job in todo:
+                prepare_data(job, sweep_dir, asked)
+                if asked.is_set():
+                    return False
     except KeyboardInterrupt:
         return False
-    finally:
-        for s, was in previous.items():
-            signal.signal(s, was)
     return True
 
 
@@ -344,13 +341,22 @@ def tune_halts_on_signals(halt: threading.Event):
         os.kill(os.getpid(), signal.SIGUSR1)
 
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    try:
+        with stop_signals_to(handler):
+            yield
+    finally:
+        del os.environ["TUNE_DISABLE_SIGINT_HANDLER"]
+
+
+@contextlib.contextmanager
+def stop_signals_to(handler):
+    """Ctrl-C (SIGINT) and SIGTERM handled by ``handler`` within; the handlers before, after."""
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for s, was in previous.items():
             signal.signal(s, was)
-        del os.environ["TUNE_DISABLE_SIGINT_HANDLER"]
 
 
 @contextlib.contextmanager
